@@ -1,0 +1,40 @@
+"""The Flask app factory: nothing connects until a request needs it."""
+
+from __future__ import annotations
+
+from flask import Flask, request
+
+from jobs.celery_app import create_celery
+from jobs.services import Services
+from jobs.settings import Settings
+from predictors_runtime.project import MAX_BUNDLE_BYTES
+
+from . import apis, batch, health
+from .errors import register_error_handlers
+from .metrics import HTTP_RESPONSES
+from .registry import ApiRegistry
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    settings = settings or Settings.from_env()
+    app = Flask("sluice")
+    app.json.sort_keys = False
+    services = Services.connect(settings, create_celery(settings))
+    app.extensions["sluice"] = services
+    app.extensions["sluice.registry"] = ApiRegistry(services.redis)
+
+    @app.before_request
+    def _limit_body() -> None:
+        # Deploys carry a whole project; everything else is bounded by the job body limit.
+        limit = MAX_BUNDLE_BYTES + 1024 * 1024 if request.path == "/apis" else settings.max_body_bytes
+        request.max_content_length = limit
+
+    @app.after_request
+    def _count(response):
+        HTTP_RESPONSES.labels(status=f"{response.status_code // 100}xx").inc()
+        return response
+
+    for module in (health, apis, batch):
+        app.register_blueprint(module.blueprint)
+    register_error_handlers(app)
+    return app

@@ -1,0 +1,91 @@
+"""The Batch API: submit, watch, list and stop jobs (`/batch/<api_name>`), as Cortex spelled it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask import Blueprint, jsonify, request
+
+from jobs.enqueue import stop_job, submit_job
+from jobs.status import job_status_view
+from jobs.submission import parse_job_request, split_items
+from predictors_runtime.errors import BadRequest, Conflict
+
+from .context import registry, services
+from .metrics import JOBS_SUBMITTED
+
+blueprint = Blueprint("batch", __name__)
+
+
+def _json_body() -> Any:
+    raw = request.get_data(cache=False)
+    if not raw:
+        raise BadRequest("request body is empty; expected a JSON job submission")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequest(f"request body is not valid JSON: {e}") from e
+
+
+def _job_id() -> str:
+    job_id = request.args.get("jobID")
+    if not job_id:
+        raise BadRequest("query parameter jobID is required")
+    return job_id
+
+
+def _endpoint(api_name: str) -> str:
+    return f"{request.host_url.rstrip('/')}/batch/{api_name}"
+
+
+@blueprint.post("/batch/<api_name>")
+def submit(api_name: str):
+    api = registry().get(api_name)
+    job_request = parse_job_request(_json_body())
+    if request.args.get("dryRun", "").lower() == "true":
+        assert job_request.item_list is not None
+        batches = split_items(job_request.item_list.items, job_request.item_list.batch_size)
+        return jsonify({"message": "validation passed", "dry_run": True, "total_batch_count": len(batches)})
+    job = submit_job(services(), job_request, api.name, api.spec, api.bundle, api.queue)
+    JOBS_SUBMITTED.labels(api=api.name).inc()
+    return jsonify(job.spec())
+
+
+@blueprint.get("/batch/<api_name>")
+def get_jobs(api_name: str):
+    """With `jobID`: that job's status; without: the API's jobs, newest first."""
+    api = registry().get(api_name)
+    store = services().store
+    if "jobID" in request.args:
+        state = store.state(_job_id(), api_name=api.name)
+        return jsonify({"job_status": job_status_view(state), "endpoint": _endpoint(api.name), "api_spec": api.spec})
+    try:
+        limit = int(request.args.get("limit", 100))
+    except ValueError as e:
+        raise BadRequest("limit must be an integer") from e
+    views = []
+    for job_id in store.list_ids(api.name, limit=max(limit, 1)):
+        try:
+            views.append(job_status_view(store.state(job_id)))
+        except Exception:  # expired since it was listed
+            continue
+    return jsonify({"jobs": views})
+
+
+@blueprint.delete("/batch/<api_name>")
+def stop(api_name: str):
+    api = registry().get(api_name)
+    state = services().store.state(_job_id(), api_name=api.name)
+    if not stop_job(services(), state.job):
+        current = services().store.state(state.job.job_id)
+        raise Conflict(f"job {state.job.job_id} has already ended ({current.status.value})")
+    return jsonify({"message": f"stopped job {state.job.job_id}"})
+
+
+@blueprint.get("/batch/<api_name>/failed")
+def failed_batches(api_name: str):
+    """The batches of a job that failed after all their tries, with error and payload."""
+    api = registry().get(api_name)
+    state = services().store.state(_job_id(), api_name=api.name)
+    return jsonify({"job_id": state.job.job_id, "failed_batches": services().store.failed_batches(state.job.job_id)})

@@ -1,0 +1,41 @@
+"""Every error -> HTTP response mapping, in one place. Bodies are `{"kind", "message"}`."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from predictors_runtime.errors import SluiceError
+
+log = logging.getLogger(__name__)
+
+
+def error_response(status: int, kind: str, message: str):
+    response = jsonify({"kind": kind, "message": message})
+    response.status_code = status
+    return response
+
+
+def register_error_handlers(app: Flask) -> None:
+    @app.errorhandler(SluiceError)
+    def _sluice_error(e: SluiceError):
+        if e.http_status >= 500:
+            log.error("%s: %s", e.kind, e.message)
+        return error_response(e.http_status, e.kind, e.message)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(e: HTTPException):
+        kinds = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+        status = e.code or 500
+        message = e.description or e.name
+        if status == 413:
+            limit = request.max_content_length
+            message = f"request body is larger than the limit of {limit} bytes" if limit else message
+        return error_response(status, kinds.get(status, e.name.lower().replace(" ", "_")), message)
+
+    @app.errorhandler(Exception)
+    def _unexpected(e: Exception):
+        log.exception("unexpected error")
+        return error_response(500, "unexpected_error", f"{type(e).__name__}: {e}")

@@ -1,0 +1,1 @@
+"""Periodic work of Sluice, run by `celery -A jobs beat` and executed by any worker node."""

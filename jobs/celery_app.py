@@ -1,0 +1,67 @@
+"""The Celery app of Sluice, configured for safe batch work.
+
+- `task_acks_late` + `task_reject_on_worker_lost`: a worker process killed mid-batch gives the
+  batch back to the queue instead of losing it.
+- `worker_prefetch_multiplier = 1`: a node holds one batch at a time, so nothing waits behind a
+  slow batch on a busy node.
+- `worker_concurrency = 1`: a node is one predictor process; scale with more nodes (`-n`).
+- `visibility_timeout` is the longest batch allowed before Redis re-delivers it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from celery import Celery
+
+from .settings import Settings
+
+_lock = threading.Lock()
+_runtime = None
+
+
+def create_celery(settings: Settings) -> Celery:
+    """A configured app with Sluice's tasks, beat schedule and worker-node hooks registered."""
+    from beat.schedule import beat_schedule
+
+    from .placement import MAINTENANCE_QUEUE
+    from .tasks import register_tasks
+    from .worker_node import install_worker_hooks
+
+    app = Celery("sluice", broker=settings.redis_url, backend=settings.redis_url, set_as_current=False)
+    transport = {"visibility_timeout": int(settings.visibility_timeout_s)}
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_concurrency=1,
+        task_default_queue="cpu",
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_expires=int(settings.job_ttl_s),
+        broker_transport_options=transport,
+        result_backend_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        task_routes={
+            "sluice.check_timeouts": {"queue": MAINTENANCE_QUEUE},
+            "sluice.reconcile_placement": {"queue": MAINTENANCE_QUEUE},
+        },
+        beat_schedule=beat_schedule(settings),
+    )
+
+    def runtime_factory():  # one runtime per process, made on first task
+        global _runtime
+        with _lock:
+            if _runtime is None:
+                from .runner import WorkerRuntime
+                from .services import Services
+
+                _runtime = WorkerRuntime(Services.connect(settings, app))
+            return _runtime
+
+    register_tasks(app, runtime_factory)
+    install_worker_hooks(app, settings)
+    return app

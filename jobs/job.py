@@ -1,0 +1,100 @@
+"""The job record: what a submitted job is, and the statuses it moves through."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+
+
+class JobStatus(str, Enum):
+    """Status of a batch job, spelled as Cortex spells it."""
+
+    ENQUEUING = "status_enqueuing"
+    RUNNING = "status_running"
+    ENQUEUE_FAILED = "status_enqueue_failed"
+    COMPLETED_WITH_FAILURES = "status_completed_with_failures"
+    SUCCEEDED = "status_succeeded"
+    UNEXPECTED_ERROR = "status_unexpected_error"
+    WORKER_ERROR = "status_worker_error"
+    WORKER_OOM = "status_worker_oom"
+    TIMED_OUT = "status_timed_out"
+    STOPPED = "status_stopped"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (JobStatus.ENQUEUING, JobStatus.RUNNING)
+
+
+ACTIVE_STATUSES = (JobStatus.ENQUEUING, JobStatus.RUNNING)
+
+
+def new_job_id(now: float | None = None) -> str:
+    """A job id that sorts by submission time: milliseconds in hex, then random hex."""
+    millis = int((time.time() if now is None else now) * 1000)
+    return f"{millis:012x}{secrets.token_hex(4)}"
+
+
+def iso_time(epoch: float) -> str:
+    """RFC 3339 UTC time, the form job specs carry."""
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def job_queue_name(job_id: str) -> str:
+    """The Celery queue that carries one job's batches and its completion task."""
+    return f"job.{job_id}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything fixed at submission time; the moving parts (status, counts) live in the store."""
+
+    job_id: str
+    api_name: str
+    workers: int
+    config: dict[str, Any]
+    timeout: int | None
+    total_batch_count: int
+    start_time: float
+    # Not part of the public spec: how the job runs.
+    api_spec: dict[str, Any] = field(default_factory=dict)
+    bundle: str = ""
+    hardware_queue: str = "cpu"
+    tries: int = 1
+    retry_of: str | None = None
+
+    kind: str = "BatchAPI"
+
+    @property
+    def queue(self) -> str:
+        return job_queue_name(self.job_id)
+
+    def spec(self) -> dict[str, Any]:
+        """The public job spec returned at submission and inside `job_status`."""
+        return {
+            "job_id": self.job_id,
+            "api_name": self.api_name,
+            "kind": self.kind,
+            "workers": self.workers,
+            "config": self.config,
+            "timeout": self.timeout,
+            "total_batch_count": self.total_batch_count,
+            "start_time": iso_time(self.start_time),
+        }
+
+    def predictor_job_spec(self) -> dict[str, Any]:
+        """The `job_spec` argument handed to a predictor's constructor."""
+        spec = self.spec()
+        del spec["kind"], spec["timeout"]
+        return spec
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every persisted field, in one place."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Job":
+        return cls(**data)

@@ -1,0 +1,150 @@
+"""Placement: which worker nodes serve which job, so that `workers` means what it did in Cortex.
+
+Each job's batches travel on a queue of their own (`job.<id>`). A worker node is one
+predictor process (the app runs with `worker_concurrency = 1`); the job runs on at most
+`workers` nodes because only that many are told to consume its queue (Celery's
+`add_consumer`). Nodes announce themselves with a heartbeat in Redis; a reconcile step,
+run by beat, moves a lost node's share to a live one and re-sends the consumer commands, which
+are idempotent, so a missed broadcast heals itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from typing import Callable
+
+import redis
+from celery import Celery
+
+from .job import Job
+from .store import JobStore
+
+log = logging.getLogger(__name__)
+
+NODES_KEY = "sluice:nodes"
+MAINTENANCE_QUEUE = "sluice.maintenance"
+
+
+def is_job_queue(name: str) -> bool:
+    return name.startswith("job.")
+
+
+def write_heartbeat(client: redis.Redis, node: str, queues: list[str], now: float) -> None:
+    """Record that `node` is alive and which hardware queues it serves."""
+    record = {"queues": sorted(q for q in queues if not is_job_queue(q)), "seen": now}
+    client.hset(NODES_KEY, node, json.dumps(record))
+
+
+class Placement:
+    """Assigns job queues to worker nodes and takes them back."""
+
+    def __init__(
+        self, celery: Celery, store: JobStore, client: redis.Redis, node_ttl_s: float
+    ) -> None:
+        self._celery = celery
+        self._store = store
+        self._redis = client
+        self._node_ttl_s = node_ttl_s
+
+    # -- node registry ----------------------------------------------------------------------
+    def heartbeat(self, node: str, queues: list[str], now: float) -> None:
+        write_heartbeat(self._redis, node, queues, now)
+
+    def forget_node(self, node: str) -> None:
+        self._redis.hdel(NODES_KEY, node)
+
+    def live_nodes(self, now: float) -> dict[str, list[str]]:
+        """Live node name -> hardware queues it consumes. Long-dead nodes are dropped from the registry."""
+        live: dict[str, list[str]] = {}
+        for raw_name, raw in self._redis.hgetall(NODES_KEY).items():
+            record = json.loads(raw)
+            age = now - float(record["seen"])
+            if age <= self._node_ttl_s:
+                live[raw_name.decode()] = record["queues"]
+            elif age > 20 * self._node_ttl_s:
+                self._redis.hdel(NODES_KEY, raw_name)
+        return live
+
+    # -- assignment -------------------------------------------------------------------------
+    def _choose(
+        self, job: Job, current: list[str], live: dict[str, list[str]], load: Counter[str]
+    ) -> list[str]:
+        kept = [n for n in current if n in live]
+        eligible = [n for n, queues in live.items() if job.hardware_queue in queues and n not in kept]
+        eligible.sort(key=lambda n: (load[n], n))
+        return kept + eligible[: max(job.workers - len(kept), 0)]
+
+    def _load(self, exclude: str | None = None) -> Counter[str]:
+        load: Counter[str] = Counter()
+        for job_id in self._store.active_ids():
+            if job_id == exclude:
+                continue
+            try:
+                load.update(self._store.state(job_id).nodes)
+            except Exception:  # a record expired between the two reads
+                continue
+        return load
+
+    def assign(self, job: Job, now: float) -> list[str]:
+        """Give a new job its nodes (least loaded first) and tell them to consume its queue."""
+        nodes = self._choose(job, [], self.live_nodes(now), self._load(exclude=job.job_id))
+        self._store.set_nodes(job.job_id, nodes)
+        self._add_consumers(job, nodes)
+        if not nodes:
+            log.warning("no live worker serves queue %s yet; job %s waits for one", job.hardware_queue, job.job_id)
+        return nodes
+
+    def reconcile(self, now: float) -> None:
+        """One step of the placement loop: replace lost nodes, fill missing ones, re-send consumers."""
+        live = self.live_nodes(now)
+        load = self._load()
+        for job_id in self._store.active_ids():
+            try:
+                state = self._store.state(job_id)
+            except Exception:
+                continue
+            job = state.job
+            nodes = self._choose(job, state.nodes, live, load)
+            if nodes != state.nodes:
+                log.info("job %s moves from nodes %s to %s", job_id, state.nodes, nodes)
+                load.subtract(state.nodes)
+                load.update(nodes)
+                self._store.set_nodes(job_id, nodes)
+                lost = [n for n in state.nodes if n not in nodes]
+                if lost:
+                    self._cancel_consumers(job, lost)
+            self._add_consumers(job, nodes)
+
+    def release(self, job: Job, nodes: list[str] | None = None) -> None:
+        """A job has ended: its nodes stop consuming its queue and anything left in it is dropped."""
+        if nodes is None:
+            try:
+                nodes = self._store.state(job.job_id).nodes
+            except Exception:
+                nodes = []
+        self._cancel_consumers(job, nodes)
+        self.drop_queue(job.queue)
+
+    def drop_queue(self, queue: str) -> None:
+        """Delete a job queue with every message still in it (kombu handles priority sub-queues)."""
+        with self._celery.connection_for_write() as conn:
+            channel = conn.default_channel
+            channel.queue_purge(queue)
+            channel.queue_delete(queue)
+
+    # -- control broadcasts -----------------------------------------------------------------
+    def _broadcast(self, send: Callable[..., object], job: Job, nodes: list[str]) -> None:
+        if not nodes:
+            return
+        try:
+            send(job.queue, destination=nodes, reply=False)
+        except Exception:  # a broker hiccup: the next reconcile step sends it again
+            log.exception("control command for job %s failed", job.job_id)
+
+    def _add_consumers(self, job: Job, nodes: list[str]) -> None:
+        self._broadcast(self._celery.control.add_consumer, job, nodes)
+
+    def _cancel_consumers(self, job: Job, nodes: list[str]) -> None:
+        self._broadcast(self._celery.control.cancel_consumer, job, nodes)

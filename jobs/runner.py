@@ -1,0 +1,158 @@
+"""What a worker process does with a batch and with a job's completion.
+
+Plain functions over `Services`, so they can be tested without Celery; `jobs/tasks.py` only
+wraps them. Batch errors are caught and recorded here and the function returns normally: the
+chord must only ever see finished tasks (a raising header task can stall a chord forever).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from predictors_runtime.batch_predictor import BatchPredictor
+from predictors_runtime.config import ApiConfig
+from predictors_runtime.errors import PredictorError
+from predictors_runtime.loader import error_text
+
+from .job import ACTIVE_STATUSES, Job, JobStatus
+from .services import Services
+from .status import job_status_view
+
+log = logging.getLogger(__name__)
+
+# Deliveries of one batch beyond its tries before Sluice stops handing it to workers: each
+# such delivery means the process running it died (killed, or out of memory).
+LOST_DELIVERY_ALLOWANCE = 2
+SWEEP_INTERVAL_S = 5.0
+
+
+def batch_id_of(job_id: str, index: int) -> str:
+    """A uuid for a batch, stable across redeliveries so a predictor's outputs stay idempotent."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"sluice:{job_id}:{index}"))
+
+
+class WorkerRuntime:
+    """Per-process state: one predictor per job, built on first use and kept for the job."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self._jobs: dict[str, Job] = {}
+        self._predictors: dict[str, BatchPredictor] = {}
+        self._last_sweep = 0.0
+
+    # -- predictors -------------------------------------------------------------------------
+    def _job(self, job_id: str) -> Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            job = self._jobs[job_id] = self.services.store.get(job_id)
+        return job
+
+    def predictor_for(self, job: Job) -> BatchPredictor:
+        """The job's predictor in this process, built once per (API version, job)."""
+        predictor = self._predictors.get(job.job_id)
+        if predictor is None:
+            folder = self.services.bundles.local_folder(job.bundle)
+            api = ApiConfig.from_dict(job.api_spec)
+            log.info("building predictor of api %s for job %s", job.api_name, job.job_id)
+            predictor = BatchPredictor.build(folder, api, job.predictor_job_spec(), job.config)
+            self._predictors[job.job_id] = predictor
+        return predictor
+
+    def forget(self, job_id: str) -> None:
+        self._predictors.pop(job_id, None)
+        self._jobs.pop(job_id, None)
+
+    def sweep(self, current_job_id: str, now: float) -> None:
+        """Drop the predictors of jobs that have ended elsewhere (stopped, timed out, finished)."""
+        others = [j for j in self._predictors if j != current_job_id]
+        if not others or now - self._last_sweep < SWEEP_INTERVAL_S:
+            return
+        self._last_sweep = now
+        for job_id, status in self.services.store.statuses(others).items():
+            if status is None or status.is_terminal:
+                self.forget(job_id)
+
+    def _fail_job(self, job: Job, status: JobStatus, message: str) -> None:
+        if self.services.store.transition(job.job_id, status, message=message):
+            log.error("job %s: %s: %s", job.job_id, status.value, message)
+            self.services.placement.release(job)
+        self.forget(job.job_id)
+
+    # -- tasks ------------------------------------------------------------------------------
+    def run_batch(self, job_id: str, index: int, payload: Any) -> None:
+        """Run one batch with retries, then record its outcome exactly once."""
+        store = self.services.store
+        start = store.begin_batch(job_id, index)
+        if start.status is None or start.status not in ACTIVE_STATUSES:
+            return  # unknown, stopped, timed out or failed job: nothing more runs
+        if start.already_recorded:
+            log.info("job %s batch %d was already recorded; skipping a duplicate delivery", job_id, index)
+            return
+        self.sweep(job_id, time.monotonic())
+        job = self._job(job_id)
+        if start.deliveries > job.tries + LOST_DELIVERY_ALLOWANCE:
+            store.record_failure(
+                job_id, index, 0.0,
+                f"the worker process running this batch died {start.deliveries - 1} times "
+                "(killed, or out of memory)",
+                start.deliveries - 1, payload,
+            )
+            return
+        try:
+            predictor = self.predictor_for(job)
+        except PredictorError as e:
+            self._fail_job(job, JobStatus.WORKER_ERROR, e.message)
+            return
+        batch_id = batch_id_of(job_id, index)
+        began = time.perf_counter()
+        error = ""
+        for attempt in range(1, job.tries + 1):
+            try:
+                predictor.predict(payload, batch_id)
+            except Exception as e:  # the user's code failed: retry, then keep the batch as failed
+                error = error_text(e)
+                log.warning("job %s batch %d try %d/%d failed: %s", job_id, index, attempt, job.tries, e)
+                continue
+            store.record_success(job_id, index, time.perf_counter() - began)
+            return
+        store.record_failure(job_id, index, time.perf_counter() - began, error, job.tries, payload)
+
+    def finish_job(self, job_id: str) -> None:
+        """The chord body: run `on_job_complete` once, then settle the job's final status."""
+        store = self.services.store
+        try:
+            state = store.state(job_id)
+        except Exception:
+            log.warning("job %s vanished before completion", job_id)
+            return
+        job = state.job
+        if state.status not in ACTIVE_STATUSES:
+            self.forget(job_id)
+            return
+        if not store.claim_completion(job_id):
+            self._fail_job(job, JobStatus.WORKER_ERROR,
+                           "a worker died while running on_job_complete; it was not run again")
+            return
+        try:
+            predictor = self.predictor_for(job)
+        except PredictorError as e:
+            self._fail_job(job, JobStatus.WORKER_ERROR, e.message)
+            return
+        message = ""
+        try:
+            predictor.on_job_complete(job_status_view(state))
+        except Exception as e:
+            message = f"on_job_complete raised: {error_text(e)}"
+            log.error("job %s: %s", job_id, message)
+        final = store.state(job_id)
+        succeeded = final.failed == 0 and not message
+        store.transition(
+            job_id,
+            JobStatus.SUCCEEDED if succeeded else JobStatus.COMPLETED_WITH_FAILURES,
+            message=message,
+        )
+        self.services.placement.release(job, final.nodes)
+        self.forget(job_id)

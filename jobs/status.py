@@ -1,0 +1,42 @@
+"""The public `job_status` document, derived from a job's stored state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .job import JobStatus, iso_time
+from .store import JobState
+
+
+def worker_counts(state: JobState) -> dict[str, int]:
+    """Predictor instances of the job by phase, in Cortex's vocabulary."""
+    assigned = len(state.nodes)
+    running = assigned if state.status is JobStatus.RUNNING else 0
+    pending = max(state.job.workers - assigned, 0) if not state.status.is_terminal else 0
+    return {
+        "pending": pending,
+        "running": running,
+        "succeeded": assigned if state.status is JobStatus.SUCCEEDED else 0,
+        "failed": assigned if state.status in (JobStatus.WORKER_ERROR, JobStatus.WORKER_OOM) else 0,
+    }
+
+
+def job_status_view(state: JobState) -> dict[str, Any]:
+    view = state.job.spec()
+    average = state.average_time_per_batch
+    view.update(
+        {
+            "status": state.status.value,
+            "batches_in_queue": state.batches_in_queue,
+            "batch_metrics": {
+                "succeeded": state.succeeded,
+                "failed": state.failed,
+                "average_time_per_batch": round(average, 6) if average is not None else None,
+            },
+            "worker_counts": worker_counts(state),
+            "end_time": iso_time(state.end_time) if state.end_time else None,
+        }
+    )
+    if state.message:
+        view["message"] = state.message
+    return view

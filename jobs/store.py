@@ -1,0 +1,258 @@
+"""The job store: job records, statuses and per-batch outcomes in Redis.
+
+Batch outcomes are recorded idempotently (a batch index is counted once, whichever worker
+reports it, however often its message is delivered), and status changes are guarded so that a
+terminal status is never overwritten: both are small Lua scripts, so each is one round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import redis
+
+from predictors_runtime.errors import JobNotFound
+
+from .job import ACTIVE_STATUSES, Job, JobStatus
+
+_PREFIX = "sluice"
+
+# KEYS: job hash. ARGV: new status, end time ('' for none), message, allowed current statuses...
+_TRANSITION = """
+local current = redis.call('HGET', KEYS[1], 'status')
+if not current then return 0 end
+for i = 4, #ARGV do
+  if ARGV[i] == current then
+    redis.call('HSET', KEYS[1], 'status', ARGV[1])
+    if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'end_time', ARGV[2]) end
+    if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'message', ARGV[3]) end
+    return 1
+  end
+end
+return 0
+"""
+
+# KEYS: job hash, done set, starts hash. ARGV: batch index.
+# Returns {status, already recorded (0/1), deliveries of this batch so far}.
+_BEGIN_BATCH = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return {'', 0, 0} end
+local done = redis.call('SISMEMBER', KEYS[2], ARGV[1])
+local starts = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+return {status, done, starts}
+"""
+
+# KEYS: job hash, done set, failed hash. ARGV: index, 'ok'|'failed', seconds, failure json.
+_RECORD_BATCH = """
+if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
+if ARGV[2] == 'ok' then
+  redis.call('HINCRBY', KEYS[1], 'succeeded', 1)
+else
+  redis.call('HINCRBY', KEYS[1], 'failed', 1)
+  redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
+end
+redis.call('HINCRBYFLOAT', KEYS[1], 'time_total', ARGV[3])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class BatchStart:
+    """What a worker learns when it picks up a batch."""
+
+    status: JobStatus | None
+    already_recorded: bool
+    deliveries: int
+
+
+@dataclass(frozen=True)
+class JobState:
+    """The moving parts of a job, read in one go."""
+
+    job: Job
+    status: JobStatus
+    succeeded: int
+    failed: int
+    time_total: float
+    end_time: float | None
+    message: str
+    nodes: list[str]
+
+    @property
+    def batches_in_queue(self) -> int:
+        if self.status.is_terminal:
+            return 0
+        return max(self.job.total_batch_count - self.succeeded - self.failed, 0)
+
+    @property
+    def average_time_per_batch(self) -> float | None:
+        done = self.succeeded + self.failed
+        return self.time_total / done if done else None
+
+
+class JobStore:
+    """Reads and writes jobs; the Redis client is passed in, never found globally."""
+
+    def __init__(self, client: redis.Redis, job_ttl_s: float = 7 * 24 * 3600) -> None:
+        self._redis = client
+        self._job_ttl_s = int(job_ttl_s)
+        self._transition = client.register_script(_TRANSITION)
+        self._begin_batch = client.register_script(_BEGIN_BATCH)
+        self._record_batch = client.register_script(_RECORD_BATCH)
+
+    # -- keys -------------------------------------------------------------------------------
+    @staticmethod
+    def _job_key(job_id: str) -> str:
+        return f"{_PREFIX}:job:{job_id}"
+
+    @classmethod
+    def _keys_of(cls, job_id: str) -> dict[str, str]:
+        base = cls._job_key(job_id)
+        return {"job": base, "done": f"{base}:done", "failed": f"{base}:failed", "starts": f"{base}:starts"}
+
+    @staticmethod
+    def _api_jobs_key(api_name: str) -> str:
+        return f"{_PREFIX}:api:{api_name}:jobs"
+
+    _ACTIVE_KEY = f"{_PREFIX}:jobs:active"
+
+    # -- jobs -------------------------------------------------------------------------------
+    def create(self, job: Job, status: JobStatus = JobStatus.ENQUEUING) -> None:
+        """Write a new job record and index it under its API and among the active jobs."""
+        pipe = self._redis.pipeline()
+        pipe.hset(
+            self._job_key(job.job_id),
+            mapping={
+                "record": json.dumps(job.to_dict()),
+                "status": status.value,
+                "succeeded": 0,
+                "failed": 0,
+                "time_total": 0,
+                "nodes": "[]",
+            },
+        )
+        pipe.zadd(self._api_jobs_key(job.api_name), {job.job_id: job.start_time})
+        pipe.sadd(self._ACTIVE_KEY, job.job_id)
+        pipe.execute()
+
+    def get(self, job_id: str, api_name: str | None = None) -> Job:
+        raw = self._redis.hget(self._job_key(job_id), "record")
+        if raw is None:
+            raise JobNotFound(f"job {job_id} not found" + (f" for api {api_name}" if api_name else ""))
+        job = Job.from_dict(json.loads(raw))
+        if api_name is not None and job.api_name != api_name:
+            raise JobNotFound(f"job {job_id} not found for api {api_name}")
+        return job
+
+    def state(self, job_id: str, api_name: str | None = None) -> JobState:
+        fields = self._redis.hgetall(self._job_key(job_id))
+        if not fields:
+            raise JobNotFound(f"job {job_id} not found" + (f" for api {api_name}" if api_name else ""))
+        fields = {k.decode(): v.decode() for k, v in fields.items()}
+        job = Job.from_dict(json.loads(fields["record"]))
+        if api_name is not None and job.api_name != api_name:
+            raise JobNotFound(f"job {job_id} not found for api {api_name}")
+        end_time = fields.get("end_time")
+        return JobState(
+            job=job,
+            status=JobStatus(fields["status"]),
+            succeeded=int(fields.get("succeeded", 0)),
+            failed=int(fields.get("failed", 0)),
+            time_total=float(fields.get("time_total", 0)),
+            end_time=float(end_time) if end_time else None,
+            message=fields.get("message", ""),
+            nodes=json.loads(fields.get("nodes", "[]")),
+        )
+
+    def status(self, job_id: str) -> JobStatus | None:
+        raw = self._redis.hget(self._job_key(job_id), "status")
+        return JobStatus(raw.decode()) if raw is not None else None
+
+    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus | None]:
+        pipe = self._redis.pipeline()
+        for job_id in job_ids:
+            pipe.hget(self._job_key(job_id), "status")
+        return {
+            job_id: JobStatus(raw.decode()) if raw is not None else None
+            for job_id, raw in zip(job_ids, pipe.execute())
+        }
+
+    def list_ids(self, api_name: str, limit: int = 100) -> list[str]:
+        """Job ids of an API, newest first."""
+        return [raw.decode() for raw in self._redis.zrevrange(self._api_jobs_key(api_name), 0, limit - 1)]
+
+    def active_ids(self) -> list[str]:
+        return sorted(raw.decode() for raw in self._redis.smembers(self._ACTIVE_KEY))
+
+    def transition(
+        self,
+        job_id: str,
+        new_status: JobStatus,
+        allowed_from: Iterable[JobStatus] = ACTIVE_STATUSES,
+        message: str = "",
+        now: float | None = None,
+    ) -> bool:
+        """Move a job to `new_status` only if its current status is one of `allowed_from`.
+
+        Returns whether the job moved. A terminal status also stamps the end time, leaves the
+        active set and starts the record's expiry clock.
+        """
+        end_time = ""
+        if new_status.is_terminal:
+            end_time = repr(time.time() if now is None else now)
+        keys = self._keys_of(job_id)
+        moved = bool(
+            self._transition(
+                keys=[keys["job"]],
+                args=[new_status.value, end_time, message, *[s.value for s in allowed_from]],
+            )
+        )
+        if moved and new_status.is_terminal:
+            pipe = self._redis.pipeline()
+            pipe.srem(self._ACTIVE_KEY, job_id)
+            for key in keys.values():
+                pipe.expire(key, self._job_ttl_s)
+            pipe.execute()
+        return moved
+
+    def set_nodes(self, job_id: str, nodes: list[str]) -> None:
+        self._redis.hset(self._job_key(job_id), "nodes", json.dumps(nodes))
+
+    def claim_completion(self, job_id: str) -> bool:
+        """True for the first caller only: `on_job_complete` runs at most once per job."""
+        return bool(self._redis.hsetnx(self._job_key(job_id), "completing", 1))
+
+    # -- batches ----------------------------------------------------------------------------
+    def begin_batch(self, job_id: str, index: int) -> BatchStart:
+        keys = self._keys_of(job_id)
+        raw_status, done, deliveries = self._begin_batch(
+            keys=[keys["job"], keys["done"], keys["starts"]], args=[index]
+        )
+        status = JobStatus(raw_status.decode()) if raw_status else None
+        return BatchStart(status=status, already_recorded=bool(done), deliveries=int(deliveries))
+
+    def record_success(self, job_id: str, index: int, seconds: float) -> bool:
+        """Count a finished batch once; returns False if it was already counted."""
+        keys = self._keys_of(job_id)
+        return bool(
+            self._record_batch(keys=[keys["job"], keys["done"], keys["failed"]], args=[index, "ok", seconds, ""])
+        )
+
+    def record_failure(
+        self, job_id: str, index: int, seconds: float, error: str, tries: int, payload: Any
+    ) -> bool:
+        """Count a failed batch once and keep it (error, tries, payload) for inspection."""
+        keys = self._keys_of(job_id)
+        failure = json.dumps({"index": index, "error": error, "tries": tries, "payload": payload}, default=str)
+        return bool(
+            self._record_batch(
+                keys=[keys["job"], keys["done"], keys["failed"]], args=[index, "failed", seconds, failure]
+            )
+        )
+
+    def failed_batches(self, job_id: str) -> list[dict[str, Any]]:
+        raw = self._redis.hgetall(self._keys_of(job_id)["failed"])
+        return sorted((json.loads(v) for v in raw.values()), key=lambda f: f["index"])

@@ -1,0 +1,39 @@
+"""Thin Celery task wrappers over `jobs.runner` and `beat.steps`.
+
+Batch tasks store no result of their own (`ignore_result`): the chord counts them natively in
+the Redis backend all the same, and nothing else needs their return value.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import Celery
+
+RUN_BATCH = "sluice.run_batch"
+FINISH_JOB = "sluice.finish_job"
+CHECK_TIMEOUTS = "sluice.check_timeouts"
+RECONCILE_PLACEMENT = "sluice.reconcile_placement"
+
+
+def register_tasks(app: Celery, runtime_factory: Any) -> None:
+    """Register Sluice's tasks on `app`; `runtime_factory()` gives this process's `WorkerRuntime`."""
+
+    @app.task(name=RUN_BATCH, ignore_result=True, acks_late=True)
+    def run_batch(job_id: str, index: int, payload: Any) -> None:
+        runtime_factory().run_batch(job_id, index, payload)
+
+    @app.task(name=FINISH_JOB, ignore_result=True, acks_late=True)
+    def finish_job(job_id: str) -> None:
+        runtime_factory().finish_job(job_id)
+
+    @app.task(name=CHECK_TIMEOUTS, ignore_result=True)
+    def check_timeouts() -> None:
+        from beat.steps import check_timeouts as step
+
+        step(runtime_factory().services, time.time())
+
+    @app.task(name=RECONCILE_PLACEMENT, ignore_result=True)
+    def reconcile_placement() -> None:
+        runtime_factory().services.placement.reconcile(time.time())

@@ -1,0 +1,480 @@
+"""Loading and validating `cortex.yaml`, the list of APIs a project deploys.
+
+An existing Cortex project should deploy unchanged, so the reader accepts Cortex's spellings
+(`handler:` for `predictor:`, `multi_model_reloading:` for `models:`) and Cortex fields that
+mean nothing on Celery (autoscaling, networking, ...), which it lists in `ignored_fields` so the
+deploy can report them once. Anything else it does not know is an error: a typo should fail at
+deploy time, not be silently dropped. Every error names the file, the API and the field path,
+because the user has to find the line to fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import posixpath
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from predictors_runtime.errors import ConfigError
+
+KINDS = ("BatchAPI", "RealtimeAPI")
+RESERVED_NAMES = frozenset({"apis", "batch", "healthz", "metrics", "openapi.json"})
+# Cortex fields accepted for compatibility but without effect here, by section.
+IGNORED_API_FIELDS = ("autoscaling", "networking", "update_strategy")
+IGNORED_PREDICTOR_FIELDS = tuple(
+    "image tensorflow_serving_image shm_size server_side_batching dependencies".split()
+)
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
+_CPU_RE = re.compile(r"^(\d+(\.\d*)?|\.\d+)(m?)$")
+_MEM_RE = re.compile(r"^(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?$")
+
+
+class _Problem(ValueError):
+    """A validator's complaint about a sub-field, so the error path can name that field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _relative_path(value: str) -> str:
+    """Reject paths that would reach outside the project folder the predictor runs in."""
+    if not value:
+        raise ValueError("must not be empty")
+    if value.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", value):
+        raise ValueError(f"must be relative to the project folder (got {value!r})")
+    normal = posixpath.normpath(value.replace("\\", "/"))
+    if normal == ".." or normal.startswith("../"):
+        raise ValueError(f"must not leave the project folder (got {value!r})")
+    return value
+
+
+class _Model(BaseModel):
+    """Shared settings: unknown fields are errors and parsed configs are not edited in place."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelPath(_Model):
+    """One named model of a `paths:` list."""
+
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+
+
+class ModelsConfig(_Model):
+    """Where the predictor's models live and how many of them to keep at once."""
+
+    path: str | None = Field(default=None, min_length=1)
+    paths: list[ModelPath] | None = None
+    dir: str | None = Field(default=None, min_length=1)
+    cache_size: int | None = Field(default=None, ge=1)
+    disk_cache_size: int | None = Field(default=None, ge=1)
+    signature_key: str | None = Field(default=None, min_length=1)
+
+    @field_validator("paths")
+    @classmethod
+    def _names_unique(cls, paths: list[ModelPath] | None) -> list[ModelPath] | None:
+        """Models are looked up by name, so two models of one name would shadow each other."""
+        if paths is not None:
+            if not paths:
+                raise ValueError("must list at least one model")
+            seen: set[str] = set()
+            for i, entry in enumerate(paths):
+                if entry.name in seen:
+                    raise _Problem(f"[{i}].name", f"duplicate model name {entry.name!r}")
+                seen.add(entry.name)
+        return paths
+
+    @model_validator(mode="after")
+    def _one_source_and_sane_caches(self) -> ModelsConfig:
+        """Exactly one source, and a disk cache that can hold what memory holds."""
+        given = [k for k in ("path", "paths", "dir") if getattr(self, k) is not None]
+        if len(given) != 1:
+            found = ", ".join(given) if given else "none"
+            raise ValueError(f"exactly one of path, paths or dir is required (found: {found})")
+        if (
+            self.cache_size is not None
+            and self.disk_cache_size is not None
+            and self.disk_cache_size < self.cache_size
+        ):
+            raise _Problem(
+                "disk_cache_size",
+                f"must be >= cache_size ({self.disk_cache_size} < {self.cache_size})",
+            )
+        return self
+
+
+def _check_json(value: Any, where: str) -> None:
+    """Predictor config travels to workers as JSON; reject what would not survive the trip."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _Problem(where, f"keys must be strings (got {key!r})")
+            _check_json(item, f"{where}.{key}" if where else key)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_json(item, f"{where}[{i}]")
+    elif not (value is None or isinstance(value, (str, int, float, bool))):
+        raise _Problem(where, f"must be a JSON value (got {type(value).__name__})")
+
+
+class PredictorConfig(_Model):
+    """How to load and run the user's predictor class."""
+
+    type: Literal["python", "tensorflow", "onnx"] = "python"
+    path: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    python_path: str | None = None
+    models: ModelsConfig | None = None
+    processes_per_replica: int = Field(default=1, ge=1)
+    threads_per_process: int = Field(default=1, ge=1)
+    log_level: str = "info"
+
+    @field_validator("path")
+    @classmethod
+    def _python_file_inside_project(cls, value: str) -> str:
+        _relative_path(value)
+        if not value.endswith(".py"):
+            raise ValueError(f"must be a .py file (got {value!r})")
+        return value
+
+    @field_validator("python_path")
+    @classmethod
+    def _python_path_inside_project(cls, value: str | None) -> str | None:
+        return None if value is None else _relative_path(value)
+
+    @field_validator("config", "env", mode="before")
+    @classmethod
+    def _empty_section_is_empty(cls, value: Any) -> Any:
+        """A YAML key whose entries are all commented out reads as null; treat it as empty."""
+        return {} if value is None else value
+
+    @field_validator("config")
+    @classmethod
+    def _config_is_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _check_json(value, "")
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_scalars_as_text(cls, value: Any) -> Any:
+        """Cortex reads `PORT: 8080` as the string "8080"; so do we."""
+        if not isinstance(value, dict):
+            return value
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            if isinstance(item, bool):
+                item = "true" if item else "false"
+            elif isinstance(item, (int, float)):
+                item = str(item)
+            out[key] = item
+        return out
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_log_level(cls, value: str) -> str:
+        if value.lower() not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)} (got {value!r})")
+        return value.lower()
+
+    @model_validator(mode="after")
+    def _models_fit_type(self) -> PredictorConfig:
+        """TensorFlow and ONNX predictors are served from models; signatures are TF-only."""
+        if self.type != "python" and self.models is None:
+            raise _Problem("models", f"field required for type {self.type}")
+        if self.models is not None and self.models.signature_key and self.type != "tensorflow":
+            raise _Problem(
+                "models.signature_key", f"only valid for type tensorflow (type is {self.type})"
+            )
+        return self
+
+
+class ComputeConfig(_Model):
+    """Resources an API asks for; here they only choose the Celery queue (cpu, gpu or inf)."""
+
+    cpu: float | str = 1.0
+    gpu: int = Field(default=0, ge=0)
+    inf: int = Field(default=0, ge=0)
+    mem: str | None = None
+
+    @field_validator("cpu", mode="plain")
+    @classmethod
+    def _positive_cpu(cls, value: Any) -> float | str:
+        """Cortex accepts `1`, `0.5` and Kubernetes' `"200m"`; strings are kept as written."""
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError(f"must be a number or a quantity such as '500m' (got {value!r})")
+        if isinstance(value, str):
+            match = _CPU_RE.match(value.strip())
+            if not match:
+                raise ValueError(f"must be a number or a quantity such as '500m' (got {value!r})")
+            amount = float(match.group(1)) / (1000 if match.group(3) else 1)
+        else:
+            amount = float(value)
+        if not amount > 0:
+            raise ValueError(f"must be greater than 0 (got {value!r})")
+        return value if isinstance(value, str) else float(value)
+
+    @field_validator("mem", mode="before")
+    @classmethod
+    def _memory_quantity(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if isinstance(value, str) and not _MEM_RE.match(value.strip()):
+            raise ValueError(f"must be a quantity such as '2G' or '512Mi' (got {value!r})")
+        return value
+
+
+class ApiConfig(_Model):
+    """One API of a cortex.yaml, validated; `to_dict()` is the form stored and sent to workers."""
+
+    name: str
+    kind: Literal["BatchAPI", "RealtimeAPI"]
+    predictor: PredictorConfig
+    compute: ComputeConfig = Field(default_factory=ComputeConfig)
+    ignored_fields: list[str] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        """Names become URL paths (`/batch/<name>`) and Redis keys, so they are kept plain."""
+        if len(value) > 63:
+            raise ValueError(f"must be at most 63 characters (got {len(value)})")
+        if not _NAME_RE.match(value):
+            raise ValueError(
+                "must contain only lowercase letters, digits and '-', "
+                f"and start with a letter (got {value!r})"
+            )
+        if value in RESERVED_NAMES:
+            raise ValueError(
+                f"{value!r} is reserved (reserved: {', '.join(sorted(RESERVED_NAMES))})"
+            )
+        return value
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _supported_kind(cls, value: Any) -> Any:
+        if value not in KINDS:
+            raise ValueError(f"unsupported kind {value!r} (supported kinds: {', '.join(KINDS)})")
+        return value
+
+    @field_validator("compute", mode="before")
+    @classmethod
+    def _empty_compute(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+    @property
+    def queue(self) -> str:
+        """The Celery queue whose workers have the hardware this API asked for."""
+        if self.compute.gpu > 0:
+            return "gpu"
+        if self.compute.inf > 0:
+            return "inf"
+        return "cpu"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every persisted field, JSON-serialisable; `from_dict` reads it back unchanged."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ApiConfig:
+        """Rebuild a config stored by `to_dict` (canonical field names only)."""
+        try:
+            return cls.model_validate(d)
+        except ValidationError as e:
+            label = d.get("name") if isinstance(d, dict) else None
+            prefix = (
+                f"stored API config ({label})" if isinstance(label, str) else "stored API config"
+            )
+            raise ConfigError("; ".join(_describe(e, prefix, {}))) from e
+
+
+def _describe(exc: ValidationError, prefix: str, spelling: dict[str, str]) -> list[str]:
+    """Turn pydantic's errors into `<prefix>: <field.path>: <message>` lines.
+
+    `spelling` maps canonical section names back to the ones the user wrote (e.g. handler).
+    """
+    lines = []
+    for err in exc.errors():
+        loc = list(err["loc"])
+        ctx = err.get("ctx") or {}
+        cause = ctx.get("error")
+        if isinstance(cause, _Problem):
+            loc.extend(part for part in cause.field.split(".") if part)
+        if loc[:1] == ["predictor"]:
+            loc[0] = spelling.get("predictor", "predictor")
+            if loc[1:2] == ["models"]:
+                loc[1] = spelling.get("models", "models")
+        path = ""
+        for part in loc:
+            if isinstance(part, int) or str(part).startswith("["):
+                path += f"[{part}]" if isinstance(part, int) else str(part)
+            else:
+                path += f".{part}" if path else str(part)
+        kind = err["type"]
+        if kind == "missing":
+            message = "field required"
+            if loc == [spelling.get("predictor", "predictor")]:
+                message = "field required (spelled predictor or handler)"
+        elif kind == "extra_forbidden":
+            message = "unknown field"
+        elif kind in ("value_error", "assertion_error") and cause is not None:
+            message = str(cause)
+        else:
+            text = err["msg"]
+            message = f"{text[:1].lower()}{text[1:]} (got {err.get('input')!r})"
+        lines.append(f"{prefix}: {path}: {message}" if path else f"{prefix}: {message}")
+    return lines
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader that refuses duplicate keys, which PyYAML would silently overwrite."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, (str, int, float, bool)):
+            continue  # unhashable keys are left to the normal constructor to reject
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _read_yaml(text: str, source: str) -> list[Any]:
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{source}: {where}invalid YAML: {problem}") from e
+    if data is None:
+        raise ConfigError(f"{source}: the file is empty, expected a list of APIs")
+    if isinstance(data, dict):
+        return [data]
+    if not isinstance(data, list):
+        raise ConfigError(f"{source}: expected a list of APIs (got {type(data).__name__})")
+    if not data:
+        raise ConfigError(f"{source}: the list of APIs is empty")
+    return data
+
+
+def _parse_one(raw: Any, index: int, source: str) -> tuple[ApiConfig | None, list[str]]:
+    """Normalise Cortex spellings, set aside ignored fields, then validate one API."""
+    if not isinstance(raw, dict):
+        return None, [f"{source}: API #{index}: must be a mapping (got {type(raw).__name__})"]
+    name = raw.get("name")
+    prefix = f"{source}: API #{index}" + (f" ({name})" if isinstance(name, str) and name else "")
+    problems: list[str] = []
+    ignored = [k for k in IGNORED_API_FIELDS if k in raw]
+    data = {k: v for k, v in raw.items() if k not in IGNORED_API_FIELDS}
+    if "ignored_fields" in data:
+        problems.append(f"{prefix}: ignored_fields: unknown field")
+        data.pop("ignored_fields")
+
+    spelling: dict[str, str] = {}
+    present = [k for k in ("predictor", "handler") if k in data]
+    if len(present) == 2:
+        problems.append(f"{prefix}: handler: give either predictor or handler, not both")
+        data.pop("handler")
+    elif present == ["handler"]:
+        spelling["predictor"] = "handler"
+        data["predictor"] = data.pop("handler")
+    section_key = spelling.get("predictor", "predictor")
+
+    section = data.get("predictor")
+    if isinstance(section, dict):
+        section = dict(section)
+        for key in IGNORED_PREDICTOR_FIELDS:
+            if key in section:
+                ignored.append(f"{section_key}.{key}")
+                section.pop(key)
+        if "multi_model_reloading" in section:
+            if "models" in section:
+                problems.append(
+                    f"{prefix}: {section_key}.multi_model_reloading: "
+                    "give either models or multi_model_reloading, not both"
+                )
+                section.pop("multi_model_reloading")
+            elif section.get("type", "python") != "python":
+                problems.append(
+                    f"{prefix}: {section_key}.multi_model_reloading: only valid for type python "
+                    f"(type is {section.get('type')}), use models"
+                )
+                section.pop("multi_model_reloading")
+            else:
+                spelling["models"] = "multi_model_reloading"
+                section["models"] = section.pop("multi_model_reloading")
+        data["predictor"] = section
+
+    try:
+        config = ApiConfig.model_validate(data)
+    except ValidationError as e:
+        return None, problems + _describe(e, prefix, spelling)
+    if problems:
+        return None, problems
+    return config.model_copy(update={"ignored_fields": ignored}), []
+
+
+def parse_api_configs(text: str, source: str = "cortex.yaml") -> list[ApiConfig]:
+    """Validate the text of a cortex.yaml; raise one `ConfigError` listing every problem."""
+    items = _read_yaml(text, source)
+    configs: list[ApiConfig] = []
+    problems: list[str] = []
+    first_index: dict[str, int] = {}
+    for index, raw in enumerate(items):
+        config, found = _parse_one(raw, index, source)
+        problems.extend(found)
+        name = raw.get("name") if isinstance(raw, dict) else None
+        if isinstance(name, str):
+            if name in first_index:
+                problems.append(
+                    f"{source}: API #{index} ({name}): name: duplicate name, "
+                    f"already used by API #{first_index[name]}"
+                )
+            else:
+                first_index[name] = index
+        if config is not None:
+            configs.append(config)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return configs
+
+
+def load_api_configs(config_path: Path) -> list[ApiConfig]:
+    """Read and validate a cortex.yaml file."""
+    try:
+        text = Path(config_path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{config_path}: cannot read the API configuration: {e}") from e
+    return parse_api_configs(text, source=str(config_path))
+
+
+def merge_config(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge `override` over `base` (a job's config over its API's); inputs are untouched.
+
+    Nested mappings merge key by key; any other value in `override`, lists included, replaces
+    the one in `base`. The result shares no mutable object with the inputs.
+    """
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_config(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged

@@ -1,0 +1,79 @@
+"""The one error tree of Sluice.
+
+Every error a user can cause or meet is a `SluiceError`; each class names the HTTP status it
+maps to, so `api/errors.py` turns any of them into a response in one place.
+"""
+
+from __future__ import annotations
+
+
+class SluiceError(Exception):
+    """Base of every error Sluice raises on purpose."""
+
+    http_status = 500
+    kind = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(SluiceError):
+    """An API configuration (cortex.yaml) or project folder is invalid."""
+
+    http_status = 400
+    kind = "invalid_config"
+
+
+class BadRequest(SluiceError):
+    """A request body or parameter is malformed or breaks a rule."""
+
+    http_status = 400
+    kind = "bad_request"
+
+
+class NotFound(SluiceError):
+    """A named thing (API, job, bundle, file) does not exist."""
+
+    http_status = 404
+    kind = "not_found"
+
+
+class ApiNotFound(NotFound):
+    """No API of that name is deployed."""
+
+    kind = "api_not_found"
+
+
+class JobNotFound(NotFound):
+    """No job of that id exists for that API."""
+
+    kind = "job_not_found"
+
+
+class Conflict(SluiceError):
+    """The thing exists but is in the wrong state for the request."""
+
+    http_status = 409
+    kind = "conflict"
+
+
+class PayloadTooLarge(SluiceError):
+    """A request body is larger than Sluice accepts."""
+
+    http_status = 413
+    kind = "payload_too_large"
+
+
+class PredictorError(SluiceError):
+    """User predictor code failed to load or raised while running."""
+
+    http_status = 500
+    kind = "predictor_error"
+
+
+class NotReady(SluiceError):
+    """A dependency (Redis, a model, a worker) is not available yet."""
+
+    http_status = 503
+    kind = "not_ready"

@@ -1,0 +1,76 @@
+"""Loading user predictor classes and calling their methods with only the arguments they declare."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import PredictorError
+
+# Searched in this order; `Handler` is the newer Cortex spelling.
+PREDICTOR_CLASS_NAMES = ("Handler", "PythonPredictor", "TensorFlowPredictor", "ONNXPredictor")
+
+
+def error_text(exc: BaseException) -> str:
+    """`Type: message` and the traceback, as users see it in job statuses and logs."""
+    return "".join(traceback.format_exception(exc)).strip()
+
+
+def load_predictor_class(project_dir: Path, predictor_path: str, module_tag: str = "") -> type:
+    """Import `predictor_path` inside `project_dir` (running its global-scope code) and return its class.
+
+    Each (project, tag) gets its own module name, so two versions of one API can live in one
+    worker process without sharing module state.
+    """
+    file = (project_dir / predictor_path).resolve()
+    if not file.is_file():
+        raise PredictorError(f"predictor file {predictor_path} not found in the project folder")
+    digest = hashlib.sha1(f"{file}:{module_tag}".encode()).hexdigest()[:12]
+    module_name = f"sluice_predictor_{digest}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, file)
+        if spec is None or spec.loader is None:
+            raise PredictorError(f"cannot import {predictor_path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as e:
+            del sys.modules[module_name]
+            raise PredictorError(f"importing {predictor_path} failed: {error_text(e)}") from e
+    for name in PREDICTOR_CLASS_NAMES:
+        cls = getattr(module, name, None)
+        if inspect.isclass(cls):
+            return cls
+    raise PredictorError(
+        f"{predictor_path} defines none of the classes {', '.join(PREDICTOR_CLASS_NAMES)}"
+    )
+
+
+def call_with_declared(func: Callable[..., Any], available: dict[str, Any]) -> Any:
+    """Call `func` passing, by name, only the entries of `available` it declares.
+
+    A parameter it requires that Sluice cannot provide is a predictor error naming it.
+    """
+    signature = inspect.signature(func)
+    params = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return func(**available)
+    kwargs: dict[str, Any] = {}
+    for param in params:
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY):
+            continue
+        if param.name in available:
+            kwargs[param.name] = available[param.name]
+        elif param.default is inspect.Parameter.empty:
+            owner = getattr(func, "__qualname__", getattr(func, "__name__", "predictor method"))
+            raise PredictorError(
+                f"{owner} requires an argument {param.name!r}; Sluice provides {', '.join(sorted(available))}"
+            )
+    return func(**kwargs)

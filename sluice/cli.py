@@ -1,0 +1,178 @@
+"""The `sluice` command."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from predictors_runtime.errors import SluiceError
+
+from .client import Client
+
+
+def _client(ctx: click.Context) -> Client:
+    return Client(ctx.obj["url"])
+
+
+def _print(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+def progress_line(status: dict[str, Any]) -> str:
+    metrics = status["batch_metrics"]
+    done = metrics["succeeded"] + metrics["failed"]
+    total = status["total_batch_count"] or 1
+    width = 30
+    filled = int(width * done / total)
+    return (
+        f"[{'#' * filled}{'.' * (width - filled)}] {done}/{status['total_batch_count']} batches "
+        f"({metrics['failed']} failed) {status['status']}"
+    )
+
+
+@click.group()
+@click.option("--url", envvar="SLUICE_URL", default=None, help="Sluice API URL (default http://127.0.0.1:8888).")
+@click.pass_context
+def main(ctx: click.Context, url: str | None) -> None:
+    """Run Cortex-style batch projects on Celery and Redis."""
+    ctx.obj = {"url": url}
+
+
+@main.command()
+@click.option("--port", default=8888, show_default=True)
+@click.option("--workers", default=1, show_default=True, help="Worker nodes (one predictor process each).")
+def up(port: int, workers: int) -> None:
+    """Start Redis (private, unless SLUICE_REDIS_URL is set), workers, beat and the API; Ctrl-C stops all."""
+    import os
+
+    from .embedded import Stack
+
+    stack = Stack(port=port, workers=workers, redis_url=os.environ.get("SLUICE_REDIS_URL") or None)
+    click.echo("starting redis, the API, beat and workers ...", err=True)
+    try:
+        stack.start()
+    except SluiceError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"logs in {stack.data_dir / 'logs'}", err=True)
+    click.echo(stack.url)
+    stopping = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stopping:
+            dead = [c.name for c in stack.children if c.process.poll() is not None]
+            if dead:
+                click.echo(f"{', '.join(dead)} exited; stopping\n{stack.logs()}", err=True)
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        click.echo("stopping ...", err=True)
+        stack.stop()
+
+
+@main.command()
+@click.argument("config", default="cortex.yaml", type=click.Path(exists=True, path_type=Path))
+@click.pass_context
+def deploy(ctx: click.Context, config: Path) -> None:
+    """Deploy the APIs of a cortex.yaml (its folder is the project)."""
+    for api in _client(ctx).deploy(config):
+        click.echo(f"deployed {api['name']} ({api['kind']}, queue {api['queue']}, bundle {api['bundle'][:12]})")
+        for ignored in api["ignored_fields"]:
+            click.echo(f"  note: {ignored} means nothing to Sluice and was ignored", err=True)
+
+
+@main.command()
+@click.argument("api")
+@click.option("--items", "items_file", required=True, type=click.File("r"), help="JSON file holding a list of items.")
+@click.option("--batch-size", required=True, type=int)
+@click.option("--workers", default=1, show_default=True)
+@click.option("--config", "config_json", default=None, help="Job config as JSON; merged over the API's.")
+@click.option("--timeout", default=None, type=int, help="Seconds before the job is timed out.")
+@click.option("--tries", default=None, type=int, help="Tries per batch (default 1).")
+@click.option("--wait", is_flag=True, help="Wait for the job to end, showing progress.")
+@click.pass_context
+def submit(ctx: click.Context, api: str, items_file, batch_size: int, workers: int,
+           config_json: str | None, timeout: int | None, tries: int | None, wait: bool) -> None:
+    """Submit a job of inline items."""
+    try:
+        items = json.load(items_file)
+        config = json.loads(config_json) if config_json else None
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not valid JSON: {e}") from e
+    client = _client(ctx)
+    spec = client.submit(api, items, batch_size, workers=workers, config=config, timeout=timeout, tries=tries)
+    _print(spec)
+    if wait:
+        final = client.wait(api, spec["job_id"], on_progress=lambda s: click.echo("\r" + progress_line(s), nl=False, err=True))
+        click.echo("", err=True)
+        _print(final)
+        if final["status"] != "status_succeeded":
+            sys.exit(1)
+
+
+@main.command()
+@click.argument("api")
+@click.argument("job_id")
+@click.pass_context
+def status(ctx: click.Context, api: str, job_id: str) -> None:
+    """A job's status."""
+    _print(_client(ctx).job(api, job_id))
+
+
+@main.command()
+@click.argument("api")
+@click.pass_context
+def jobs(ctx: click.Context, api: str) -> None:
+    """An API's jobs, newest first."""
+    for job in _client(ctx).jobs(api):
+        click.echo(f"{job['job_id']}  {job['status']:<32} {job['batch_metrics']['succeeded']}/{job['total_batch_count']}")
+
+
+@main.command()
+@click.argument("api")
+@click.argument("job_id")
+@click.pass_context
+def stop(ctx: click.Context, api: str, job_id: str) -> None:
+    """Stop a job."""
+    click.echo(_client(ctx).stop(api, job_id)["message"])
+
+
+@main.command()
+@click.pass_context
+def apis(ctx: click.Context) -> None:
+    """Deployed APIs."""
+    for api in _client(ctx).apis():
+        click.echo(f"{api['name']:<30} {api['kind']:<12} queue={api['queue']} bundle={api['bundle'][:12]}")
+
+
+@main.command()
+@click.argument("api")
+@click.option("--force", is_flag=True, help="Stop the API's running jobs first.")
+@click.pass_context
+def delete(ctx: click.Context, api: str, force: bool) -> None:
+    """Delete an API."""
+    click.echo(_client(ctx).delete_api(api, force=force)["message"])
+
+
+def run() -> None:
+    try:
+        main(standalone_mode=True)
+    except SluiceError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,198 @@
+"""The embedded stack: a private redis-server, worker nodes, beat and the API as child processes.
+
+`sluice up` runs one; the integration tests and benchmarks run the same class, so what they
+check is what users run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import redis
+import requests
+
+from predictors_runtime.errors import NotReady
+
+ROOT = Path(__file__).resolve().parent.parent
+ALL_QUEUES = ("cpu", "gpu", "inf")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_until(check, timeout: float, what: str, interval: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        time.sleep(interval)
+    raise NotReady(f"{what} did not become ready within {timeout:.0f}s")
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Stack:
+    """Everything Sluice needs on one host. Use as a context manager, or `start()` / `stop()`."""
+
+    port: int = 8888
+    workers: int = 1
+    queues: tuple[str, ...] = ALL_QUEUES
+    redis_url: str | None = None
+    data_dir: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    beat: bool = True
+    api_processes: int = 2
+    children: list[Child] = field(default_factory=list)
+    _own_data_dir: bool = False
+    _worker_count: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.env)
+        env["SLUICE_REDIS_URL"] = self.redis_url or ""
+        env.setdefault("SLUICE_STORAGE", str(self.data_dir / "storage"))
+        env.setdefault("SLUICE_CACHE_DIR", str(self.data_dir / "cache"))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _spawn(self, name: str, argv: list[str]) -> Child:
+        assert self.data_dir is not None
+        log_path = self.data_dir / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=self._child_env(), cwd=self.data_dir,
+                start_new_session=True,
+            )
+        child = Child(name, process, log_path)
+        self.children.append(child)
+        return child
+
+    # -- parts ------------------------------------------------------------------------------
+    def _start_redis(self) -> None:
+        if shutil.which("redis-server") is None:
+            raise NotReady("redis-server is not installed (apt-get install -y redis-server), and SLUICE_REDIS_URL is not set")
+        assert self.data_dir is not None
+        port = free_port()
+        redis_dir = self.data_dir / "redis"
+        redis_dir.mkdir(parents=True, exist_ok=True)
+        self._spawn("redis", [
+            "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(redis_dir),
+            "--save", "", "--appendonly", "no", "--protected-mode", "yes",
+        ])
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(self.redis_url)
+        _wait_until(client.ping, 15, "redis-server")
+
+    def add_worker(self, name: str | None = None, queues: tuple[str, ...] | None = None) -> Child:
+        """Start one more worker node (one predictor process) and wait until it is registered."""
+        self._worker_count += 1
+        name = name or f"worker{self._worker_count}"
+        node = f"{name}@{socket.gethostname()}"
+        child = self._spawn(name, [
+            sys.executable, "-m", "celery", "-A", "jobs", "worker", "-Q", ",".join(queues or self.queues),
+            "-n", node, "--loglevel", "INFO", "--concurrency", "1", "--without-gossip", "--without-mingle",
+        ])
+        client = redis.Redis.from_url(self.redis_url or "")
+        _wait_until(lambda: client.hexists("sluice:nodes", node) or self._died(child), 60, f"worker {name}")
+        if self._died(child):
+            raise NotReady(f"worker {name} exited:\n{child.log_tail()}")
+        return child
+
+    @staticmethod
+    def _died(child: Child) -> bool:
+        return child.process.poll() is not None
+
+    def _start_beat(self) -> None:
+        assert self.data_dir is not None
+        self._spawn("beat", [
+            sys.executable, "-m", "celery", "-A", "jobs", "beat", "--loglevel", "INFO",
+            "-s", str(self.data_dir / "beat-schedule"),
+        ])
+
+    def _start_api(self) -> None:
+        child = self._spawn("api", [
+            sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{self.port}", "-w", str(self.api_processes),
+            "--timeout", "120", "--graceful-timeout", "10", "api:create_app()",
+        ])
+        _wait_until(lambda: self._died(child) or requests.get(f"{self.url}/healthz", timeout=2).ok, 60, "the API")
+        if self._died(child):
+            raise NotReady(f"the API exited:\n{child.log_tail()}")
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> "Stack":
+        if self.data_dir is None:
+            self.data_dir = Path(tempfile.mkdtemp(prefix="sluice-"))
+            self._own_data_dir = True
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if not self.redis_url:
+                self._start_redis()
+            self._start_api()
+            if self.beat:
+                self._start_beat()
+            for _ in range(self.workers):
+                self.add_worker()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop every child, workers first (they finish or hand back their batch), Redis last."""
+        order = sorted(self.children, key=lambda c: c.name == "redis")
+        for child in order:
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for child in order:
+            try:
+                child.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait()
+        self.children.clear()
+        if self._own_data_dir and self.data_dir is not None and not os.environ.get("SLUICE_KEEP_DATA"):
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> "Stack":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"----- {c.name} -----\n{c.log_tail()}" for c in self.children)
