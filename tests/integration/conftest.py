@@ -1,0 +1,125 @@
+"""A real Sluice stack for the integration tests: redis-server, Celery worker nodes, beat, gunicorn.
+
+Tests deploy small Cortex-style projects written on the fly; their predictors append JSON
+lines to an events file, so a test can see what ran, where, and how often.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from sluice.client import Client
+from sluice.embedded import Stack, free_port
+
+FAST_LOOPS = {
+    "SLUICE_BEAT_INTERVAL": "1",
+    "SLUICE_HEARTBEAT_INTERVAL": "0.5",
+    "SLUICE_NODE_TTL": "4",
+}
+
+# A predictor whose behaviour the job's config drives; every call leaves an event line.
+EVENTS_PREDICTOR = '''
+import json, os, time, uuid
+
+GLOBAL_MARK = "global scope ran"
+
+
+class {class_name}:
+    def __init__(self, config, job_spec):
+        self.config = config
+        self.job_spec = job_spec
+        self.instance = uuid.uuid4().hex
+        self.items = []
+        if config.get("fail_init"):
+            raise RuntimeError("the model file is corrupt")
+        self._log({{"event": "init", "config": config, "job_spec": job_spec, "cwd": os.getcwd(),
+                   "greeting": os.environ.get("GREETING"), "global": GLOBAL_MARK,
+                   "version": "{version}"}})
+
+    def _log(self, record):
+        record.update(instance=self.instance, pid=os.getpid(), job_id=self.job_spec["job_id"])
+        with open(self.config["events"], "a") as f:
+            f.write(json.dumps(record) + "\\n")
+
+    def {predict_name}(self, payload, batch_id):
+        hang = self.config.get("hang_marker")
+        if hang and payload[0] == self.config.get("hang_on") and not os.path.exists(hang):
+            with open(hang, "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(120)
+        self._log({{"event": "predict", "batch_id": batch_id, "items": payload, "version": "{version}"}})
+        if self.config.get("sleep"):
+            time.sleep(self.config["sleep"])
+        for item in payload:
+            if item == self.config.get("poison"):
+                raise ValueError(f"cannot handle item {{item}}")
+        self.items.extend(payload)
+
+    def on_job_complete(self):
+        self._log({{"event": "complete", "seen": sorted(self.items), "version": "{version}"}})
+'''
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    """Two worker nodes, beat and the API against a private Redis."""
+    data_dir = tmp_path_factory.mktemp("stack")
+    with Stack(port=free_port(), workers=2, data_dir=data_dir, env=FAST_LOOPS) as running:
+        yield running
+        print(running.logs())
+
+
+@pytest.fixture(scope="session")
+def client(stack: Stack) -> Client:
+    return Client(stack.url)
+
+
+def write_project(
+    folder: Path, api_name: str, config: dict[str, Any] | None = None, class_name: str = "PythonPredictor",
+    predict_name: str = "predict", version: str = "v1", predictor_extra: dict[str, Any] | None = None,
+    files: dict[str, str] | None = None, source: str | None = None,
+) -> Path:
+    """A Cortex-style project folder; returns the path of its cortex.yaml."""
+    folder.mkdir(parents=True, exist_ok=True)
+    code = source or EVENTS_PREDICTOR.format(class_name=class_name, predict_name=predict_name, version=version)
+    (folder / "predictor.py").write_text(code)
+    for name, text in (files or {}).items():
+        (folder / name).write_text(text)
+    predictor = {"type": "python", "path": "predictor.py", "config": config or {}, **(predictor_extra or {})}
+    api = {"name": api_name, "kind": "BatchAPI", "predictor": predictor, "compute": {"cpu": 1}}
+    (folder / "cortex.yaml").write_text(yaml.safe_dump([api], sort_keys=False))
+    return folder / "cortex.yaml"
+
+
+@pytest.fixture
+def deploy_project(client: Client, tmp_path: Path) -> Callable[..., str]:
+    """Write and deploy a project under a fresh API name; returns the name."""
+
+    def deploy(config: dict[str, Any] | None = None, name: str | None = None, **kwargs: Any) -> str:
+        api_name = name or f"t-{uuid.uuid4().hex[:10]}"
+        client.deploy(write_project(tmp_path / api_name, api_name, config, **kwargs))
+        return api_name
+
+    return deploy
+
+
+@pytest.fixture
+def events_file(tmp_path: Path) -> Path:
+    return tmp_path / "events.jsonl"
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def events() -> Callable[[Path], list[dict[str, Any]]]:
+    return read_events

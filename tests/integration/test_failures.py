@@ -1,0 +1,117 @@
+"""When predictors raise, jobs are stopped or time out, or a worker dies, nothing is lost or run twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _wait_for(check, timeout: float = 60, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_raising_predictor_is_retried_then_its_batch_is_kept_as_failed(client, deploy_project, events_file, events):
+    api = deploy_project({"events": str(events_file), "poison": 13})
+    spec = client.submit(api, list(range(40)), batch_size=10, tries=3)
+
+    final = client.wait(api, spec["job_id"], timeout=120)
+
+    assert final["status"] == "status_completed_with_failures"
+    assert final["batch_metrics"] == {**final["batch_metrics"], "succeeded": 3, "failed": 1}
+    failed = client.failed_batches(api, spec["job_id"])
+    assert len(failed) == 1
+    assert failed[0]["index"] == 1
+    assert failed[0]["tries"] == 3
+    assert failed[0]["payload"] == list(range(10, 20))
+    assert "ValueError: cannot handle item 13" in failed[0]["error"]
+    seen = events(events_file)
+    tries_of_failed_batch = [e for e in seen if e["event"] == "predict" and 13 in e["items"]]
+    assert len(tries_of_failed_batch) == 3
+    assert [e["event"] for e in seen].count("complete") == 1
+
+
+def test_by_default_a_batch_gets_one_try(client, deploy_project, events_file, events):
+    api = deploy_project({"events": str(events_file), "poison": 0})
+    spec = client.submit(api, [0, 1], batch_size=1)
+
+    final = client.wait(api, spec["job_id"], timeout=120)
+
+    assert final["status"] == "status_completed_with_failures"
+    assert len([e for e in events(events_file) if e["event"] == "predict" and e["items"] == [0]]) == 1
+
+
+def test_a_constructor_that_raises_ends_the_job_with_a_worker_error(client, deploy_project, events_file, events):
+    api = deploy_project({"events": str(events_file), "fail_init": True})
+    spec = client.submit(api, list(range(50)), batch_size=5)
+
+    final = client.wait(api, spec["job_id"], timeout=120)
+
+    assert final["status"] == "status_worker_error"
+    assert "RuntimeError: the model file is corrupt" in final["message"]
+    assert [e for e in events(events_file) if e["event"] == "predict"] == []
+
+
+def test_a_stopped_job_runs_no_further_batches_and_never_completes(client, deploy_project, events_file, events):
+    api = deploy_project({"events": str(events_file), "sleep": 0.2})
+    spec = client.submit(api, list(range(100)), batch_size=2, workers=1)
+    _wait_for(lambda: len(events(events_file)) >= 3, what="the first batches")
+
+    answer = client.stop(api, spec["job_id"])
+
+    assert answer == {"message": f"stopped job {spec['job_id']}"}
+    status = client.job(api, spec["job_id"])
+    assert status["status"] == "status_stopped"
+    ran_at_stop = len([e for e in events(events_file) if e["event"] == "predict"])
+    time.sleep(2)
+    ran_later = [e for e in events(events_file) if e["event"] == "predict"]
+    assert len(ran_later) <= ran_at_stop + 1  # at most the batch that was running
+    assert len(ran_later) < 50
+    assert "complete" not in [e["event"] for e in events(events_file)]
+    with pytest.raises(Exception) as stopped_twice:
+        client.stop(api, spec["job_id"])
+    assert "409" in str(stopped_twice.value)
+
+
+def test_a_job_past_its_timeout_is_timed_out_by_beat(client, deploy_project, events_file, events):
+    api = deploy_project({"events": str(events_file), "sleep": 0.5})
+    spec = client.submit(api, list(range(40)), batch_size=1, workers=1, timeout=2)
+
+    final = client.wait(api, spec["job_id"], timeout=60)
+
+    assert final["status"] == "status_timed_out"
+    assert "timeout" in final["message"]
+    time.sleep(1.5)
+    assert len([e for e in events(events_file) if e["event"] == "predict"]) < 40
+    assert "complete" not in [e["event"] for e in events(events_file)]
+
+
+def test_a_worker_process_killed_mid_batch_leaves_the_batch_to_another_and_nothing_is_lost(
+    client, deploy_project, events_file, events, tmp_path
+):
+    marker = tmp_path / "hanging.pid"
+    api = deploy_project({"events": str(events_file), "hang_marker": str(marker), "hang_on": 300})
+    spec = client.submit(api, list(range(1000)), batch_size=10, workers=2)
+    pid = int(_wait_for(lambda: marker.exists() and marker.read_text(), what="the hanging batch"))
+
+    os.kill(pid, signal.SIGKILL)
+
+    final = client.wait(api, spec["job_id"], timeout=180)
+    assert final["status"] == "status_succeeded", final
+    assert final["batch_metrics"]["succeeded"] == 100
+    predicts = [e for e in events(events_file) if e["event"] == "predict"]
+    assert sorted(item for e in predicts for item in e["items"]) == list(range(1000))
+    assert set(Counter(e["batch_id"] for e in predicts).values()) == {1}
+    hung_batch = [e for e in predicts if 300 in e["items"]]
+    assert len(hung_batch) == 1 and hung_batch[0]["pid"] != pid
