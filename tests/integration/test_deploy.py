@@ -1,0 +1,117 @@
+"""Deploying, redeploying, listing and deleting APIs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from sluice.client import ClientError
+
+pytestmark = pytest.mark.integration
+
+
+def _wait_for(check, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def test_a_deployed_api_is_listed_described_and_deleted(client, deploy_project, events_file):
+    api = deploy_project({"events": str(events_file)})
+
+    assert api in [a["name"] for a in client.apis()]
+    described = client.api(api)
+    assert described["kind"] == "BatchAPI"
+    assert described["queue"] == "cpu"
+    assert described["spec"]["predictor"]["path"] == "predictor.py"
+    assert len(described["bundle"]) == 64
+
+    assert client.delete_api(api)["message"] == f"deleted api {api}"
+    with pytest.raises(ClientError) as missing:
+        client.api(api)
+    assert missing.value.http_status == 404
+
+
+def test_redeploying_changes_the_code_of_new_jobs_while_running_jobs_keep_theirs(
+    client, deploy_project, tmp_path, events
+):
+    old_events, new_events = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    api = deploy_project({"sleep": 0.05}, version="v1")
+    old_job = client.submit(api, list(range(60)), batch_size=2, workers=1, config={"events": str(old_events)})
+    _wait_for(lambda: len(events(old_events)) >= 3)
+
+    deploy_project({"sleep": 0.05}, name=api, version="v2")
+    new_job = client.submit(api, list(range(10)), batch_size=2, workers=1, config={"events": str(new_events)})
+
+    for spec in (old_job, new_job):
+        assert client.wait(api, spec["job_id"], timeout=120)["status"] == "status_succeeded"
+    assert {e["version"] for e in events(old_events)} == {"v1"}
+    assert {e["version"] for e in events(new_events)} == {"v2"}
+
+
+def test_deleting_an_api_with_a_running_job_needs_force_and_stops_the_job(client, deploy_project, events_file):
+    api = deploy_project({"events": str(events_file), "sleep": 0.2})
+    spec = client.submit(api, list(range(100)), batch_size=1)
+
+    with pytest.raises(ClientError) as refused:
+        client.delete_api(api)
+    assert refused.value.http_status == 409
+
+    answer = client.delete_api(api, force=True)
+    assert answer["stopped_jobs"] == [spec["job_id"]]
+
+
+def test_an_invalid_cortex_yaml_is_refused_naming_the_file_and_field(client, tmp_path):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "predictor.py").write_text("class PythonPredictor:\n    pass\n")
+    (folder / "cortex.yaml").write_text(
+        "- name: broken-api\n  kind: BatchAPI\n  predictor:\n    type: python\n    path: predictor.py\n    colour: red\n"
+    )
+
+    with pytest.raises(ClientError) as refused:
+        client.deploy(folder / "cortex.yaml")
+
+    assert refused.value.http_status == 400
+    assert "cortex.yaml" in refused.value.server_message
+    assert "predictor.colour" in refused.value.server_message
+
+
+def test_a_predictor_path_missing_from_the_project_is_refused(client, tmp_path):
+    folder = tmp_path / "missing"
+    folder.mkdir()
+    (folder / "cortex.yaml").write_text(
+        "- name: missing-file\n  kind: BatchAPI\n  predictor:\n    type: python\n    path: nowhere.py\n"
+    )
+
+    with pytest.raises(ClientError) as refused:
+        client.deploy(folder / "cortex.yaml")
+
+    assert refused.value.http_status == 400
+    assert "nowhere.py" in refused.value.server_message
+
+
+def test_a_deploy_without_its_files_is_a_clear_400(stack):
+    response = requests.post(f"{stack.url}/apis", timeout=30)
+
+    assert response.status_code == 400
+    assert "config" in response.json()["message"]
+
+
+def test_health_metrics_and_openapi_are_served(stack, client, deploy_project, events_file):
+    api = deploy_project({"events": str(events_file)})
+    client.wait(api, client.submit(api, [1], batch_size=1)["job_id"], timeout=60)
+
+    health = requests.get(f"{stack.url}/healthz", timeout=30).json()
+    assert health["status"] == "ok"
+    assert len(health["worker_nodes"]) == 2
+    assert all(set(queues) >= {"cpu", "gpu", "inf"} for queues in health["worker_nodes"].values())
+    metrics = requests.get(f"{stack.url}/metrics", timeout=30).text
+    assert "sluice_jobs_submitted_total" in metrics
+    spec = requests.get(f"{stack.url}/openapi.json", timeout=30).json()
+    assert "/batch/{api_name}" in spec["paths"]
