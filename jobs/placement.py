@@ -71,7 +71,7 @@ class Placement:
     def _choose(
         self, job: Job, current: list[str], live: dict[str, list[str]], load: Counter[str]
     ) -> list[str]:
-        kept = [n for n in current if n in live]
+        kept = [n for n in current if job.hardware_queue in live.get(n, ())]
         eligible = [n for n, queues in live.items() if job.hardware_queue in queues and n not in kept]
         eligible.sort(key=lambda n: (load[n], n))
         return kept + eligible[: max(job.workers - len(kept), 0)]

@@ -35,18 +35,23 @@ end
 return 0
 """
 
-# KEYS: job hash, done set, starts hash. ARGV: batch index.
-# Returns {status, already recorded (0/1), deliveries of this batch so far}.
+# KEYS: job hash, done set, starts hash. ARGV: batch index, active statuses...
+# Returns {status, already recorded (0/1), deliveries of this batch so far}; deliveries are
+# counted only while the job is active, so an ended job gains no key.
 _BEGIN_BATCH = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'', 0, 0} end
 local done = redis.call('SISMEMBER', KEYS[2], ARGV[1])
-local starts = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+local starts = 0
+for i = 2, #ARGV do
+  if ARGV[i] == status then starts = redis.call('HINCRBY', KEYS[3], ARGV[1], 1) end
+end
 return {status, done, starts}
 """
 
 # KEYS: job hash, done set, failed hash. ARGV: index, 'ok'|'failed', seconds, failure json.
 _RECORD_BATCH = """
+if redis.call('HEXISTS', KEYS[1], 'record') == 0 then return 0 end
 if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
 if ARGV[2] == 'ok' then
   redis.call('HINCRBY', KEYS[1], 'succeeded', 1)
@@ -55,6 +60,12 @@ else
   redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
 end
 redis.call('HINCRBYFLOAT', KEYS[1], 'time_total', ARGV[3])
+-- A batch finishing after its job ended must not leave keys that never expire.
+local ttl = redis.call('TTL', KEYS[1])
+if ttl > 0 then
+  redis.call('EXPIRE', KEYS[2], ttl)
+  if ARGV[2] ~= 'ok' then redis.call('EXPIRE', KEYS[3], ttl) end
+end
 return 1
 """
 
@@ -229,7 +240,7 @@ class JobStore:
     def begin_batch(self, job_id: str, index: int) -> BatchStart:
         keys = self._keys_of(job_id)
         raw_status, done, deliveries = self._begin_batch(
-            keys=[keys["job"], keys["done"], keys["starts"]], args=[index]
+            keys=[keys["job"], keys["done"], keys["starts"]], args=[index, *[s.value for s in ACTIVE_STATUSES]]
         )
         status = JobStatus(raw_status.decode()) if raw_status else None
         return BatchStart(status=status, already_recorded=bool(done), deliveries=int(deliveries))

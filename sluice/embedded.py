@@ -70,6 +70,7 @@ class Stack:
     env: Mapping[str, str] = field(default_factory=dict)
     beat: bool = True
     api_processes: int = 2
+    worker_loglevel: str = "INFO"
     children: list[Child] = field(default_factory=list)
     _own_data_dir: bool = False
     _worker_count: int = 0
@@ -124,7 +125,7 @@ class Stack:
         node = f"{name}@{socket.gethostname()}"
         child = self._spawn(name, [
             sys.executable, "-m", "celery", "-A", "jobs", "worker", "-Q", ",".join(queues or self.queues),
-            "-n", node, "--loglevel", "INFO", "--concurrency", "1", "--without-gossip", "--without-mingle",
+            "-n", node, "--loglevel", self.worker_loglevel, "--concurrency", "1", "--without-gossip", "--without-mingle",
         ])
         client = redis.Redis.from_url(self.redis_url or "")
         _wait_until(lambda: client.hexists("sluice:nodes", node) or self._died(child), 60, f"worker {name}")
