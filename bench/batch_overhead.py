@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -88,6 +89,7 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=50_000)
     parser.add_argument("--batch-sizes", default="10,100,1000")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is shown")
     args = parser.parse_args()
     items = [{"id": i, "x": i * 0.5} for i in range(args.items)]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -111,13 +113,17 @@ def main() -> None:
             client.deploy(project / "cortex.yaml")
             run_sluice(client, items[:1000], 100, args.workers)  # warm up: imports, predictor build
             run_plain(stack.redis_url or "", items[:1000], 100)
-            print(f"{args.items} items, {args.workers} worker processes each, no-op predictor\n")
+            print(f"{args.items} items, {args.workers} worker processes each, no-op predictor, "
+                  f"median of {args.repeat} runs\n")
             print(f"{'batch':>6} {'batches':>8} {'sluice items/s':>15} {'celery items/s':>15} "
                   f"{'loop items/s':>14} {'sluice/celery':>14} {'sluice/loop':>12}")
             for batch_size in batch_sizes:
-                sluice_s = run_sluice(client, items, batch_size, args.workers)
-                plain_s = run_plain(stack.redis_url or "", items, batch_size)
-                loop_s = run_in_process(items, batch_size)
+                sluice_runs, plain_runs, loop_runs = [], [], []
+                for _ in range(args.repeat):  # interleaved, so drift on the machine hits both alike
+                    sluice_runs.append(run_sluice(client, items, batch_size, args.workers))
+                    plain_runs.append(run_plain(stack.redis_url or "", items, batch_size))
+                    loop_runs.append(run_in_process(items, batch_size))
+                sluice_s, plain_s, loop_s = (statistics.median(r) for r in (sluice_runs, plain_runs, loop_runs))
                 rate = lambda s: args.items / s  # noqa: E731
                 print(f"{batch_size:>6} {-(-args.items // batch_size):>8} {rate(sluice_s):>15,.0f} "
                       f"{rate(plain_s):>15,.0f} {rate(loop_s):>14,.0f} {plain_s / sluice_s:>14.2f} "
