@@ -7,9 +7,9 @@ from typing import Any
 
 from flask import Blueprint, jsonify, request
 
-from jobs.enqueue import stop_job, submit_job
+from jobs.enqueue import plan_job, stop_job, submit_job
 from jobs.status import job_status_view
-from jobs.submission import parse_job_request, split_items
+from jobs.submission import parse_job_request
 from predictors_runtime.errors import BadRequest, Conflict
 
 from .context import registry, services
@@ -42,12 +42,10 @@ def _endpoint(api_name: str) -> str:
 @blueprint.post("/batch/<api_name>")
 def submit(api_name: str):
     api = registry().get(api_name)
-    job_request = parse_job_request(_json_body())
+    plan = plan_job(services(), parse_job_request(_json_body()), api.name)
     if request.args.get("dryRun", "").lower() == "true":
-        assert job_request.item_list is not None
-        batches = split_items(job_request.item_list.items, job_request.item_list.batch_size)
-        return jsonify({"message": "validation passed", "dry_run": True, "total_batch_count": len(batches)})
-    job = submit_job(services(), job_request, api.name, api.spec, api.bundle, api.queue)
+        return jsonify(plan.dry_run_view())
+    job = submit_job(services(), plan, api.name, api.spec, api.bundle, api.queue)
     JOBS_SUBMITTED.labels(api=api.name).inc()
     return jsonify(job.spec())
 

@@ -1,20 +1,28 @@
-"""Turning a validated submission into a job: its record, its placement and its chord.
+"""Turning a validated submission into a job: its plan, its record, its placement and its chord.
 
-The API process keeps only task ids, never `AsyncResult`s, and waits on nothing: the batch
-tasks and the chord body write the job's progress to Redis themselves.
+What can be refused is checked before the job exists (`plan_job`: sources, files, paths, the job
+to retry), so a bad submission creates nothing. Cutting input into batches and publishing them
+then runs in the background while the job is `status_enqueuing`. The API process keeps only
+task ids, never `AsyncResult`s, and waits on nothing: the batch tasks and the chord body write
+the job's progress to Redis themselves.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
 
 from celery import chord
 
+from predictors_runtime.errors import BadRequest, Conflict
 from predictors_runtime.loader import error_text
+from predictors_runtime.storage import ObjectInfo, split_uri
 
+from .inputs import check_local_path, cut_ranges, is_local, match_files
 from .job import Job, JobStatus, new_job_id
 from .services import Services
 from .submission import JobRequest, split_items
@@ -22,36 +30,125 @@ from .tasks import FINISH_JOB, RUN_BATCH
 
 log = logging.getLogger(__name__)
 
+Batch = tuple[Any, "dict[str, Any] | None"]  # (payload, or a reference to it in storage)
 
-def publish_chord(services: Services, job: Job, batches: list[list[Any]]) -> str:
+
+@dataclass
+class JobPlan:
+    """A submission checked against the world: what it will read, write and inherit."""
+
+    request: JobRequest
+    files: list[ObjectInfo] = field(default_factory=list)
+    retry_of: Job | None = None
+    retry_batches: list[Batch] = field(default_factory=list)
+    output: dict[str, Any] | None = None
+
+    @property
+    def total_batch_count(self) -> int | None:
+        """Known before reading the input, except for JSON-lines files."""
+        request = self.request
+        if request.item_list is not None:
+            return math.ceil(len(request.item_list.items) / request.item_list.batch_size)
+        if request.file_path_lister is not None:
+            return math.ceil(len(self.files) / request.file_path_lister.batch_size)
+        if request.retry_failed_of is not None:
+            return len(self.retry_batches)
+        return None
+
+    def dry_run_view(self) -> dict[str, Any]:
+        return {
+            "dry_run": True,
+            "validation": "passed",
+            "source": self.request.source,
+            "files": [info.uri for info in self.files],
+            "total_batch_count": self.total_batch_count,
+        }
+
+
+def _checked_output(request: JobRequest, roots: tuple[str, ...]) -> dict[str, Any] | None:
+    if request.output is None:
+        return None
+    path = request.output.path
+    if is_local(path):
+        path = check_local_path(path, roots)
+    else:
+        split_uri(path)  # refuses a malformed URI
+    return {"path": path, "format": request.output.format}
+
+
+def plan_job(services: Services, request: JobRequest, api_name: str) -> JobPlan:
+    """Everything about a submission that can fail before a job exists: 400/404/409 here."""
+    roots = services.settings.local_input_roots
+    plan = JobPlan(request=request, output=_checked_output(request, roots))
+    if request.file_path_lister is not None:
+        plan.files = match_files(request.file_path_lister, roots, "file_path_lister")
+    elif request.delimited_files is not None:
+        plan.files = match_files(request.delimited_files, roots, "delimited_files")
+    elif request.retry_failed_of is not None:
+        old = services.store.state(request.retry_failed_of, api_name=api_name)
+        if not old.status.is_terminal:
+            raise Conflict(f"job {old.job.job_id} is still {old.status.value}; retry its failed batches once it ends")
+        failed = services.store.failed_batches(old.job.job_id)
+        if not failed:
+            raise BadRequest(f"job {old.job.job_id} has no failed batches to retry")
+        plan.retry_of = old.job
+        plan.retry_batches = [(f["payload"], f.get("payload_ref")) for f in failed]
+        if plan.output is None:
+            plan.output = old.job.output
+    return plan
+
+
+def _batches(plan: JobPlan) -> Iterator[Batch]:
+    request = plan.request
+    if request.item_list is not None:
+        for items in split_items(request.item_list.items, request.item_list.batch_size):
+            yield items, None
+    elif request.file_path_lister is not None:
+        for uris in split_items([info.uri for info in plan.files], request.file_path_lister.batch_size):
+            yield uris, None
+    elif request.delimited_files is not None:
+        for ref in cut_ranges(plan.files, request.delimited_files.batch_size):
+            yield None, ref.to_dict()
+    else:
+        yield from plan.retry_batches
+
+
+def publish_chord(services: Services, job: Job, batches: list[Batch]) -> str:
     """Send one task per batch and the completion body, all on the job's own queue."""
     signature = services.celery.signature
     options = {"queue": job.queue, "ignore_result": True}
     header = [
-        signature(RUN_BATCH, args=(job.job_id, index, batch), immutable=True, **options)
-        for index, batch in enumerate(batches)
+        signature(RUN_BATCH, args=(job.job_id, index, payload, ref), immutable=True, **options)
+        for index, (payload, ref) in enumerate(batches)
     ]
     body = signature(FINISH_JOB, args=(job.job_id,), immutable=True, **options)
     result = chord(header, app=services.celery)(body)
     return result.id
 
 
-def _enqueue(services: Services, job: Job, batches: list[list[Any]]) -> None:
+def _enqueue(services: Services, job: Job, plan: JobPlan) -> None:
+    store = services.store
     try:
-        publish_chord(services, job, batches)
+        batches = list(_batches(plan))
+        if job.total_batch_count != len(batches):
+            job = replace(job, total_batch_count=len(batches))
+            store.update_record(job)
+        if store.status(job.job_id) is JobStatus.ENQUEUING:
+            publish_chord(services, job, batches)
     except Exception as e:
-        log.exception("enqueueing job %s failed", job.job_id)
-        services.store.transition(job.job_id, JobStatus.ENQUEUE_FAILED, message=f"enqueueing failed: {error_text(e)}")
-        services.placement.release(job)
+        message = getattr(e, "message", None) or error_text(e)
+        log.warning("enqueueing job %s failed: %s", job.job_id, message)
+        if store.transition(job.job_id, JobStatus.ENQUEUE_FAILED, message=f"enqueueing failed: {message}"):
+            services.placement.release(job)
         return
-    if not services.store.transition(job.job_id, JobStatus.RUNNING, allowed_from=[JobStatus.ENQUEUING]):
+    if not store.transition(job.job_id, JobStatus.RUNNING, allowed_from=[JobStatus.ENQUEUING]):
         # Stopped (or timed out) while enqueueing: what was published after the stop goes too.
         services.placement.drop_queue(job.queue)
 
 
 def submit_job(
     services: Services,
-    request: JobRequest,
+    plan: JobPlan,
     api_name: str,
     api_spec: dict[str, Any],
     bundle: str,
@@ -61,31 +158,34 @@ def submit_job(
 ) -> Job:
     """Create the job and start enqueueing it; returns as soon as the record exists.
 
-    With `background`, batches are published by a thread while the caller answers the user
-    (status `status_enqueuing` until the last one is queued).
+    With `background`, batches are cut and published by a thread while the caller answers the
+    user (status `status_enqueuing` until the last one is queued).
     """
-    assert request.item_list is not None
+    request = plan.request
     now = time.time() if now is None else now
-    batches = split_items(request.item_list.items, request.item_list.batch_size)
+    retry_of = plan.retry_of
     job = Job(
         job_id=new_job_id(now),
         api_name=api_name,
         workers=request.workers,
-        config=request.config,
+        config=request.config or (retry_of.config if retry_of else {}),
         timeout=request.timeout,
-        total_batch_count=len(batches),
+        total_batch_count=plan.total_batch_count or 0,
         start_time=now,
         api_spec=api_spec,
         bundle=bundle,
         hardware_queue=hardware_queue,
-        tries=request.tries,
+        tries=request.tries if request.sqs_dead_letter_queue or not retry_of else retry_of.tries,
+        retry_of=retry_of.job_id if retry_of else None,
+        source=request.source,
+        output=plan.output,
     )
     services.store.create(job, JobStatus.ENQUEUING)
     services.placement.assign(job, now)
     if background:
-        threading.Thread(target=_enqueue, args=(services, job, batches), name=f"enqueue-{job.job_id}").start()
+        threading.Thread(target=_enqueue, args=(services, job, plan), name=f"enqueue-{job.job_id}").start()
     else:
-        _enqueue(services, job, batches)
+        _enqueue(services, job, plan)
     return job
 
 

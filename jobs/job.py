@@ -65,6 +65,8 @@ class Job:
     hardware_queue: str = "cpu"
     tries: int = 1
     retry_of: str | None = None
+    source: str = "item_list"
+    output: dict[str, Any] | None = None
 
     kind: str = "BatchAPI"
 
@@ -83,12 +85,15 @@ class Job:
             "timeout": self.timeout,
             "total_batch_count": self.total_batch_count,
             "start_time": iso_time(self.start_time),
+            **({"output": self.output} if self.output else {}),
+            **({"retry_failed_of": self.retry_of} if self.retry_of else {}),
         }
 
     def predictor_job_spec(self) -> dict[str, Any]:
         """The `job_spec` argument handed to a predictor's constructor."""
         spec = self.spec()
-        del spec["kind"], spec["timeout"]
+        for internal in ("kind", "timeout", "output", "retry_failed_of"):
+            spec.pop(internal, None)
         return spec
 
     def to_dict(self) -> dict[str, Any]:

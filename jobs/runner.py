@@ -17,7 +17,9 @@ from predictors_runtime.config import ApiConfig
 from predictors_runtime.errors import PredictorError
 from predictors_runtime.loader import error_text
 
+from .inputs import read_range
 from .job import ACTIVE_STATUSES, Job, JobStatus
+from .outputs import write_manifest, write_part
 from .services import Services
 from .status import job_status_view
 
@@ -82,8 +84,12 @@ class WorkerRuntime:
         self.forget(job.job_id)
 
     # -- tasks ------------------------------------------------------------------------------
-    def run_batch(self, job_id: str, index: int, payload: Any) -> None:
-        """Run one batch with retries, then record its outcome exactly once."""
+    def run_batch(self, job_id: str, index: int, payload: Any, payload_ref: dict[str, Any] | None = None) -> None:
+        """Run one batch with retries, then record its outcome exactly once.
+
+        `payload_ref` points at the batch's items in storage (a JSON-lines byte range) instead
+        of carrying them.
+        """
         store = self.services.store
         start = store.begin_batch(job_id, index)
         if start.status is None or start.status not in ACTIVE_STATUSES:
@@ -106,12 +112,22 @@ class WorkerRuntime:
         except PredictorError as e:
             self._fail_job(job, JobStatus.WORKER_ERROR, e.message)
             return
+        if payload_ref is not None:
+            try:
+                payload = read_range(payload_ref)
+            except Exception as e:  # storage went away or changed under the job
+                store.record_failure(job_id, index, 0.0, f"reading the batch's input failed: {error_text(e)}",
+                                     1, None, payload_ref)
+                return
         batch_id = batch_id_of(job_id, index)
         began = time.perf_counter()
         error = ""
         for attempt in range(1, job.tries + 1):
             try:
-                predictor.predict(payload, batch_id)
+                result = predictor.predict(payload, batch_id)
+                if job.output is not None and isinstance(result, list):
+                    rows = write_part(job.output, job_id, index, result)
+                    store.record_part(job_id, index, rows)
             except Exception as e:  # the user's code failed: retry, then keep the batch as failed
                 error = error_text(e)
                 log.warning("job %s batch %d try %d/%d failed: %s", job_id, index, attempt, job.tries, e)
@@ -147,6 +163,13 @@ class WorkerRuntime:
         except Exception as e:
             message = f"on_job_complete raised: {error_text(e)}"
             log.error("job %s: %s", job_id, message)
+        if job.output is not None:
+            try:
+                write_manifest(job.output, job_id, job.total_batch_count, store.parts(job_id),
+                               store.failed_batches(job_id))
+            except Exception as e:
+                message = "; ".join(filter(None, [message, f"writing the output manifest failed: {error_text(e)}"]))
+                log.error("job %s: %s", job_id, message)
         final = store.state(job_id)
         succeeded = final.failed == 0 and not message
         store.transition(

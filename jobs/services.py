@@ -8,7 +8,6 @@ import redis
 from celery import Celery
 
 from predictors_runtime.bundles import BundleStore
-from predictors_runtime.storage import open_storage
 
 from .placement import Placement
 from .settings import Settings
@@ -35,5 +34,5 @@ class Services:
             redis=client,
             store=store,
             placement=Placement(celery, store, client, node_ttl_s=settings.node_ttl_s),
-            bundles=BundleStore(open_storage(settings.storage), settings.cache_dir),
+            bundles=BundleStore(settings.storage, settings.cache_dir),
         )

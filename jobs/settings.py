@@ -46,6 +46,8 @@ class Settings:
     # Finished job records are kept this long.
     job_ttl_s: float = 7 * 24 * 3600.0
     max_body_bytes: int = 10 * 1024 * 1024
+    # Local folders that job inputs and outputs may name; none by default.
+    local_input_roots: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -62,4 +64,7 @@ class Settings:
             heartbeat_interval_s=_number(env, "SLUICE_HEARTBEAT_INTERVAL", defaults.heartbeat_interval_s),
             job_ttl_s=_number(env, "SLUICE_JOB_TTL", defaults.job_ttl_s),
             max_body_bytes=int(_number(env, "SLUICE_MAX_BODY_BYTES", defaults.max_body_bytes)),
+            local_input_roots=tuple(
+                root for root in (env.get("SLUICE_LOCAL_INPUT_ROOTS") or "").split(os.pathsep) if root
+            ),
         )

@@ -122,7 +122,10 @@ class JobStore:
     @classmethod
     def _keys_of(cls, job_id: str) -> dict[str, str]:
         base = cls._job_key(job_id)
-        return {"job": base, "done": f"{base}:done", "failed": f"{base}:failed", "starts": f"{base}:starts"}
+        return {
+            "job": base, "done": f"{base}:done", "failed": f"{base}:failed", "starts": f"{base}:starts",
+            "parts": f"{base}:parts",
+        }
 
     @staticmethod
     def _api_jobs_key(api_name: str) -> str:
@@ -229,6 +232,10 @@ class JobStore:
             pipe.execute()
         return moved
 
+    def update_record(self, job: Job) -> None:
+        """Rewrite the fixed part of a job once enqueueing knows it all (e.g. its batch count)."""
+        self._redis.hset(self._job_key(job.job_id), "record", json.dumps(job.to_dict()))
+
     def set_nodes(self, job_id: str, nodes: list[str]) -> None:
         self._redis.hset(self._job_key(job_id), "nodes", json.dumps(nodes))
 
@@ -253,16 +260,31 @@ class JobStore:
         )
 
     def record_failure(
-        self, job_id: str, index: int, seconds: float, error: str, tries: int, payload: Any
+        self, job_id: str, index: int, seconds: float, error: str, tries: int, payload: Any,
+        payload_ref: dict[str, Any] | None = None,
     ) -> bool:
-        """Count a failed batch once and keep it (error, tries, payload) for inspection."""
+        """Count a failed batch once and keep it (error, tries, payload or where it lives) for inspection."""
         keys = self._keys_of(job_id)
-        failure = json.dumps({"index": index, "error": error, "tries": tries, "payload": payload}, default=str)
+        record = {"index": index, "error": error, "tries": tries, "payload": payload}
+        if payload_ref is not None:
+            record["payload_ref"] = payload_ref
+        failure = json.dumps(record, default=str)
         return bool(
             self._record_batch(
                 keys=[keys["job"], keys["done"], keys["failed"]], args=[index, "failed", seconds, failure]
             )
         )
+
+    def record_part(self, job_id: str, index: int, rows: int) -> None:
+        """Remember the output part a batch wrote, for the job's manifest."""
+        keys = self._keys_of(job_id)
+        self._redis.hset(keys["parts"], str(index), rows)
+        ttl = self._redis.ttl(keys["job"])
+        if ttl > 0:  # the job ended while this batch ran: expire with it
+            self._redis.expire(keys["parts"], ttl)
+
+    def parts(self, job_id: str) -> dict[int, int]:
+        return {int(k): int(v) for k, v in self._redis.hgetall(self._keys_of(job_id)["parts"]).items()}
 
     def failed_batches(self, job_id: str) -> list[dict[str, Any]]:
         raw = self._redis.hgetall(self._keys_of(job_id)["failed"])

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from predictors_runtime.errors import BadRequest
 
-SOURCES = ("item_list", "file_path_lister", "delimited_files")
+SOURCES = ("item_list", "file_path_lister", "delimited_files", "retry_failed_of")
 
 
 class _Strict(BaseModel):
@@ -32,6 +32,13 @@ class DeadLetterQueue(_Strict):
     max_receive_count: int = Field(ge=1)
 
 
+class OutputSpec(_Strict):
+    """Where a job's returned rows go: `<path>/<job_id>/part-<batch index>.<format>`."""
+
+    path: str = Field(min_length=1)
+    format: Literal["jsonl", "parquet", "csv"] = "jsonl"
+
+
 class JobRequest(_Strict):
     """What a user asked for; the API's queue, code and config come from its deployment."""
 
@@ -42,11 +49,19 @@ class JobRequest(_Strict):
     config: dict[str, Any] = Field(default_factory=dict)
     timeout: int | None = Field(default=None, ge=1)
     sqs_dead_letter_queue: DeadLetterQueue | None = None
+    output: OutputSpec | None = None
+    # Re-run only the failed batches of an earlier, ended job of the same API.
+    retry_failed_of: str | None = Field(default=None, min_length=1)
 
     @property
     def tries(self) -> int:
         """Tries per batch: `max_receive_count` of the dead-letter policy, else one."""
         return self.sqs_dead_letter_queue.max_receive_count if self.sqs_dead_letter_queue else 1
+
+    @property
+    def source(self) -> str:
+        """The name of the one input source given."""
+        return next(name for name in SOURCES if getattr(self, name) is not None)
 
 
 def _describe(error: dict[str, Any]) -> str:
@@ -71,8 +86,6 @@ def parse_job_request(body: Any) -> JobRequest:
         request = JobRequest.model_validate(body)
     except ValidationError as e:
         raise BadRequest("; ".join(_describe(err) for err in e.errors())) from e
-    if request.item_list is None:
-        raise BadRequest(f"{given[0]}: reading job input from storage is not supported by this version; use item_list")
     return request
 
 

@@ -21,8 +21,8 @@ def register_tasks(app: Celery, runtime_factory: Any) -> None:
     """Register Sluice's tasks on `app`; `runtime_factory()` gives this process's `WorkerRuntime`."""
 
     @app.task(name=RUN_BATCH, ignore_result=True, acks_late=True)
-    def run_batch(job_id: str, index: int, payload: Any) -> None:
-        runtime_factory().run_batch(job_id, index, payload)
+    def run_batch(job_id: str, index: int, payload: Any, payload_ref: dict[str, Any] | None = None) -> None:
+        runtime_factory().run_batch(job_id, index, payload, payload_ref)
 
     @app.task(name=FINISH_JOB, ignore_result=True, acks_late=True)
     def finish_job(job_id: str) -> None:

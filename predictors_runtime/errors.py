@@ -77,3 +77,29 @@ class NotReady(SluiceError):
 
     http_status = 503
     kind = "not_ready"
+
+
+class StorageError(SluiceError):
+    """A storage backend failed in a way that is not the user's input."""
+
+    http_status = 502
+    kind = "storage_error"
+
+
+class StorageNotFound(NotFound):
+    """No object or folder exists at a storage URI."""
+
+    kind = "storage_not_found"
+
+
+class AccessDenied(SluiceError):
+    """Storage refused access to a URI (credentials or permissions)."""
+
+    http_status = 403
+    kind = "access_denied"
+
+
+class BadStorageUri(BadRequest):
+    """A storage URI is malformed, of an unknown scheme, or outside the allowed local roots."""
+
+    kind = "bad_storage_uri"

@@ -95,24 +95,37 @@ def deploy(ctx: click.Context, config: Path) -> None:
 
 @main.command()
 @click.argument("api")
-@click.option("--items", "items_file", required=True, type=click.File("r"), help="JSON file holding a list of items.")
-@click.option("--batch-size", required=True, type=int)
+@click.option("--items", "items_file", type=click.File("r"), help="JSON file holding a list of items.")
+@click.option("--body", "body_file", type=click.File("r"),
+              help="JSON file holding a whole job submission (file_path_lister, delimited_files, output, ...).")
+@click.option("--batch-size", type=int, help="Items per batch, with --items.")
 @click.option("--workers", default=1, show_default=True)
 @click.option("--config", "config_json", default=None, help="Job config as JSON; merged over the API's.")
 @click.option("--timeout", default=None, type=int, help="Seconds before the job is timed out.")
 @click.option("--tries", default=None, type=int, help="Tries per batch (default 1).")
 @click.option("--wait", is_flag=True, help="Wait for the job to end, showing progress.")
 @click.pass_context
-def submit(ctx: click.Context, api: str, items_file, batch_size: int, workers: int,
+def submit(ctx: click.Context, api: str, items_file, body_file, batch_size: int | None, workers: int,
            config_json: str | None, timeout: int | None, tries: int | None, wait: bool) -> None:
-    """Submit a job of inline items."""
+    """Submit a job: inline items (--items, --batch-size) or a whole submission (--body)."""
+    if (items_file is None) == (body_file is None):
+        raise click.UsageError("give exactly one of --items or --body")
+    if items_file is not None and batch_size is None:
+        raise click.UsageError("--items needs --batch-size")
     try:
-        items = json.load(items_file)
         config = json.loads(config_json) if config_json else None
+        client = _client(ctx)
+        if body_file is not None:
+            body = json.load(body_file)
+            body.setdefault("workers", workers)
+            if config:
+                body["config"] = config
+            spec = client.submit_raw(api, body)
+        else:
+            spec = client.submit(api, json.load(items_file), batch_size, workers=workers, config=config,
+                                 timeout=timeout, tries=tries)
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not valid JSON: {e}") from e
-    client = _client(ctx)
-    spec = client.submit(api, items, batch_size, workers=workers, config=config, timeout=timeout, tries=tries)
     _print(spec)
     if wait:
         final = client.wait(api, spec["job_id"], on_progress=lambda s: click.echo("\r" + progress_line(s), nl=False, err=True))

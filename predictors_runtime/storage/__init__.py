@@ -1,5 +1,5 @@
-"""Storage backends chosen by URI scheme; see `open_storage`."""
+"""Storage backends chosen by URI scheme: local paths, `s3://` and `gs://`; see `storage_for`."""
 
-from .base import Storage, open_storage
+from .base import ObjectInfo, Storage, join_uri, split_uri, storage_for
 
-__all__ = ["Storage", "open_storage"]
+__all__ = ["ObjectInfo", "Storage", "join_uri", "split_uri", "storage_for"]

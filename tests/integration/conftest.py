@@ -30,6 +30,11 @@ import json, os, time, uuid
 GLOBAL_MARK = "global scope ran"
 
 
+def _order(item):
+    number = isinstance(item, (int, float))
+    return (not number, item if number else json.dumps(item, sort_keys=True))
+
+
 class {class_name}:
     def __init__(self, config, job_spec):
         self.config = config
@@ -60,17 +65,25 @@ class {class_name}:
             if item == self.config.get("poison"):
                 raise ValueError(f"cannot handle item {{item}}")
         self.items.extend(payload)
+        if self.config.get("return_rows"):
+            return [{{"item": item, "batch": batch_id}} for item in payload]
 
-    def on_job_complete(self):
-        self._log({{"event": "complete", "seen": sorted(self.items), "version": "{version}"}})
+    def on_job_complete(self, job_status):
+        self._log({{"event": "complete", "seen": sorted(self.items, key=_order), "version": "{version}",
+                   "job_status": job_status}})
 '''
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory):
-    """Two worker nodes, beat and the API against a private Redis."""
+def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: str, gcs_server: str):
+    """Two worker nodes, beat and the API against a private Redis.
+
+    They reach the session's S3 and GCS servers (the storage fixtures export their addresses)
+    and may read and write local paths under the session's temporary folder.
+    """
     data_dir = tmp_path_factory.mktemp("stack")
-    with Stack(port=free_port(), workers=2, data_dir=data_dir, env=FAST_LOOPS) as running:
+    env = {**FAST_LOOPS, "SLUICE_LOCAL_INPUT_ROOTS": str(tmp_path_factory.getbasetemp())}
+    with Stack(port=free_port(), workers=2, data_dir=data_dir, env=env) as running:
         yield running
         print(running.logs())
 

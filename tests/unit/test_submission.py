@@ -55,13 +55,13 @@ def test_a_dead_letter_queue_without_an_arn_still_sets_tries() -> None:
 
 def test_a_job_without_a_source_is_refused_naming_the_sources() -> None:
     assert error_of({"workers": 1}) == (
-        "exactly one of item_list, file_path_lister, delimited_files is required; got none"
+        "exactly one of item_list, file_path_lister, delimited_files, retry_failed_of is required; got none"
     )
 
 
 def test_a_job_with_two_sources_is_refused_naming_both() -> None:
     assert error_of({"item_list": ITEMS, "delimited_files": FILES}) == (
-        "exactly one of item_list, file_path_lister, delimited_files is required; "
+        "exactly one of item_list, file_path_lister, delimited_files, retry_failed_of is required; "
         "got item_list and delimited_files"
     )
 
@@ -73,10 +73,23 @@ def test_a_null_source_counts_as_absent() -> None:
 
 
 @pytest.mark.parametrize("source", ["file_path_lister", "delimited_files"])
-def test_file_sources_are_answered_as_unsupported_in_this_version(source: str) -> None:
-    assert error_of({source: FILES}) == (
-        f"{source}: reading job input from storage is not supported by this version; use item_list"
-    )
+def test_file_sources_are_accepted_and_named_as_the_source(source: str) -> None:
+    request = parse_job_request({source: FILES})
+
+    assert request.source == source
+    assert getattr(request, source).s3_paths == FILES["s3_paths"]
+
+
+def test_an_output_defaults_to_json_lines_and_refuses_unknown_formats() -> None:
+    request = parse_job_request({"item_list": ITEMS, "output": {"path": "s3://bucket/out"}})
+
+    assert request.output is not None and request.output.format == "jsonl"
+    assert "output.format" in error_of({"item_list": ITEMS, "output": {"path": "s3://b/o", "format": "xml"}})
+
+
+def test_a_retry_of_failed_batches_is_a_source_of_its_own() -> None:
+    assert parse_job_request({"retry_failed_of": "abc"}).source == "retry_failed_of"
+    assert "got item_list and retry_failed_of" in error_of({"item_list": ITEMS, "retry_failed_of": "abc"})
 
 
 @pytest.mark.parametrize(

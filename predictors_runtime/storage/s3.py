@@ -1,0 +1,181 @@
+"""Storage in S3 or any S3-compatible server (`AWS_ENDPOINT_URL` points boto3 at it)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, BinaryIO
+
+import boto3
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    NoCredentialsError,
+    ParamValidationError,
+    PartialCredentialsError,
+)
+
+from predictors_runtime.errors import AccessDenied, BadStorageUri, SluiceError, StorageError, StorageNotFound
+
+from .base import GuardedReader, ObjectInfo, Storage, split_uri
+
+_NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
+_DENIED = {"AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+           "InvalidToken", "AllAccessDisabled", "AccountProblem"}
+_BAD_URI = {"InvalidBucketName", "KeyTooLongError"}
+
+
+def translate(e: Exception, uri: str) -> SluiceError | None:
+    """The Sluice error for a boto3/botocore exception met on `uri`; None for anything else."""
+    if isinstance(e, ClientError):
+        error = e.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        detail = error.get("Message") or code
+        if code in _NOT_FOUND or status == 404:
+            return StorageNotFound(f"{uri}: not found ({detail})")
+        if code in _DENIED or status == 403:
+            return AccessDenied(f"{uri}: access denied ({detail})")
+        if code in _BAD_URI:
+            return BadStorageUri(f"{uri}: {detail}")
+        return StorageError(f"{uri}: S3 error {code or status}: {detail}")
+    if isinstance(e, (NoCredentialsError, PartialCredentialsError)):
+        return AccessDenied(f"{uri}: no usable AWS credentials ({e})")
+    if isinstance(e, ParamValidationError):
+        return BadStorageUri(f"{uri}: {e}")
+    if isinstance(e, BotoCoreError):
+        return StorageError(f"{uri}: {e}")
+    return None
+
+
+@contextmanager
+def _errors(uri: str) -> Iterator[None]:
+    try:
+        yield
+    except (BotoCoreError, ClientError) as e:
+        raise translate(e, uri) or StorageError(f"{uri}: {e}") from e
+
+
+def _version(etag: str) -> str:
+    return etag.strip('"')
+
+
+class S3Storage(Storage):
+    """`s3://bucket/key` objects through one lazily created boto3 client per process."""
+
+    scheme = "s3"
+
+    def __init__(self) -> None:
+        self._client: Any = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Any:
+        """The boto3 client, created on first use (and again in a forked child: clients do not survive fork)."""
+        client = self._client
+        if client is None or self._pid != os.getpid():
+            with self._lock:
+                if self._client is None or self._pid != os.getpid():
+                    # boto3 reads AWS_ENDPOINT_URL, credentials and region here, once.
+                    with _errors("s3://"):
+                        self._client = boto3.client("s3")
+                    self._pid = os.getpid()
+                client = self._client
+        return client
+
+    @staticmethod
+    def _split(uri: str) -> tuple[str, str]:
+        scheme, bucket, key = split_uri(uri)
+        if scheme != "s3":
+            raise BadStorageUri(f"{uri!r} is not an s3:// URI")
+        return bucket, key
+
+    def canonical(self, uri: str) -> str:
+        bucket, key = self._split(uri)
+        return f"s3://{bucket}/{key}"
+
+    def list(self, uri: str) -> Iterator[ObjectInfo]:
+        bucket, key = self._split(uri)
+        return self._list(uri, bucket, key)
+
+    def _list(self, uri: str, bucket: str, key: str) -> Iterator[ObjectInfo]:
+        with _errors(uri):
+            if key and not key.endswith("/"):
+                # The object exactly at `key` is the first (smallest) one with that prefix.
+                first = self.client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("Contents", [])
+                if first and first[0]["Key"] == key:
+                    yield self._info(bucket, first[0])
+            prefix = key.rstrip("/") + "/" if key else ""
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            for page in pages:
+                for item in page.get("Contents", []):
+                    yield self._info(bucket, item)
+
+    @staticmethod
+    def _info(bucket: str, item: dict[str, Any]) -> ObjectInfo:
+        return ObjectInfo(uri=f"s3://{bucket}/{item['Key']}", size=int(item["Size"]), version=_version(item["ETag"]))
+
+    def stat(self, uri: str) -> ObjectInfo:
+        bucket, key = self._split(uri)
+        if not key:
+            raise StorageNotFound(f"{uri}: not found (a bucket is not an object)")
+        with _errors(uri):
+            head = self.client.head_object(Bucket=bucket, Key=key)
+        return ObjectInfo(uri=f"s3://{bucket}/{key}", size=int(head["ContentLength"]), version=_version(head["ETag"]))
+
+    def exists(self, uri: str) -> bool:
+        try:
+            self.stat(uri)
+        except StorageNotFound:
+            return False
+        return True
+
+    def _get(self, uri: str, **extra: Any) -> Any:
+        bucket, key = self._split(uri)
+        if not key:
+            raise StorageNotFound(f"{uri}: not found (a bucket is not an object)")
+        with _errors(uri):
+            return self.client.get_object(Bucket=bucket, Key=key, **extra)["Body"]
+
+    def open_read(self, uri: str) -> BinaryIO:
+        body = self._get(uri)
+        return GuardedReader.buffered(body.read, body.close, lambda e: translate(e, uri))
+
+    def read_range(self, uri: str, start: int, end: int) -> bytes:
+        if start < 0 or end < start:
+            raise ValueError(f"bad byte range [{start}, {end})")
+        if start == end:
+            self.stat(uri)  # still StorageNotFound for a missing object
+            return b""
+        try:
+            body = self._get(uri, Range=f"bytes={start}-{end - 1}")
+        except StorageError as e:
+            cause = e.__cause__
+            if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") == "InvalidRange":
+                return b""  # start lies past the end, as reading a file past its end gives nothing
+            raise
+        with _errors(uri):
+            try:
+                data: bytes = body.read()
+            finally:
+                body.close()
+        return data
+
+    def read_bytes(self, uri: str) -> bytes:
+        body = self._get(uri)
+        with _errors(uri):
+            try:
+                data: bytes = body.read()
+            finally:
+                body.close()
+        return data
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        bucket, key = self._split(uri)
+        if not key:
+            raise BadStorageUri(f"{uri!r} names no object key")
+        with _errors(uri):
+            self.client.put_object(Bucket=bucket, Key=key, Body=data)
