@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Iterator
 
 from wcmatch import glob
@@ -133,7 +132,3 @@ def read_range(ref: dict[str, Any]) -> list[Any]:
     """The items of one JSON-lines batch, read by the worker that runs it."""
     data = storage_for(ref["uri"]).read_range(ref["uri"], ref["start"], ref["end"])
     return [json.loads(line) for line in data.splitlines() if line.strip()]
-
-
-def local_path_of(uri: str) -> Path:
-    return Path(split_uri(uri)[2])

@@ -1,0 +1,116 @@
+"""Matching input files, cutting JSON-lines files into batches, and encoding outputs."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.inputs import EnqueueError, check_local_path, cut_ranges, match_files, matches, read_range
+from jobs.outputs import encode_rows, part_uri
+from jobs.submission import FileSource
+from predictors_runtime.errors import BadRequest, BadStorageUri
+from predictors_runtime.storage import storage_for
+
+
+@pytest.mark.parametrize(
+    ("uri", "includes", "excludes", "kept"),
+    [
+        ("s3://b/data/x/y.json", ["s3://b/data/**/*.json"], [], True),
+        ("s3://b/data/y.json", ["s3://b/data/**/*.json"], [], True),
+        ("s3://b/data/x/y.json", ["s3://b/data/*.json"], [], False),  # * stops at /
+        ("s3://b/data/y.json", [], [], True),
+        ("s3://b/data/y.json", [], ["**/y.json"], False),
+        ("s3://b/data/y.json", ["**/*.json"], ["**/*.json"], False),  # keep, then drop
+        ("s3://b/data/y.csv", ["**/*.json", "**/*.csv"], [], True),
+        ("/srv/in/.hidden.json", ["/srv/in/*.json"], [], True),
+    ],
+)
+def test_globs_keep_then_drop_with_slash_as_separator(uri, includes, excludes, kept):
+    assert matches(uri, includes, excludes) is kept
+
+
+def test_a_local_path_must_be_absolute_and_under_a_root(tmp_path: Path):
+    root = tmp_path / "root"
+    (root / "in").mkdir(parents=True)
+    roots = (str(root),)
+
+    assert check_local_path(str(root / "in"), roots) == os.path.realpath(root / "in")
+    with pytest.raises(BadStorageUri, match="outside the allowed local roots"):
+        check_local_path(str(root / "in" / ".." / ".." / "other"), roots)
+    with pytest.raises(BadStorageUri, match="absolute"):
+        check_local_path("relative/path", roots)
+    with pytest.raises(BadStorageUri, match="SLUICE_LOCAL_INPUT_ROOTS"):
+        check_local_path(str(root / "in"), ())
+    with pytest.raises(BadStorageUri):
+        check_local_path(str(tmp_path / "root-sibling"), roots)  # a shared prefix is not inside
+
+
+def test_a_symlink_leading_out_of_a_root_is_refused(tmp_path: Path):
+    root = tmp_path / "root"
+    root.mkdir()
+    outside = tmp_path / "secret.txt"
+    outside.write_text("x")
+    os.symlink(outside, root / "link.txt")
+
+    with pytest.raises(BadStorageUri, match="link.txt"):
+        check_local_path(str(root / "link.txt"), (str(root),))
+
+
+def test_matching_files_lists_each_once_sorted_and_refuses_none(tmp_path: Path):
+    for name in ("b.jsonl", "a.jsonl", "c.txt"):
+        (tmp_path / name).write_text("{}\n")
+    source = FileSource(s3_paths=[str(tmp_path), str(tmp_path / "a.jsonl")], includes=["**/*.jsonl"], batch_size=1)
+
+    found = match_files(source, (str(tmp_path),), "delimited_files")
+
+    assert [Path(info.uri).name for info in found] == ["a.jsonl", "b.jsonl"]
+    with pytest.raises(BadRequest, match="no files matched"):
+        match_files(FileSource(s3_paths=[str(tmp_path)], includes=["*.parquet"], batch_size=1),
+                    (str(tmp_path),), "delimited_files")
+
+
+def test_json_lines_are_cut_into_ranges_that_read_back_to_the_same_items(tmp_path: Path):
+    path = tmp_path / "in.jsonl"
+    lines = [json.dumps({"n": i}) for i in range(23)]
+    lines.insert(5, "")  # blank lines are skipped, not items
+    path.write_text("\n".join(lines) + "\n")
+    info = storage_for(str(path)).stat(str(path))
+
+    ranges = list(cut_ranges([info], batch_size=10))
+
+    assert [r.lines for r in ranges] == [10, 10, 3]
+    assert ranges[0].start == 0 and ranges[-1].end == path.stat().st_size
+    assert all(a.end == b.start for a, b in zip(ranges, ranges[1:]))
+    items = [item for r in ranges for item in read_range(r.to_dict())]
+    assert items == [{"n": i} for i in range(23)]
+
+
+def test_a_malformed_line_names_its_file_and_line_number(tmp_path: Path):
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"n": 1}\n{"n": 2}\n{"n": \n')
+    info = storage_for(str(path)).stat(str(path))
+
+    with pytest.raises(EnqueueError, match=r"in.jsonl: line 3: not valid JSON"):
+        list(cut_ranges([info], batch_size=100))
+
+
+def test_rows_encode_to_each_format_and_non_dict_rows_become_a_value_column():
+    rows = [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]
+
+    assert [json.loads(line) for line in encode_rows(rows, "jsonl").decode().splitlines()] == rows
+    assert pq.read_table(io.BytesIO(encode_rows(rows, "parquet"))).to_pylist() == rows
+    assert pd.read_csv(io.BytesIO(encode_rows(rows, "csv"))).to_dict("records") == rows
+    assert pq.read_table(io.BytesIO(encode_rows([1, 2], "parquet"))).to_pylist() == [{"value": 1}, {"value": 2}]
+
+
+def test_part_paths_sort_in_batch_order():
+    output = {"path": "s3://bucket/out", "format": "parquet"}
+
+    assert part_uri(output, "job1", 7) == "s3://bucket/out/job1/part-00007.parquet"
+    assert part_uri(output, "job1", 7) < part_uri(output, "job1", 10)
