@@ -28,6 +28,7 @@ test: $(STAMP) redis-server
 
 bench: $(STAMP) redis-server
 	$(PY) bench/batch_overhead.py
+	$(PY) bench/enqueue.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,218 @@
+"""Enqueue speed and API memory for `delimited_files` jobs, against how fast workers drain them.
+
+A JSON-lines file (`--lines`, default 1,000,000 items of ~65 bytes) is submitted as a
+`delimited_files` job to the embedded stack (two worker nodes, the no-op predictor of
+`batch_overhead.py`), once from a local path and once from S3 (moto's standalone server).
+- enqueue time: from the job's `start_time` (server clock, set at submission) until polling
+  (every 20 ms) first sees it leave `status_enqueuing`: the API streamed and validated every
+  line, cut byte ranges and published one task per batch as a chord.
+  The poll also notes when `total_batch_count` appears (all lines cut, nothing yet published),
+  which splits enqueue time into cut and publish.
+- API memory: VmRSS of the gunicorn worker processes, sampled every 10 ms while enqueuing;
+  the largest growth of one process over its RSS just before submission is shown.
+- drain: items the workers finished after the job turned running, divided by
+  `end_time` (server clock) minus that moment.
+The ratio enqueue items/s / drain items/s above 1 means cutting batches is not the bottleneck.
+Run: `python bench/enqueue.py [--lines N] [--batch-size B]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import boto3  # noqa: E402
+import requests  # noqa: E402
+
+from bench.batch_overhead import CORTEX_YAML, NOOP_PREDICTOR  # noqa: E402
+from sluice.client import Client  # noqa: E402
+from sluice.embedded import Stack, free_port  # noqa: E402
+
+MIB = 1024 * 1024
+
+
+def epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def write_input(path: Path, lines: int) -> int:
+    rng = random.Random(0)
+    with open(path, "w", buffering=4 * MIB) as f:
+        for i in range(lines):
+            f.write(json.dumps({"id": i, "x": [round(rng.random(), 4) for _ in range(5)]}) + "\n")
+    return path.stat().st_size
+
+
+def start_moto(cwd: Path) -> tuple[subprocess.Popen, str]:
+    """moto's S3 server, as tests/conftest.py starts it; points AWS_* of this process (and children) at it."""
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
+    deadline = time.monotonic() + 30
+    while True:
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_process(process)
+            raise RuntimeError("moto server did not start")
+        try:
+            requests.get(endpoint + "/", timeout=1)
+            break
+        except requests.RequestException:
+            time.sleep(0.05)
+    os.environ.pop("AWS_SESSION_TOKEN", None)
+    os.environ.pop("AWS_PROFILE", None)
+    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+    return process, endpoint
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def api_worker_pids(stack: Stack) -> list[int]:
+    master = next(c for c in stack.children if c.name == "api").process.pid
+    pids: list[int] = []
+    for task in Path(f"/proc/{master}/task").iterdir():
+        pids += [int(p) for p in (task / "children").read_text().split()]
+    return pids
+
+
+def rss(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class PeakRss(threading.Thread):
+    """Samples the RSS of `pids` every 10 ms until stopped; keeps each one's peak."""
+
+    def __init__(self, pids: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.peak = {pid: rss(pid) for pid in pids}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.01):
+            for pid in self.peak:
+                self.peak[pid] = max(self.peak[pid], rss(pid))
+
+
+def run_source(client: Client, stack: Stack, uri: str, lines: int, batch_size: int) -> dict:
+    pids = api_worker_pids(stack)
+    before = {pid: rss(pid) for pid in pids}
+    sampler = PeakRss(pids)
+    sampler.start()
+    body = {"workers": 2, "delimited_files": {"s3_paths": [uri], "batch_size": batch_size}}
+    try:
+        submitted = time.time()
+        spec = client.submit_raw("noop", body)
+        cut_at = None  # total_batch_count is set once the input is cut, before the chord is published
+        while (status := client.job("noop", spec["job_id"]))["status"] == "status_enqueuing":
+            if cut_at is None and status["total_batch_count"]:
+                cut_at = time.time()
+            time.sleep(0.02)
+        running_at = time.time()
+    finally:
+        sampler.done.set()
+        sampler.join()
+    done_at_running = status["batch_metrics"]["succeeded"]
+    final = client.wait("noop", spec["job_id"], timeout=3600, poll=0.2)
+    assert final["status"] == "status_succeeded", final
+    started, ended = epoch(final["start_time"]), epoch(final["end_time"])
+    growth = {pid: sampler.peak[pid] - before[pid] for pid in pids}
+    grown = max(growth, key=growth.get)
+    return {
+        "batches": final["total_batch_count"], "enqueue_s": running_at - started,
+        "cut_s": (cut_at or running_at) - started, "client_enqueue_s": running_at - submitted,
+        "rss_before": before[grown], "rss_peak": sampler.peak[grown], "rss_after": rss(grown),
+        "drain_s": ended - running_at, "drained_items": lines - min(done_at_running * batch_size, lines),
+        "done_at_running": done_at_running, "total_s": ended - started,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=1_000_000)
+    parser.add_argument("--batch-size", type=int, default=100)
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the cleanup below runs
+
+    folder = Path(tempfile.mkdtemp(prefix="sluice-bench-enqueue-"))
+    moto = None
+    try:
+        data = folder / "input.jsonl"
+        size = write_input(data, args.lines)
+        (folder / "moto").mkdir()
+        moto, _ = start_moto(folder / "moto")
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket="bench")
+        s3.upload_file(str(data), "bench", "input.jsonl")
+        project = folder / "project"
+        project.mkdir()
+        (project / "predictor.py").write_text(NOOP_PREDICTOR)
+        (project / "cortex.yaml").write_text(CORTEX_YAML)
+
+        with Stack(port=free_port(), workers=2, queues=("cpu",), worker_loglevel="WARNING",
+                   env={"SLUICE_LOCAL_INPUT_ROOTS": str(folder)}) as stack:
+            client = Client(stack.url)
+            client.deploy(project / "cortex.yaml")
+            results = {name: run_source(client, stack, uri, args.lines, args.batch_size)
+                       for name, uri in (("local", str(data)), ("s3", "s3://bench/input.jsonl"))}
+
+        print(f"\n{args.lines:,} lines ({size / MIB:.1f} MiB), batch size {args.batch_size}, "
+              f"2 worker nodes, no-op predictor, {os.cpu_count()} CPUs\n")
+        print(f"{'source':>6} {'batches':>8} {'enqueue s':>10} {'enq items/s':>12} {'enq batch/s':>12} "
+              f"{'cut s':>6} {'publish s':>9} "
+              f"{'API RSS MiB before/peak/after':>30} {'growth':>7} {'drain s':>8} {'drain items/s':>14} "
+              f"{'enq/drain':>10}")
+        ratios = []
+        for name, r in results.items():
+            enq_rate = args.lines / r["enqueue_s"]
+            drain_rate = r["drained_items"] / r["drain_s"]
+            ratios.append(enq_rate / drain_rate if drain_rate else float("inf"))
+            mem = f"{r['rss_before'] / MIB:.0f} / {r['rss_peak'] / MIB:.0f} / {r['rss_after'] / MIB:.0f}"
+            print(f"{name:>6} {r['batches']:>8,} {r['enqueue_s']:>10.2f} {enq_rate:>12,.0f} "
+                  f"{r['batches'] / r['enqueue_s']:>12,.0f} {r['cut_s']:>6.2f} "
+                  f"{r['enqueue_s'] - r['cut_s']:>9.2f} {mem:>30} "
+                  f"{(r['rss_peak'] - r['rss_before']) / MIB:>+7.1f} {r['drain_s']:>8.2f} {drain_rate:>14,.0f} "
+                  f"{ratios[-1]:>10.2f}")
+        for name, r in results.items():
+            print(f"  {name}: {r['done_at_running']} batches already done when it turned running; "
+                  f"enqueueing was {r['enqueue_s'] / r['total_s']:.0%} of the job's {r['total_s']:.1f}s "
+                  f"(client-side enqueue {r['client_enqueue_s']:.2f}s)")
+        verdict = ("enqueueing outpaces the workers for every source" if min(ratios) > 1
+                   else "enqueueing is SLOWER than the workers drain for at least one source")
+        print(f"\nverdict: {verdict} (enqueue/drain {min(ratios):.2f}-{max(ratios):.2f}); "
+              f"no batch is published before the whole input is cut, so cut time adds to each job's wall time")
+    finally:
+        if moto is not None:
+            stop_process(moto)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
