@@ -15,5 +15,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["jobs", "jobs.*", "api", "api.*", "predictors_runtime", "predictors_runtime.*", "beat", "beat.*", "sluice", "sluice.*"]),
     install_requires=requirements,
+    # TensorFlow predictors need TensorFlow; the CPU build is enough without a GPU.
+    extras_require={"tensorflow": ["tensorflow>=2.15"], "tensorflow-cpu": ["tensorflow-cpu>=2.15"]},
     entry_points={"console_scripts": ["sluice=sluice.cli:run"]},
 )
