@@ -9,7 +9,8 @@ from flask import Blueprint, jsonify, request
 
 from jobs.enqueue import stop_job
 from jobs.job import ACTIVE_STATUSES
-from predictors_runtime.config import parse_api_configs
+from predictors_runtime.batch_predictor import resolve_model_paths
+from predictors_runtime.config import ApiConfig, parse_api_configs
 from predictors_runtime.errors import BadRequest, ConfigError, Conflict
 from predictors_runtime.project import unpack_project
 
@@ -18,7 +19,6 @@ from .context import registry, services
 blueprint = Blueprint("apis", __name__)
 
 DEPLOYABLE_KINDS = ("BatchAPI",)
-SUPPORTED_PREDICTOR_TYPES = ("python",)
 
 
 def _uploaded(name: str) -> bytes:
@@ -26,6 +26,20 @@ def _uploaded(name: str) -> bytes:
     if upload is None:
         raise BadRequest(f"multipart field {name!r} is required (the CLI's `sluice deploy` sends it)")
     return upload.read()
+
+
+def _validate_models(api: ApiConfig, project_dir: Path, source: str) -> None:
+    """Refuse a model layout the predictor type cannot load, naming the path and the reason."""
+    models = api.predictor.models
+    if models is None:
+        return
+    from predictors_runtime.models.layout import discover
+
+    try:
+        discover(resolve_model_paths(models, project_dir), api.predictor.type)
+    except ConfigError as e:
+        message = e.message.replace(str(project_dir), "<project>")
+        raise ConfigError(f"{source}: api {api.name}: predictor.models: {message}") from e
 
 
 @blueprint.post("/apis")
@@ -42,15 +56,12 @@ def deploy():
     for api in apis:
         if api.kind not in DEPLOYABLE_KINDS:
             raise ConfigError(f"{source}: api {api.name}: kind {api.kind} cannot be deployed by this version")
-        if api.predictor.type not in SUPPORTED_PREDICTOR_TYPES:
-            raise ConfigError(
-                f"{source}: api {api.name}: predictor.type: {api.predictor.type} is not supported by this version"
-            )
     with tempfile.TemporaryDirectory(prefix="sluice-deploy-") as tmp:
         unpack_project(project, Path(tmp))
         for api in apis:
             if not (Path(tmp) / api.predictor.path).is_file():
                 raise ConfigError(f"{source}: api {api.name}: predictor.path: {api.predictor.path} is not in the project folder")
+            _validate_models(api, Path(tmp), source)
     bundle = services().bundles.put(project)
     deployed = [registry().put(api, bundle) for api in apis]
     return jsonify({"apis": [d.summary() for d in deployed]}), 201

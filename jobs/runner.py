@@ -8,8 +8,10 @@ chord must only ever see finished tasks (a raising header task can stall a chord
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from predictors_runtime.batch_predictor import BatchPredictor
@@ -59,13 +61,21 @@ class WorkerRuntime:
             folder = self.services.bundles.local_folder(job.bundle)
             api = ApiConfig.from_dict(job.api_spec)
             log.info("building predictor of api %s for job %s", job.api_name, job.job_id)
-            predictor = BatchPredictor.build(folder, api, job.predictor_job_spec(), job.config)
+            settings = self.services.settings
+            predictor = BatchPredictor.build(
+                folder, api, job.predictor_job_spec(), job.config,
+                model_cache_dir=Path(settings.cache_dir).expanduser() / "models" / job.job_id,
+                poll_interval_s=settings.model_poll_interval_s,
+            )
             self._predictors[job.job_id] = predictor
         return predictor
 
     def forget(self, job_id: str) -> None:
-        self._predictors.pop(job_id, None)
+        predictor = self._predictors.pop(job_id, None)
         self._jobs.pop(job_id, None)
+        if predictor is not None:
+            predictor.close()
+            shutil.rmtree(Path(self.services.settings.cache_dir).expanduser() / "models" / job_id, ignore_errors=True)
 
     def sweep(self, current_job_id: str, now: float) -> None:
         """Drop the predictors of jobs that have ended elsewhere (stopped, timed out, finished)."""

@@ -46,6 +46,8 @@ class Settings:
     # Finished job records are kept this long.
     job_ttl_s: float = 7 * 24 * 3600.0
     max_body_bytes: int = 10 * 1024 * 1024
+    # How often live reloading looks for changed models.
+    model_poll_interval_s: float = 10.0
     # Local folders that job inputs and outputs may name; none by default.
     local_input_roots: tuple[str, ...] = ()
 
@@ -64,6 +66,7 @@ class Settings:
             heartbeat_interval_s=_number(env, "SLUICE_HEARTBEAT_INTERVAL", defaults.heartbeat_interval_s),
             job_ttl_s=_number(env, "SLUICE_JOB_TTL", defaults.job_ttl_s),
             max_body_bytes=int(_number(env, "SLUICE_MAX_BODY_BYTES", defaults.max_body_bytes)),
+            model_poll_interval_s=_number(env, "SLUICE_MODEL_POLL_INTERVAL", defaults.model_poll_interval_s),
             local_input_roots=tuple(
                 root for root in (env.get("SLUICE_LOCAL_INPUT_ROOTS") or "").split(os.pathsep) if root
             ),

@@ -103,3 +103,9 @@ class BadStorageUri(BadRequest):
     """A storage URI is malformed, of an unknown scheme, or outside the allowed local roots."""
 
     kind = "bad_storage_uri"
+
+
+class ModelInputError(BadRequest):
+    """A model input passed to a client's predict() does not fit the model's input signature."""
+
+    kind = "invalid_model_input"

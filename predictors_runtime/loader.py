@@ -8,7 +8,7 @@ import inspect
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .errors import PredictorError
 
@@ -53,24 +53,40 @@ def load_predictor_class(project_dir: Path, predictor_path: str, module_tag: str
     )
 
 
+class DeclaredCall:
+    """A user function and the arguments it declares among those Sluice offers, worked out once.
+
+    Batch predictors are called once per batch: inspecting their signature every time would be
+    overhead on the hot path.
+    """
+
+    def __init__(self, func: Callable[..., Any], offered: Iterable[str]) -> None:
+        self.func = func
+        offered = set(offered)
+        params = inspect.signature(func).parameters.values()
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            self.names: tuple[str, ...] = tuple(sorted(offered))
+            return
+        names = []
+        for param in params:
+            if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY):
+                continue
+            if param.name in offered:
+                names.append(param.name)
+            elif param.default is inspect.Parameter.empty:
+                owner = getattr(func, "__qualname__", getattr(func, "__name__", "predictor method"))
+                raise PredictorError(
+                    f"{owner} requires an argument {param.name!r}; Sluice provides {', '.join(sorted(offered))}"
+                )
+        self.names = tuple(names)
+
+    def __call__(self, available: dict[str, Any]) -> Any:
+        return self.func(**{name: available[name] for name in self.names})
+
+
 def call_with_declared(func: Callable[..., Any], available: dict[str, Any]) -> Any:
     """Call `func` passing, by name, only the entries of `available` it declares.
 
     A parameter it requires that Sluice cannot provide is a predictor error naming it.
     """
-    signature = inspect.signature(func)
-    params = signature.parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return func(**available)
-    kwargs: dict[str, Any] = {}
-    for param in params:
-        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY):
-            continue
-        if param.name in available:
-            kwargs[param.name] = available[param.name]
-        elif param.default is inspect.Parameter.empty:
-            owner = getattr(func, "__qualname__", getattr(func, "__name__", "predictor method"))
-            raise PredictorError(
-                f"{owner} requires an argument {param.name!r}; Sluice provides {', '.join(sorted(available))}"
-            )
-    return func(**kwargs)
+    return DeclaredCall(func, available)(available)

@@ -259,10 +259,3 @@ def test_an_import_error_in_the_predictor_file_is_a_predictor_error(tmp_path: Pa
         build(project(tmp_path, "RATIO = 1 / 0\n"))
 
     assert os.getcwd() == before
-
-
-def test_a_predictor_type_this_worker_cannot_run_is_refused(tmp_path: Path) -> None:
-    api = api_config("{type: onnx, path: predictor.py, models: {path: s3://bucket/model.onnx}}")
-
-    with pytest.raises(PredictorError, match="predictor type 'onnx' is not supported by this worker"):
-        build(project(tmp_path, ECHO), api)
