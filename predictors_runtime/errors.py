@@ -109,3 +109,9 @@ class ModelInputError(BadRequest):
     """A model input passed to a client's predict() does not fit the model's input signature."""
 
     kind = "invalid_model_input"
+
+
+class ModelNotFound(NotFound):
+    """No model of that name, or no version of that number, is served by the API."""
+
+    kind = "model_not_found"

@@ -28,7 +28,7 @@ def onnx_providers(gpu: bool, available: Sequence[str] | None = None) -> list[st
     if not gpu:
         return [CPU_PROVIDER]
     if available is None:
-        import onnxruntime
+        import onnxruntime  # type: ignore[import-untyped,unused-ignore]
 
         available = onnxruntime.get_available_providers()
     if CUDA_PROVIDER in available:
@@ -46,7 +46,7 @@ def tensorflow_device(gpu: bool, available: Sequence[object] | None = None) -> s
     if not gpu:
         return "/CPU:0"
     if available is None:
-        import tensorflow as tf
+        import tensorflow as tf  # type: ignore[import-untyped,unused-ignore]
 
         available = tf.config.list_physical_devices("GPU")
     if available:

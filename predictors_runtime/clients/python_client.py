@@ -8,8 +8,9 @@ parent process and used in forked workers without carrying a model (or CUDA) acr
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from predictors_runtime.errors import PredictorError
 

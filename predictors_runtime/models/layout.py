@@ -39,6 +39,15 @@ class ModelVersion:
 Versions = dict[str, dict[int, ModelVersion]]
 
 
+@dataclass(frozen=True)
+class LayoutProblem:
+    """Why `scan` left out a model (`version` None: its folder is missing or empty) or one version."""
+
+    name: str
+    version: int | None
+    message: str
+
+
 def _relative_files(uri: str, infos: Iterable[ObjectInfo]) -> tuple[str, list[tuple[str, str]]]:
     """`(folder URI without trailing slash, [(relative path, version)])` of the objects under `uri`.
 
@@ -135,7 +144,7 @@ def _versions_of(name: str, base: str, files: list[tuple[str, str]]) -> dict[int
 
 
 def _model(name: str, base: str, files: list[tuple[str, str]], predictor_type: str,
-           problems: list[str] | None) -> dict[int, ModelVersion]:
+           problems: list[LayoutProblem] | None) -> dict[int, ModelVersion]:
     """The checked versions of one model; a bad one raises, or with `problems` is reported and skipped."""
     out: dict[int, ModelVersion] = {}
     for number, (uri, inner) in sorted(_versions_of(name, base, files).items()):
@@ -144,13 +153,13 @@ def _model(name: str, base: str, files: list[tuple[str, str]], predictor_type: s
         except ConfigError as e:
             if problems is None:
                 raise
-            problems.append(e.message)
+            problems.append(LayoutProblem(name, number, e.message))
             continue
         out[number] = ModelVersion(name=name, version=number, uri=uri, files=tuple(sorted(inner)))
     return out
 
 
-def scan(models: ModelsConfig, predictor_type: str, problems: list[str] | None = None) -> Versions:
+def scan(models: ModelsConfig, predictor_type: str, problems: list[LayoutProblem] | None = None) -> Versions:
     """Like `discover`; with a `problems` list, a bad or empty model or version is described
     there and left out instead of raising (live reloading keeps what it has for it)."""
     if predictor_type not in PREDICTOR_TYPES:
@@ -170,7 +179,7 @@ def scan(models: ModelsConfig, predictor_type: str, problems: list[str] | None =
         except ConfigError as e:
             if problems is None:
                 raise
-            problems.append(e.message)
+            problems.append(LayoutProblem(name, None, e.message))
             continue
         found[name] = _model(name, base, files, predictor_type, problems)
     return found

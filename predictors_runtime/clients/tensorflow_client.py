@@ -1,0 +1,145 @@
+"""`tensorflow_client`: runs SavedModels in-process with TensorFlow, one signature per client.
+
+Cortex sent inputs to a TensorFlow Serving container; Sluice calls the SavedModel's signature
+function directly and answers as TF Serving did, a dict of output name -> values. The signature
+is `models.signature_key`, else `serving_default`, else the model's only one.
+
+tensorflow is imported when the first model is loaded, never when this module is imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from predictors_runtime.errors import ConfigError, ModelInputError
+
+from .hardware import tensorflow_device
+from .onnx_client import InputSpec, prepare_inputs
+from .python_client import ManagerFactory, ModelClient
+
+DEFAULT_SIGNATURE_KEY = "serving_default"
+
+
+def pick_signature(signatures: Any, signature_key: str | None, where: str) -> str:
+    """The key of the signature to serve from a SavedModel's `signatures` mapping."""
+    keys: list[str] = sorted(signatures.keys())
+    if signature_key is not None:
+        if signature_key not in keys:
+            raise ConfigError(
+                f"{where}: signature_key {signature_key!r} is not a signature of the SavedModel; "
+                f"its signatures are: {', '.join(keys) if keys else 'none'}"
+            )
+        return signature_key
+    if DEFAULT_SIGNATURE_KEY in keys:
+        return DEFAULT_SIGNATURE_KEY
+    if len(keys) == 1:
+        return keys[0]
+    if not keys:
+        raise ConfigError(f"{where}: the SavedModel has no signatures; save it with signatures=...")
+    raise ConfigError(
+        f"{where}: the SavedModel has several signatures and none is {DEFAULT_SIGNATURE_KEY}; "
+        f"set predictor.models.signature_key to one of: {', '.join(keys)}"
+    )
+
+
+def _input_spec(name: str, tensor_spec: Any) -> InputSpec:
+    """An `InputSpec` from a `tf.TensorSpec` of a signature's inputs."""
+    shape = None if tensor_spec.shape.rank is None else tuple(tensor_spec.shape.as_list())
+    try:
+        dtype: np.dtype[Any] | None = np.dtype(tensor_spec.dtype.as_numpy_dtype)
+    except TypeError:  # resource and variant tensors have no numpy equivalent
+        dtype = None
+    type_name = dtype.name if dtype is not None else tensor_spec.dtype.name
+    return InputSpec(name=name, shape=shape, dtype=dtype, type_name=type_name)
+
+
+@dataclass(frozen=True)
+class TensorFlowModel:
+    """One loaded SavedModel version with the signature this client serves."""
+
+    loaded: Any  # what tf.saved_model.load returned
+    signature_key: str
+    signature: Any  # the signature's ConcreteFunction
+    inputs: tuple[InputSpec, ...]
+    input_dtypes: dict[str, Any]  # input name -> tf.DType
+    device: str
+
+
+class TensorFlowClient(ModelClient):
+    """`tensorflow_client`: `predict()` runs the chosen signature of a SavedModel.
+
+    With `gpu`, models are loaded and run on "/GPU:0" when TensorFlow sees a GPU (with memory
+    growth on, so several worker processes can share it), else on the CPU with a warning.
+    """
+
+    def __init__(self, manager_factory: ManagerFactory, signature_key: str | None = None, gpu: bool = False) -> None:
+        super().__init__(manager_factory)
+        self._signature_key = signature_key
+        self._gpu = gpu
+        self._device: str | None = None
+
+    def _pick_device(self) -> str:
+        if self._device is None:
+            import tensorflow as tf  # type: ignore[import-untyped,unused-ignore]
+
+            gpus = tf.config.list_physical_devices("GPU") if self._gpu else []
+            for gpu in gpus:
+                try:
+                    tf.config.experimental.set_memory_growth(gpu, True)
+                except (RuntimeError, ValueError):  # the GPU is already initialised; keep its setting
+                    pass
+            self._device = tensorflow_device(self._gpu, available=gpus)
+        return self._device
+
+    def _load(self, path: Path) -> TensorFlowModel:
+        import tensorflow as tf  # type: ignore[import-untyped,unused-ignore]
+
+        device = self._pick_device()
+        # A bad export raises here; the manager reports it with the model's name and version.
+        with tf.device(device):
+            loaded = tf.saved_model.load(str(path))
+        key = pick_signature(loaded.signatures, self._signature_key, str(path))
+        signature = loaded.signatures[key]
+        _, kwargs = signature.structured_input_signature
+        inputs = tuple(_input_spec(name, spec) for name, spec in sorted(kwargs.items()))
+        dtypes = {name: spec.dtype for name, spec in kwargs.items()}
+        return TensorFlowModel(loaded, key, signature, inputs, dtypes, device)
+
+    def get_model(self, model_name: str | None = None, model_version: str | int = "latest") -> dict[str, Any]:
+        """The model version as `{"model", "signature", "signature_key", "input_signatures"}`.
+
+        `model` is what `tf.saved_model.load` returned, `signature` the served signature's
+        function, `input_signatures` `{name: {"shape": [None, 2], "type": "float32"}}`.
+        """
+        model: TensorFlowModel = self._loaded(model_name, model_version).model
+        return {
+            "model": model.loaded,
+            "signature": model.signature,
+            "signature_key": model.signature_key,
+            "input_signatures": {spec.name: spec.describe() for spec in model.inputs},
+        }
+
+    def predict(
+        self, model_input: Any, model_name: str | None = None, model_version: str | int = "latest"
+    ) -> dict[str, np.ndarray[Any, Any]]:
+        """Run the signature on `model_input`; returns output name -> numpy array.
+
+        `model_input` is a dict of input name -> array-like, or one array-like for a signature
+        with a single input; values are converted to each input's dtype and checked against its
+        shape. Raises `ModelInputError` for an input that does not fit.
+        """
+        import tensorflow as tf  # type: ignore[import-untyped,unused-ignore]
+
+        model: TensorFlowModel = self._loaded(model_name, model_version).model
+        feed = prepare_inputs(model_input, model.inputs)
+        try:
+            with tf.device(model.device):
+                tensors = {name: tf.constant(value, dtype=model.input_dtypes[name]) for name, value in feed.items()}
+                outputs = model.signature(**tensors)
+        except tf.errors.InvalidArgumentError as e:
+            raise ModelInputError(f"the model rejected its input: {e.message}") from e
+        return {name: value.numpy() for name, value in outputs.items()}
