@@ -21,6 +21,7 @@ FAST_LOOPS = {
     "SLUICE_BEAT_INTERVAL": "1",
     "SLUICE_HEARTBEAT_INTERVAL": "0.5",
     "SLUICE_NODE_TTL": "4",
+    "SLUICE_MODEL_POLL_INTERVAL": "0.5",
 }
 
 # A predictor whose behaviour the job's config drives; every call leaves an event line.
@@ -96,7 +97,8 @@ def client(stack: Stack) -> Client:
 def write_project(
     folder: Path, api_name: str, config: dict[str, Any] | None = None, class_name: str = "PythonPredictor",
     predict_name: str = "predict", version: str = "v1", predictor_extra: dict[str, Any] | None = None,
-    files: dict[str, str] | None = None, source: str | None = None,
+    files: dict[str, str] | None = None, source: str | None = None, predictor_type: str = "python",
+    compute: dict[str, Any] | None = None,
 ) -> Path:
     """A Cortex-style project folder; returns the path of its cortex.yaml."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -104,8 +106,8 @@ def write_project(
     (folder / "predictor.py").write_text(code)
     for name, text in (files or {}).items():
         (folder / name).write_text(text)
-    predictor = {"type": "python", "path": "predictor.py", "config": config or {}, **(predictor_extra or {})}
-    api = {"name": api_name, "kind": "BatchAPI", "predictor": predictor, "compute": {"cpu": 1}}
+    predictor = {"type": predictor_type, "path": "predictor.py", "config": config or {}, **(predictor_extra or {})}
+    api = {"name": api_name, "kind": "BatchAPI", "predictor": predictor, "compute": compute or {"cpu": 1}}
     (folder / "cortex.yaml").write_text(yaml.safe_dump([api], sort_keys=False))
     return folder / "cortex.yaml"
 
