@@ -27,8 +27,10 @@ test: $(STAMP) redis-server
 	$(PY) -m pytest
 
 bench: $(STAMP) redis-server
+	$(PY) -m pip install --quiet -r bench/requirements.txt
 	$(PY) bench/batch_overhead.py
 	$(PY) bench/enqueue.py
+	$(PY) bench/onnx_batch.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -13,6 +13,7 @@ A JSON-lines file (`--lines`, default 1,000,000 items of ~65 bytes) is submitted
 - drain: items the workers finished after the job turned running, divided by
   `end_time` (server clock) minus that moment.
 The ratio enqueue items/s / drain items/s above 1 means cutting batches is not the bottleneck.
+The S3 drain measures moto more than Sluice: moto 5 reads the whole object for every ranged GET.
 Run: `python bench/enqueue.py [--lines N] [--batch-size B]`.
 """
 

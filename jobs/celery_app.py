@@ -28,7 +28,8 @@ def create_celery(settings: Settings) -> Celery:
     from .tasks import register_tasks
     from .worker_node import install_worker_hooks
 
-    app = Celery("sluice", broker=settings.redis_url, backend=settings.redis_url, set_as_current=False)
+    # No result backend: tasks report to the job store, which also does the fan-in (jobs/publish.py).
+    app = Celery("sluice", broker=settings.redis_url, set_as_current=False)
     transport = {"visibility_timeout": int(settings.visibility_timeout_s)}
     app.conf.update(
         task_acks_late=True,
@@ -37,11 +38,9 @@ def create_celery(settings: Settings) -> Celery:
         worker_concurrency=1,
         task_default_queue="cpu",
         task_serializer="json",
-        result_serializer="json",
         accept_content=["json"],
-        result_expires=int(settings.job_ttl_s),
+        task_ignore_result=True,
         broker_transport_options=transport,
-        result_backend_transport_options=transport,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         worker_send_task_events=False,

@@ -1,10 +1,10 @@
-"""Turning a validated submission into a job: its plan, its record, its placement and its chord.
+"""Turning a validated submission into a job: its plan, its record, its placement and its tasks.
 
 What can be refused is checked before the job exists (`plan_job`: sources, files, paths, the job
 to retry), so a bad submission creates nothing. Cutting input into batches and publishing them
-then runs in the background while the job is `status_enqueuing`. The API process keeps only
-task ids, never `AsyncResult`s, and waits on nothing: the batch tasks and the chord body write
-the job's progress to Redis themselves.
+then runs in the background while the job is `status_enqueuing`. The API process keeps no
+`AsyncResult` and waits on nothing: the batch tasks and the completion task write the job's
+progress to Redis themselves.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
-from celery import chord
-
 from predictors_runtime.errors import BadRequest, Conflict
 from predictors_runtime.loader import error_text
 from predictors_runtime.storage import ObjectInfo, split_uri
@@ -26,7 +24,7 @@ from .inputs import check_local_path, cut_ranges, is_local, match_files
 from .job import Job, JobStatus, new_job_id
 from .services import Services
 from .submission import JobRequest, split_items
-from .tasks import FINISH_JOB, RUN_BATCH
+from .publish import BatchPublisher, send_completion
 
 log = logging.getLogger(__name__)
 
@@ -113,28 +111,23 @@ def _batches(plan: JobPlan) -> Iterator[Batch]:
         yield from plan.retry_batches
 
 
-def publish_chord(services: Services, job: Job, batches: list[Batch]) -> str:
-    """Send one task per batch and the completion body, all on the job's own queue."""
-    signature = services.celery.signature
-    options = {"queue": job.queue, "ignore_result": True}
-    header = [
-        signature(RUN_BATCH, args=(job.job_id, index, payload, ref), immutable=True, **options)
-        for index, (payload, ref) in enumerate(batches)
-    ]
-    body = signature(FINISH_JOB, args=(job.job_id,), immutable=True, **options)
-    result = chord(header, app=services.celery)(body)
-    return result.id
-
-
 def _enqueue(services: Services, job: Job, plan: JobPlan) -> None:
+    """Publish batches as they are cut, then seal the job's batch count.
+
+    Input read from files is validated while it is cut, so its job's workers are told to start
+    only once all of it is queued: a malformed line then means nothing of the job has run.
+    """
     store = services.store
     try:
-        batches = list(_batches(plan))
-        if job.total_batch_count != len(batches):
-            job = replace(job, total_batch_count=len(batches))
+        with BatchPublisher(services.celery, job.job_id, job.queue) as publisher:
+            for index, (payload, ref) in enumerate(_batches(plan)):
+                if index % 1000 == 0 and store.status(job.job_id) is not JobStatus.ENQUEUING:
+                    break  # stopped or timed out while enqueueing
+                publisher.batch(index, payload, ref)
+        total = publisher.published
+        if job.total_batch_count != total:
+            job = replace(job, total_batch_count=total)
             store.update_record(job)
-        if store.status(job.job_id) is JobStatus.ENQUEUING:
-            publish_chord(services, job, batches)
     except Exception as e:
         message = getattr(e, "message", None) or error_text(e)
         log.warning("enqueueing job %s failed: %s", job.job_id, message)
@@ -144,6 +137,11 @@ def _enqueue(services: Services, job: Job, plan: JobPlan) -> None:
     if not store.transition(job.job_id, JobStatus.RUNNING, allowed_from=[JobStatus.ENQUEUING]):
         # Stopped (or timed out) while enqueueing: what was published after the stop goes too.
         services.placement.drop_queue(job.queue)
+        return
+    if job.source == "delimited_files":
+        services.placement.assign(job, time.time())
+    if store.seal(job.job_id, total):
+        send_completion(services.celery, job.job_id, job.queue)
 
 
 def submit_job(
@@ -181,7 +179,8 @@ def submit_job(
         output=plan.output,
     )
     services.store.create(job, JobStatus.ENQUEUING)
-    services.placement.assign(job, now)
+    if job.source != "delimited_files":  # those wait for their input to be validated (see _enqueue)
+        services.placement.assign(job, now)
     if background:
         threading.Thread(target=_enqueue, args=(services, job, plan), name=f"enqueue-{job.job_id}").start()
     else:

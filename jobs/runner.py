@@ -1,8 +1,9 @@
 """What a worker process does with a batch and with a job's completion.
 
 Plain functions over `Services`, so they can be tested without Celery; `jobs/tasks.py` only
-wraps them. Batch errors are caught and recorded here and the function returns normally: the
-chord must only ever see finished tasks (a raising header task can stall a chord forever).
+wraps them. Batch errors are caught and recorded here and the function returns normally, so a
+Celery retry never runs a batch behind Sluice's back; the recording of the job's last batch
+sends its completion task (see `jobs/publish.py`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from predictors_runtime.loader import error_text
 from .inputs import read_range
 from .job import ACTIVE_STATUSES, Job, JobStatus
 from .outputs import write_manifest, write_part
+from .publish import send_completion
 from .services import Services
 from .status import job_status_view
+from .store import Recorded
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +113,12 @@ class WorkerRuntime:
         self.sweep(job_id, time.monotonic())
         job = self._job(job_id)
         if start.deliveries > job.tries + LOST_DELIVERY_ALLOWANCE:
-            store.record_failure(
+            self._completes(job, store.record_failure(
                 job_id, index, 0.0,
                 f"the worker process running this batch died {start.deliveries - 1} times "
                 "(killed, or out of memory)",
                 start.deliveries - 1, payload,
-            )
+            ))
             return
         try:
             predictor = self.predictor_for(job)
@@ -126,8 +129,9 @@ class WorkerRuntime:
             try:
                 payload = read_range(payload_ref)
             except Exception as e:  # storage went away or changed under the job
-                store.record_failure(job_id, index, 0.0, f"reading the batch's input failed: {error_text(e)}",
-                                     1, None, payload_ref)
+                self._completes(job, store.record_failure(
+                    job_id, index, 0.0, f"reading the batch's input failed: {error_text(e)}", 1, None, payload_ref
+                ))
                 return
         batch_id = batch_id_of(job_id, index)
         began = time.perf_counter()
@@ -142,12 +146,17 @@ class WorkerRuntime:
                 error = error_text(e)
                 log.warning("job %s batch %d try %d/%d failed: %s", job_id, index, attempt, job.tries, e)
                 continue
-            store.record_success(job_id, index, time.perf_counter() - began)
+            self._completes(job, store.record_success(job_id, index, time.perf_counter() - began))
             return
-        store.record_failure(job_id, index, time.perf_counter() - began, error, job.tries, payload)
+        self._completes(job, store.record_failure(job_id, index, time.perf_counter() - began, error, job.tries, payload))
+
+    def _completes(self, job: Job, recorded: Recorded) -> None:
+        """The batch just recorded was the job's last one: send the completion task (exactly once)."""
+        if recorded is Recorded.COMPLETED_JOB:
+            send_completion(self.services.celery, job.job_id, job.queue)
 
     def finish_job(self, job_id: str) -> None:
-        """The chord body: run `on_job_complete` once, then settle the job's final status."""
+        """The completion task: run `on_job_complete` once, then settle the job's final status."""
         store = self.services.store
         try:
             state = store.state(job_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, Iterable
 
 import redis
@@ -50,6 +51,8 @@ return {status, done, starts}
 """
 
 # KEYS: job hash, done set, failed hash. ARGV: index, 'ok'|'failed', seconds, failure json.
+# Returns 0 for a batch already recorded, 1 once recorded, 2 when this record was the last one of
+# a sealed job: the caller alone then sends the job's completion task.
 _RECORD_BATCH = """
 if redis.call('HEXISTS', KEYS[1], 'record') == 0 then return 0 end
 if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
@@ -66,8 +69,35 @@ if ttl > 0 then
   redis.call('EXPIRE', KEYS[2], ttl)
   if ARGV[2] ~= 'ok' then redis.call('EXPIRE', KEYS[3], ttl) end
 end
+local total = redis.call('HGET', KEYS[1], 'sealed_total')
+if total and redis.call('SCARD', KEYS[2]) >= tonumber(total) then
+  if redis.call('HSETNX', KEYS[1], 'finishing', 1) == 1 then return 2 end
+end
 return 1
 """
+
+# KEYS: job hash, done set. ARGV: total batch count.
+# Seals the job's batch count once enqueueing is over; returns 1 when every batch is already
+# recorded (then the caller sends the completion task), else 0.
+_SEAL = """
+if redis.call('HEXISTS', KEYS[1], 'record') == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'sealed_total', ARGV[1])
+if redis.call('SCARD', KEYS[2]) >= tonumber(ARGV[1]) then
+  if redis.call('HSETNX', KEYS[1], 'finishing', 1) == 1 then return 1 end
+end
+return 0
+"""
+
+
+class Recorded(IntEnum):
+    """What recording a batch outcome did."""
+
+    DUPLICATE = 0  # already counted: a redelivery
+    COUNTED = 1
+    COMPLETED_JOB = 2  # the last batch of a sealed job: send its completion task
+
+    def __bool__(self) -> bool:
+        return self is not Recorded.DUPLICATE
 
 
 @dataclass(frozen=True)
@@ -113,6 +143,7 @@ class JobStore:
         self._transition = client.register_script(_TRANSITION)
         self._begin_batch = client.register_script(_BEGIN_BATCH)
         self._record_batch = client.register_script(_RECORD_BATCH)
+        self._seal = client.register_script(_SEAL)
 
     # -- keys -------------------------------------------------------------------------------
     @staticmethod
@@ -252,24 +283,32 @@ class JobStore:
         status = JobStatus(raw_status.decode()) if raw_status else None
         return BatchStart(status=status, already_recorded=bool(done), deliveries=int(deliveries))
 
-    def record_success(self, job_id: str, index: int, seconds: float) -> bool:
-        """Count a finished batch once; returns False if it was already counted."""
+    def seal(self, job_id: str, total_batch_count: int) -> bool:
+        """Fix the job's batch count once all are enqueued; True if they are all recorded already.
+
+        Exactly one caller of `seal` and the `record_*` methods is ever told that a job is complete.
+        """
         keys = self._keys_of(job_id)
-        return bool(
+        return bool(self._seal(keys=[keys["job"], keys["done"]], args=[total_batch_count]))
+
+    def record_success(self, job_id: str, index: int, seconds: float) -> Recorded:
+        """Count a finished batch once."""
+        keys = self._keys_of(job_id)
+        return Recorded(
             self._record_batch(keys=[keys["job"], keys["done"], keys["failed"]], args=[index, "ok", seconds, ""])
         )
 
     def record_failure(
         self, job_id: str, index: int, seconds: float, error: str, tries: int, payload: Any,
         payload_ref: dict[str, Any] | None = None,
-    ) -> bool:
+    ) -> Recorded:
         """Count a failed batch once and keep it (error, tries, payload or where it lives) for inspection."""
         keys = self._keys_of(job_id)
         record = {"index": index, "error": error, "tries": tries, "payload": payload}
         if payload_ref is not None:
             record["payload_ref"] = payload_ref
         failure = json.dumps(record, default=str)
-        return bool(
+        return Recorded(
             self._record_batch(
                 keys=[keys["job"], keys["done"], keys["failed"]], args=[index, "failed", seconds, failure]
             )

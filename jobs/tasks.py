@@ -1,7 +1,7 @@
 """Thin Celery task wrappers over `jobs.runner` and `beat.steps`.
 
-Batch tasks store no result of their own (`ignore_result`): the chord counts them natively in
-the Redis backend all the same, and nothing else needs their return value.
+No task stores a result (`ignore_result`): batches report to the job store, which also decides
+when a job is complete (see `jobs/publish.py`).
 """
 
 from __future__ import annotations

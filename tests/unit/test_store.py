@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from jobs.job import Job, JobStatus, job_queue_name, new_job_id
-from jobs.store import JobStore
+from jobs.store import JobStore, Recorded
 from predictors_runtime.errors import JobNotFound
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
@@ -371,3 +371,24 @@ def test_a_job_survives_the_round_trip_through_its_stored_form() -> None:
     job = make_job(retry_of="job-0", timeout=None)
 
     assert Job.from_dict(job.to_dict()) == job
+
+
+# -- completion (fan-in) --------------------------------------------------------------------------
+def test_the_last_batch_of_a_sealed_job_is_told_it_completed_the_job_once(store: JobStore, running: Job) -> None:
+    assert store.record_success(running.job_id, 0, 0.1) is Recorded.COUNTED
+    assert store.seal(running.job_id, 3) is False
+    assert store.record_failure(running.job_id, 1, 0.1, "boom", 1, [1]) is Recorded.COUNTED
+
+    assert store.record_success(running.job_id, 2, 0.1) is Recorded.COMPLETED_JOB
+    assert store.record_success(running.job_id, 2, 0.1) is Recorded.DUPLICATE
+    assert store.seal(running.job_id, 3) is False  # told once, whoever asks again
+
+
+def test_a_job_whose_batches_all_finished_before_the_seal_is_completed_by_the_seal(
+    store: JobStore, running: Job
+) -> None:
+    for index in range(3):
+        assert store.record_success(running.job_id, index, 0.1) is Recorded.COUNTED  # not sealed yet
+
+    assert store.seal(running.job_id, 3) is True
+    assert store.seal(running.job_id, 3) is False

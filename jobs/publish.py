@@ -1,0 +1,48 @@
+"""Sending a job's tasks: one per batch and one completion task, all on the job's own queue.
+
+Sluice does its own fan-in instead of a Celery chord: a chord needs its whole header before
+anything is sent, while `delimited_files` input is cut and published as it is read (memory
+stays flat however large the input). The job store counts every batch exactly once; the
+recording that completes a sealed job (or the seal itself, when the batches were faster) is
+told so exactly once, and sends the completion task. No `chord_unlock` polling, no task result
+stored for any batch.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+from celery import Celery
+
+from .tasks import FINISH_JOB, RUN_BATCH
+
+
+class BatchPublisher(AbstractContextManager["BatchPublisher"]):
+    """Publishes batch tasks through one producer, keeping no per-task state."""
+
+    def __init__(self, celery: Celery, job_id: str, queue: str) -> None:
+        self._celery = celery
+        self._job_id = job_id
+        self._queue = queue
+        self.published = 0
+
+    def __enter__(self) -> "BatchPublisher":
+        self._producer_context = self._celery.producer_or_acquire()
+        self._producer = self._producer_context.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._producer_context.__exit__(*exc)
+
+    def batch(self, index: int, payload: Any, payload_ref: dict[str, Any] | None) -> None:
+        self._celery.send_task(
+            RUN_BATCH, args=(self._job_id, index, payload, payload_ref), queue=self._queue,
+            producer=self._producer, ignore_result=True, add_to_parent=False,
+        )
+        self.published += 1
+
+
+def send_completion(celery: Celery, job_id: str, queue: str) -> None:
+    """Send the task that runs `on_job_complete` and settles the job's final status."""
+    celery.send_task(FINISH_JOB, args=(job_id,), queue=queue, ignore_result=True, add_to_parent=False)
