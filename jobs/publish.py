@@ -10,12 +10,14 @@ stored for any batch.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 from celery import Celery
 
 from .tasks import FINISH_JOB, RUN_BATCH
+
+PIPELINE = 500
 
 
 class BatchPublisher(AbstractContextManager["BatchPublisher"]):
@@ -28,17 +30,21 @@ class BatchPublisher(AbstractContextManager["BatchPublisher"]):
         self.published = 0
 
     def __enter__(self) -> "BatchPublisher":
-        self._producer_context = self._celery.producer_or_acquire()
-        self._producer = self._producer_context.__enter__()
+        self._stack = ExitStack()
+        self._producer = self._stack.enter_context(self._celery.producer_or_acquire())
+        # kombu pipelines the Redis commands of a batch: one round trip per PIPELINE messages.
+        self._stack.enter_context(self._producer.batch(max_size=PIPELINE))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._producer_context.__exit__(*exc)
+        self._stack.__exit__(*exc)
 
     def batch(self, index: int, payload: Any, payload_ref: dict[str, Any] | None) -> None:
         self._celery.send_task(
             RUN_BATCH, args=(self._job_id, index, payload, payload_ref), queue=self._queue,
             producer=self._producer, ignore_result=True, add_to_parent=False,
+            # Celery would otherwise render the payload for monitoring, a large share of the cost.
+            argsrepr="", kwargsrepr="",
         )
         self.published += 1
 
