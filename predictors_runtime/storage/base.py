@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from predictors_runtime.errors import BadStorageUri, StorageError, StorageNotFound
 
@@ -165,6 +165,43 @@ class GuardedReader(io.RawIOBase):
                  translate: Callable[[Exception], Exception | None],
                  buffer_size: int = 256 * 1024) -> BinaryIO:
         return io.BufferedReader(cls(reader, close, translate), buffer_size)
+
+
+class RemoteStorage(Storage):
+    """A bucket store reached through one client per process, made on first use and again after
+    a fork (HTTP clients do not survive one: Celery's prefork workers would share sockets)."""
+
+    scheme = ""
+
+    def __init__(self) -> None:
+        self._client: Any = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Any:
+        client = self._client
+        if client is None or self._pid != os.getpid():
+            with self._lock:
+                if self._client is None or self._pid != os.getpid():
+                    self._client = self._make_client()
+                    self._pid = os.getpid()
+                client = self._client
+        return client
+
+    @abstractmethod
+    def _make_client(self) -> Any:
+        """The backend's client; the environment is read here, once per process."""
+
+    def _split(self, uri: str) -> tuple[str, str]:
+        scheme, bucket, key = split_uri(uri)
+        if scheme != self.scheme:
+            raise BadStorageUri(f"{uri!r} is not a {self.scheme}:// URI")
+        return bucket, key
+
+    def canonical(self, uri: str) -> str:
+        bucket, key = self._split(uri)
+        return f"{self.scheme}://{bucket}/{key}"
 
 
 # The registry: scheme -> (module, class). Modules are imported on first use, so boto3 and

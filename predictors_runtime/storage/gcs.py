@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO
@@ -14,7 +13,7 @@ from google.cloud import storage
 
 from predictors_runtime.errors import AccessDenied, BadStorageUri, SluiceError, StorageError, StorageNotFound
 
-from .base import GuardedReader, ObjectInfo, Storage, split_uri
+from .base import GuardedReader, ObjectInfo, RemoteStorage
 
 # blob.open("rb") fetches this much per request (a multiple of 256 KiB); the default is 40 MiB.
 READ_CHUNK = 8 * 1024 * 1024
@@ -56,49 +55,19 @@ def _version(blob: Any) -> str:
     return blob.md5_hash or blob.etag or str(blob.generation)
 
 
-class GCSStorage(Storage):
+class GCSStorage(RemoteStorage):
     """`gs://bucket/key` objects through one lazily created client per process."""
 
     scheme = "gs"
 
-    def __init__(self) -> None:
-        self._client: Any = None
-        self._pid = 0
-        self._lock = threading.Lock()
+    def _make_client(self) -> Any:
+        with _errors("gs://"):
+            if os.environ.get("STORAGE_EMULATOR_HOST"):
+                from google.auth.credentials import AnonymousCredentials
 
-    @property
-    def client(self) -> Any:
-        """The storage client, created on first use (and again in a forked child)."""
-        client = self._client
-        if client is None or self._pid != os.getpid():
-            with self._lock:
-                if self._client is None or self._pid != os.getpid():
-                    with _errors("gs://"):
-                        self._client = self._make_client()
-                    self._pid = os.getpid()
-                client = self._client
-        return client
-
-    @staticmethod
-    def _make_client() -> Any:
-        # The environment is read here, once per process.
-        if os.environ.get("STORAGE_EMULATOR_HOST"):
-            from google.auth.credentials import AnonymousCredentials
-
-            return storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or "test",
-                                  credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
-        return storage.Client()
-
-    @staticmethod
-    def _split(uri: str) -> tuple[str, str]:
-        scheme, bucket, key = split_uri(uri)
-        if scheme != "gs":
-            raise BadStorageUri(f"{uri!r} is not a gs:// URI")
-        return bucket, key
-
-    def canonical(self, uri: str) -> str:
-        bucket, key = self._split(uri)
-        return f"gs://{bucket}/{key}"
+                return storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or "test",
+                                      credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
+            return storage.Client()
 
     def _blob(self, uri: str) -> Any:
         bucket, key = self._split(uri)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO
@@ -19,7 +17,7 @@ from botocore.exceptions import (
 
 from predictors_runtime.errors import AccessDenied, BadStorageUri, SluiceError, StorageError, StorageNotFound
 
-from .base import GuardedReader, ObjectInfo, Storage, split_uri
+from .base import GuardedReader, ObjectInfo, RemoteStorage
 
 _NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
 _DENIED = {"AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
@@ -62,40 +60,15 @@ def _version(etag: str) -> str:
     return etag.strip('"')
 
 
-class S3Storage(Storage):
+class S3Storage(RemoteStorage):
     """`s3://bucket/key` objects through one lazily created boto3 client per process."""
 
     scheme = "s3"
 
-    def __init__(self) -> None:
-        self._client: Any = None
-        self._pid = 0
-        self._lock = threading.Lock()
-
-    @property
-    def client(self) -> Any:
-        """The boto3 client, created on first use (and again in a forked child: clients do not survive fork)."""
-        client = self._client
-        if client is None or self._pid != os.getpid():
-            with self._lock:
-                if self._client is None or self._pid != os.getpid():
-                    # boto3 reads AWS_ENDPOINT_URL, credentials and region here, once.
-                    with _errors("s3://"):
-                        self._client = boto3.client("s3")
-                    self._pid = os.getpid()
-                client = self._client
-        return client
-
-    @staticmethod
-    def _split(uri: str) -> tuple[str, str]:
-        scheme, bucket, key = split_uri(uri)
-        if scheme != "s3":
-            raise BadStorageUri(f"{uri!r} is not an s3:// URI")
-        return bucket, key
-
-    def canonical(self, uri: str) -> str:
-        bucket, key = self._split(uri)
-        return f"s3://{bucket}/{key}"
+    def _make_client(self) -> Any:
+        # boto3 reads AWS_ENDPOINT_URL, credentials and region here, once.
+        with _errors("s3://"):
+            return boto3.client("s3")
 
     def list(self, uri: str) -> Iterator[ObjectInfo]:
         bucket, key = self._split(uri)
