@@ -18,7 +18,7 @@ from typing import Callable
 import redis
 from celery import Celery
 
-from .job import Job
+from .job import Job, JobStatus
 from .store import JobStore
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,8 @@ class Placement:
             except Exception:
                 continue
             job = state.job
+            if state.status is JobStatus.ENQUEUING and job.source == "delimited_files":
+                continue  # its input is still being validated: nothing of it may run yet
             nodes = self._choose(job, state.nodes, live, load)
             if nodes != state.nodes:
                 log.info("job %s moves from nodes %s to %s", job_id, state.nodes, nodes)

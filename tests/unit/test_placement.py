@@ -317,3 +317,34 @@ def test_a_job_short_of_workers_takes_a_node_that_joins_later(
 
     assert store.state("j1").nodes == ["celery@a", "celery@b"]
     assert calls(celery)[-1] == ("add", "job.j1", ["celery@a", "celery@b"])
+
+
+def test_reconcile_leaves_a_json_lines_job_alone_until_its_input_is_validated(
+    placement: Placement, store: JobStore, celery: FakeCelery
+) -> None:
+    placement.heartbeat("celery@a", ["cpu"], now=T0)
+    job = Job(job_id="lines", api_name="iris", workers=1, config={}, timeout=None, total_batch_count=0,
+              start_time=T0, source="delimited_files")
+    store.create(job, JobStatus.ENQUEUING)
+
+    placement.reconcile(T0)
+    assert calls(celery) == []
+    assert store.state("lines").nodes == []
+
+    store.transition("lines", JobStatus.RUNNING, allowed_from=[JobStatus.ENQUEUING])
+    placement.reconcile(T0)
+    assert calls(celery) == [("add", "job.lines", ["celery@a"])]
+
+
+def test_a_node_that_stops_serving_the_jobs_hardware_queue_is_replaced(
+    placement: Placement, store: JobStore
+) -> None:
+    placement.heartbeat("celery@a", ["cpu"], now=T0)
+    job = submit(store, "j1")
+    assert placement.assign(job, T0) == ["celery@a"]
+
+    placement.heartbeat("celery@a", ["gpu"], now=T0 + 1)
+    placement.heartbeat("celery@b", ["cpu"], now=T0 + 1)
+    placement.reconcile(T0 + 1)
+
+    assert store.state("j1").nodes == ["celery@b"]
