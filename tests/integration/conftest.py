@@ -124,6 +124,16 @@ def deploy_project(client: Client, tmp_path: Path) -> Callable[..., str]:
     return deploy
 
 
+@pytest.fixture(params=["local", "s3", "gcs"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh folder as a URI, once on each backend: local disk, S3 (moto), GCS (emulator)."""
+    if request.param == "local":
+        return str(tmp_path / "data")
+    if request.param == "s3":
+        return f"s3://{request.getfixturevalue('s3_bucket')}/data"
+    return f"gs://{request.getfixturevalue('gcs_bucket')}/data"
+
+
 @pytest.fixture
 def events_file(tmp_path: Path) -> Path:
     return tmp_path / "events.jsonl"

@@ -18,16 +18,6 @@ from sluice.client import ClientError
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["local", "s3", "gcs"])
-def root(request, tmp_path) -> str:
-    """A fresh folder on one backend, as a URI."""
-    if request.param == "local":
-        return str(tmp_path / "data")
-    if request.param == "s3":
-        return f"s3://{request.getfixturevalue('s3_bucket')}/data"
-    return f"gs://{request.getfixturevalue('gcs_bucket')}/data"
-
-
 def put(uri: str, text: str) -> str:
     storage_for(uri).write_bytes(uri, text.encode())
     return uri

@@ -73,15 +73,6 @@ def iris_onnx():
     return onnx_model.SerializeToString(), model, features
 
 
-@pytest.fixture(params=["local", "s3", "gcs"])
-def root(request, tmp_path) -> str:
-    if request.param == "local":
-        return str(tmp_path / "store")
-    if request.param == "s3":
-        return f"s3://{request.getfixturevalue('s3_bucket')}/store"
-    return f"gs://{request.getfixturevalue('gcs_bucket')}/store"
-
-
 def put(uri: str, data: bytes | str) -> None:
     storage_for(uri).write_bytes(uri, data.encode() if isinstance(data, str) else data)
 
