@@ -8,11 +8,11 @@ size, and the input never has to sit in Redis.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
+import orjson
 from wcmatch import glob
 
 from predictors_runtime.errors import BadRequest, BadStorageUri, SluiceError
@@ -117,8 +117,8 @@ def cut_ranges(files: list[ObjectInfo], batch_size: int) -> Iterator[RangeRef]:
                 if not line.strip():
                     continue
                 try:
-                    json.loads(line)
-                except ValueError as e:
+                    orjson.loads(line)
+                except orjson.JSONDecodeError as e:
                     raise EnqueueError(f"{info.uri}: line {number}: not valid JSON: {e}") from e
                 count += 1
                 if count == batch_size:
@@ -131,4 +131,4 @@ def cut_ranges(files: list[ObjectInfo], batch_size: int) -> Iterator[RangeRef]:
 def read_range(ref: dict[str, Any]) -> list[Any]:
     """The items of one JSON-lines batch, read by the worker that runs it."""
     data = storage_for(ref["uri"]).read_range(ref["uri"], ref["start"], ref["end"])
-    return [json.loads(line) for line in data.splitlines() if line.strip()]
+    return [orjson.loads(line) for line in data.splitlines() if line.strip()]

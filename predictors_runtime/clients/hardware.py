@@ -12,7 +12,8 @@ loaded, in the worker process (never before a fork: see PITFALLS, "CUDA after fo
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -53,3 +54,18 @@ def tensorflow_device(gpu: bool, available: Sequence[object] | None = None) -> s
         return "/GPU:0"
     logger.warning("compute.gpu > 0 but no GPU is available to TensorFlow; running on CPU")
     return "/CPU:0"
+
+
+def cpu_threads(env: Mapping[str, str] | None = None) -> int | None:
+    """Threads one model session may use, from `OMP_NUM_THREADS` (None: the runtime's default).
+
+    onnxruntime ignores OMP_NUM_THREADS and starts one thread per core in every session, so
+    several single-process worker nodes on one host would oversubscribe it; operators set the
+    variable per node and Sluice passes it on.
+    """
+    raw = (os.environ if env is None else env).get("OMP_NUM_THREADS", "")
+    try:
+        threads = int(raw)
+    except ValueError:
+        return None
+    return threads if threads > 0 else None

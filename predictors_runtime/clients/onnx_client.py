@@ -22,7 +22,7 @@ import numpy as np
 
 from predictors_runtime.errors import ConfigError, ModelInputError
 
-from .hardware import CUDA_PROVIDER, onnx_providers
+from .hardware import CUDA_PROVIDER, cpu_threads, onnx_providers
 from .python_client import ManagerFactory, ModelClient
 
 logger = logging.getLogger(__name__)
@@ -253,6 +253,7 @@ class ONNXClient(ModelClient):
         super().__init__(manager_factory)
         self._gpu = gpu
         self._providers: list[str] | None = None
+        self._threads = cpu_threads()
 
     def _load(self, path: Path) -> OnnxModel:
         import onnxruntime  # type: ignore[import-untyped,unused-ignore]
@@ -261,7 +262,10 @@ class ONNXClient(ModelClient):
         if self._providers is None:
             self._providers = onnx_providers(self._gpu, onnxruntime.get_available_providers())
         # A file onnxruntime cannot load raises here; the manager reports it with the model's name.
-        session = onnxruntime.InferenceSession(str(file), providers=self._providers)
+        options = onnxruntime.SessionOptions()
+        if self._threads is not None:
+            options.intra_op_num_threads = self._threads
+        session = onnxruntime.InferenceSession(str(file), sess_options=options, providers=self._providers)
         if CUDA_PROVIDER in self._providers and CUDA_PROVIDER not in session.get_providers():
             logger.warning("%s: onnxruntime could not use CUDA for this model; running on CPU", file)
         signatures = {

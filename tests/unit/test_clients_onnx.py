@@ -342,3 +342,13 @@ def test_asking_for_a_gpu_without_cuda_runs_on_the_cpu_with_a_warning(
 
 def test_without_a_gpu_sessions_use_only_the_cpu(iris_client: ONNXClient) -> None:
     assert iris_client.get_model()["session"].get_providers() == ["CPUExecutionProvider"]
+
+
+def test_session_threads_follow_omp_num_threads_because_onnxruntime_ignores_it() -> None:
+    from predictors_runtime.clients.hardware import cpu_threads
+
+    assert cpu_threads({"OMP_NUM_THREADS": "1"}) == 1
+    assert cpu_threads({"OMP_NUM_THREADS": "4"}) == 4
+    assert cpu_threads({}) is None
+    assert cpu_threads({"OMP_NUM_THREADS": "lots"}) is None
+    assert cpu_threads({"OMP_NUM_THREADS": "0"}) is None
