@@ -2,8 +2,9 @@
 
 - `task_acks_late` + `task_reject_on_worker_lost`: a worker process killed mid-batch gives the
   batch back to the queue instead of losing it.
-- `worker_prefetch_multiplier = 1`: a node holds one batch at a time, so nothing waits behind a
-  slow batch on a busy node.
+- `worker_prefetch_multiplier` (`SLUICE_WORKER_PREFETCH`, default 1): a node holds one batch at a
+  time, so nothing waits behind a slow batch on a busy node (2 measured no faster in
+  `bench/onnx_batch.py`).
 - `worker_concurrency = 1`: a node is one predictor process; scale with more nodes (`-n`).
 - `visibility_timeout` is the longest batch allowed before Redis re-delivers it.
 """
@@ -34,7 +35,7 @@ def create_celery(settings: Settings) -> Celery:
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
+        worker_prefetch_multiplier=settings.prefetch_multiplier,
         worker_concurrency=1,
         task_default_queue="cpu",
         task_serializer="json",

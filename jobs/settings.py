@@ -46,6 +46,8 @@ class Settings:
     # Finished job records are kept this long.
     job_ttl_s: float = 7 * 24 * 3600.0
     max_body_bytes: int = 10 * 1024 * 1024
+    # Batches a worker node reserves at a time (Celery's prefetch multiplier; 2 measured no better).
+    prefetch_multiplier: int = 1
     # How often live reloading looks for changed models.
     model_poll_interval_s: float = 10.0
     # Local folders that job inputs and outputs may name; none by default.
@@ -66,6 +68,7 @@ class Settings:
             heartbeat_interval_s=_number(env, "SLUICE_HEARTBEAT_INTERVAL", defaults.heartbeat_interval_s),
             job_ttl_s=_number(env, "SLUICE_JOB_TTL", defaults.job_ttl_s),
             max_body_bytes=int(_number(env, "SLUICE_MAX_BODY_BYTES", defaults.max_body_bytes)),
+            prefetch_multiplier=int(_number(env, "SLUICE_WORKER_PREFETCH", defaults.prefetch_multiplier)),
             model_poll_interval_s=_number(env, "SLUICE_MODEL_POLL_INTERVAL", defaults.model_poll_interval_s),
             local_input_roots=tuple(
                 root for root in (env.get("SLUICE_LOCAL_INPUT_ROOTS") or "").split(os.pathsep) if root
