@@ -16,12 +16,13 @@ import shutil
 import threading
 import uuid
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from predictors_runtime.errors import BadStorageUri, StorageError, StorageNotFound
+from predictors_runtime.errors import BadStorageUri, SluiceError, StorageError, StorageNotFound
 
 # Suffix of the files `write_bytes` and `download_folder` write beside their target before the
 # rename; `LocalStorage.list` skips them, so readers never list half-written files.
@@ -165,6 +166,21 @@ class GuardedReader(io.RawIOBase):
                  translate: Callable[[Exception], Exception | None],
                  buffer_size: int = 256 * 1024) -> BinaryIO:
         return io.BufferedReader(cls(reader, close, translate), buffer_size)
+
+
+@contextmanager
+def translating(translate: Callable[[Exception, str], Exception | None], uri: str) -> Iterator[None]:
+    """Turn a backend's exceptions met on `uri` into Sluice errors; Sluice's own pass through, and
+    anything `translate` does not know is re-raised as it is."""
+    try:
+        yield
+    except SluiceError:
+        raise
+    except Exception as e:
+        mapped = translate(e, uri)
+        if mapped is None:
+            raise
+        raise mapped from e
 
 
 class RemoteStorage(Storage):

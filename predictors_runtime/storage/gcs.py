@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any, BinaryIO
 
 import google.auth.exceptions
@@ -13,7 +13,7 @@ from google.cloud import storage
 
 from predictors_runtime.errors import AccessDenied, BadStorageUri, SluiceError, StorageError, StorageNotFound
 
-from .base import GuardedReader, ObjectInfo, RemoteStorage
+from .base import GuardedReader, ObjectInfo, RemoteStorage, translating
 
 # blob.open("rb") fetches this much per request (a multiple of 256 KiB); the default is 40 MiB.
 READ_CHUNK = 8 * 1024 * 1024
@@ -38,17 +38,8 @@ def translate(e: Exception, uri: str) -> SluiceError | None:
     return None
 
 
-@contextmanager
-def _errors(uri: str) -> Iterator[None]:
-    try:
-        yield
-    except SluiceError:
-        raise
-    except Exception as e:
-        mapped = translate(e, uri)
-        if mapped is None:
-            raise
-        raise mapped from e
+def _errors(uri: str) -> AbstractContextManager[None]:
+    return translating(translate, uri)
 
 
 def _version(blob: Any) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any, BinaryIO
 
 import boto3
@@ -17,7 +17,7 @@ from botocore.exceptions import (
 
 from predictors_runtime.errors import AccessDenied, BadStorageUri, SluiceError, StorageError, StorageNotFound
 
-from .base import GuardedReader, ObjectInfo, RemoteStorage
+from .base import GuardedReader, ObjectInfo, RemoteStorage, translating
 
 _NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
 _DENIED = {"AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
@@ -48,16 +48,22 @@ def translate(e: Exception, uri: str) -> SluiceError | None:
     return None
 
 
-@contextmanager
-def _errors(uri: str) -> Iterator[None]:
-    try:
-        yield
-    except (BotoCoreError, ClientError) as e:
-        raise translate(e, uri) or StorageError(f"{uri}: {e}") from e
+def _errors(uri: str) -> AbstractContextManager[None]:
+    return translating(translate, uri)
 
 
 def _version(etag: str) -> str:
     return etag.strip('"')
+
+
+def _read_all(body: Any, uri: str) -> bytes:
+    """The whole of a get_object body, closed afterwards."""
+    with _errors(uri):
+        try:
+            data: bytes = body.read()
+        finally:
+            body.close()
+    return data
 
 
 class S3Storage(RemoteStorage):
@@ -130,21 +136,10 @@ class S3Storage(RemoteStorage):
             if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") == "InvalidRange":
                 return b""  # start lies past the end, as reading a file past its end gives nothing
             raise
-        with _errors(uri):
-            try:
-                data: bytes = body.read()
-            finally:
-                body.close()
-        return data
+        return _read_all(body, uri)
 
     def read_bytes(self, uri: str) -> bytes:
-        body = self._get(uri)
-        with _errors(uri):
-            try:
-                data: bytes = body.read()
-            finally:
-                body.close()
-        return data
+        return _read_all(self._get(uri), uri)
 
     def write_bytes(self, uri: str, data: bytes) -> None:
         bucket, key = self._split(uri)

@@ -18,16 +18,6 @@ from predictors_runtime.storage import ObjectInfo, join_uri, split_uri, storage_
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["local", "s3", "gcs"])
-def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh, empty root URI on one backend: a tmp folder, `s3://<bucket>/root` or `gs://<bucket>/root`."""
-    if request.param == "local":
-        return str(tmp_path / "root")
-    if request.param == "s3":
-        return f"s3://{request.getfixturevalue('s3_bucket')}/root"
-    return f"gs://{request.getfixturevalue('gcs_bucket')}/root"
-
-
 def _write_tree(root: str, files: dict[str, bytes]) -> None:
     storage = storage_for(root)
     for name, data in files.items():
