@@ -7,6 +7,10 @@
   `bench/onnx_batch.py`).
 - `worker_concurrency = 1`: a node is one predictor process; scale with more nodes (`-n`).
 - `visibility_timeout` is the longest batch allowed before Redis re-delivers it.
+- `polling_interval` bounds kombu's BRPOP: a node told to consume a new job queue (see
+  `jobs/placement.py`) only starts on it when its current wait ends (1 s by kombu's default,
+  half a second of every job's start on average).
+- The transport is kombu's Redis one with a reused client (`jobs/broker.py`).
 """
 
 from __future__ import annotations
@@ -25,14 +29,19 @@ def create_celery(settings: Settings) -> Celery:
     """A configured app with Sluice's tasks, beat schedule and worker-node hooks registered."""
     from beat.schedule import beat_schedule
 
+    from .broker import transport_for
     from .placement import MAINTENANCE_QUEUE
     from .tasks import register_tasks
     from .worker_node import install_worker_hooks
 
     # No result backend: tasks report to the job store, which also does the fan-in (jobs/publish.py).
     app = Celery("sluice", broker=settings.redis_url, set_as_current=False)
-    transport = {"visibility_timeout": int(settings.visibility_timeout_s)}
+    transport = {
+        "visibility_timeout": int(settings.visibility_timeout_s),
+        "polling_interval": settings.broker_poll_interval_s,
+    }
     app.conf.update(
+        broker_transport=transport_for(settings.redis_url),
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=settings.prefetch_multiplier,

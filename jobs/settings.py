@@ -48,6 +48,9 @@ class Settings:
     max_body_bytes: int = 10 * 1024 * 1024
     # Batches a worker node reserves at a time (Celery's prefetch multiplier; 2 measured no better).
     prefetch_multiplier: int = 1
+    # Longest a worker's wait on Redis lasts: a job queue assigned to a node is consumed at most
+    # this long after (kombu's BRPOP timeout; an idle node sends one command per interval).
+    broker_poll_interval_s: float = 0.1
     # How often live reloading looks for changed models.
     model_poll_interval_s: float = 10.0
     # Local folders that job inputs and outputs may name; none by default.
@@ -69,6 +72,7 @@ class Settings:
             job_ttl_s=_number(env, "SLUICE_JOB_TTL", defaults.job_ttl_s),
             max_body_bytes=int(_number(env, "SLUICE_MAX_BODY_BYTES", defaults.max_body_bytes)),
             prefetch_multiplier=int(_number(env, "SLUICE_WORKER_PREFETCH", defaults.prefetch_multiplier)),
+            broker_poll_interval_s=_number(env, "SLUICE_BROKER_POLL_INTERVAL", defaults.broker_poll_interval_s),
             model_poll_interval_s=_number(env, "SLUICE_MODEL_POLL_INTERVAL", defaults.model_poll_interval_s),
             local_input_roots=tuple(
                 root for root in (env.get("SLUICE_LOCAL_INPUT_ROOTS") or "").split(os.pathsep) if root
