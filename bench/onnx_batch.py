@@ -13,8 +13,8 @@ Each system uses two processes:
   validation of every line is in it) to `end_time`; "enq s" is when polling saw it running.
 - Ray Data: `ray.init(num_cpus=2)`, `read_json`, `map_batches` with a callable class holding one
   session (an actor pool of 2, numpy batches), consumed by iterating; actor start-up included.
-Loop and Ray sessions have one intra-op thread. Sluice's workers get `OMP_NUM_THREADS=1`, but its
-`onnx_client` builds sessions with onnxruntime's defaults, which ignore it: measured as users get it.
+Loop and Ray sessions have one intra-op thread. Sluice's workers get `OMP_NUM_THREADS=1`, which its
+`onnx_client` passes on to onnxruntime (as users running several nodes on one host should set it).
 Each system is warmed up with a small run first and each run starts after a short pause. Figures:
 rows/s (median of `--repeat`), and Sluice/loop and Sluice/Ray (above 1: Sluice is faster).
 Run: `python bench/onnx_batch.py [--rows N] [--batch-sizes 256,1000] [--repeat R]`.

@@ -6,6 +6,15 @@ predictor process (the app runs with `worker_concurrency = 1`); the job runs on 
 `add_consumer`). Nodes announce themselves with a heartbeat in Redis; a reconcile step,
 run by beat, moves a lost node's share to a live one and re-sends the consumer commands, which
 are idempotent, so a missed broadcast heals itself.
+
+A node runs its batches in its own process (Celery's solo pool), so a node killed mid-batch
+(out of memory, SIGKILL) takes its unacknowledged message with it until Redis's visibility
+timeout, which is as long as the longest batch allowed. Each node therefore keeps the task ids
+of the batches it runs in an in-flight hash (written by the same Lua calls that begin and
+record a batch), and `give_back` puts a dead node's batches back at the head of their queues:
+a restarted node does it first thing for its previous life, and beat does it for a node silent
+for `GIVE_BACK_AFTER_TTLS` node TTLs (one that never comes back). A node that was only slow runs its batch to the end too; the job store
+counts the batch once.
 """
 
 from __future__ import annotations
@@ -13,18 +22,19 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from typing import Callable
+from typing import Any, Callable
 
 import redis
 from celery import Celery
 
-from .job import Job, JobStatus
+from .job import ACTIVE_STATUSES, Job, JobStatus, job_queue_name
 from .store import JobStore
 
 log = logging.getLogger(__name__)
 
 NODES_KEY = "sluice:nodes"
 MAINTENANCE_QUEUE = "sluice.maintenance"
+GIVE_BACK_AFTER_TTLS = 4
 
 
 def is_job_queue(name: str) -> bool:
@@ -35,6 +45,27 @@ def write_heartbeat(client: redis.Redis, node: str, queues: list[str], now: floa
     """Record that `node` is alive and which hardware queues it serves."""
     record = {"queues": sorted(q for q in queues if not is_job_queue(q)), "seen": now}
     client.hset(NODES_KEY, node, json.dumps(record))
+
+
+def _unacked_tags_of(channel: Any, task_ids: set[str]) -> list[str]:
+    """kombu's delivery tags of the unacknowledged messages carrying these Celery tasks.
+
+    kombu's Redis transport keeps each unacknowledged message in a hash (tag -> JSON of the
+    message, exchange and routing key) until it is acknowledged; Celery does not tell a task its
+    tag, so the messages are found by the task id in their headers. The hash holds one entry per
+    batch running anywhere, so it stays small.
+    """
+    tags = []
+    with channel.conn_or_acquire() as client:
+        unacked = client.hgetall(channel.unacked_key)
+    for tag, raw in unacked.items():
+        try:
+            message = json.loads(raw)[0]
+        except (ValueError, IndexError, TypeError):
+            continue
+        if (message.get("headers") or {}).get("id") in task_ids:
+            tags.append(tag.decode() if isinstance(tag, bytes) else tag)
+    return tags
 
 
 class Placement:
@@ -55,17 +86,51 @@ class Placement:
     def forget_node(self, node: str) -> None:
         self._redis.hdel(NODES_KEY, node)
 
-    def live_nodes(self, now: float) -> dict[str, list[str]]:
+    def give_back(self, node: str) -> int:
+        """Put the batches a dead `node` held back at the head of their job queues; returns how many.
+
+        Batches of jobs that have ended are dropped with their queue instead.
+        """
+        entries = self._store.inflight(node)
+        if not entries:
+            return 0
+        job_ids = {entry.rsplit(":", 1)[0] for entry in entries.values()}
+        statuses = self._store.statuses(sorted(job_ids))
+        with self._celery.connection_for_write() as conn:
+            channel = conn.default_channel
+            for tag in _unacked_tags_of(channel, set(entries)):
+                channel.qos.restore_by_tag(tag)  # to the end BRPOP takes next; a no-op if acknowledged meanwhile
+        for job_id in job_ids:
+            if statuses.get(job_id) not in ACTIVE_STATUSES:
+                self.drop_queue(job_queue_name(job_id))
+        self._store.forget_inflight(node, entries)
+        log.warning("gave back %d batch(es) held by node %s: %s", len(entries), node, sorted(entries.values()))
+        return len(entries)
+
+    def _heartbeats(self) -> dict[str, dict[str, Any]]:
+        return {name.decode(): json.loads(raw) for name, raw in self._redis.hgetall(NODES_KEY).items()}
+
+    def live_nodes(self, now: float, heartbeats: dict[str, dict[str, Any]] | None = None) -> dict[str, list[str]]:
         """Live node name -> hardware queues it consumes. Long-dead nodes are dropped from the registry."""
         live: dict[str, list[str]] = {}
-        for raw_name, raw in self._redis.hgetall(NODES_KEY).items():
-            record = json.loads(raw)
+        for name, record in (self._heartbeats() if heartbeats is None else heartbeats).items():
             age = now - float(record["seen"])
             if age <= self._node_ttl_s:
-                live[raw_name.decode()] = record["queues"]
+                live[name] = record["queues"]
             elif age > 20 * self._node_ttl_s:
-                self._redis.hdel(NODES_KEY, raw_name)
+                self._redis.hdel(NODES_KEY, name)
         return live
+
+    def _give_back_dead(self, now: float, heartbeats: dict[str, dict[str, Any]]) -> None:
+        """Give back the batches of nodes silent for GIVE_BACK_AFTER_TTLS node TTLs (or gone from the registry).
+
+        Longer than "lost" for placement: a node whose predictor holds the GIL (a C call that
+        never releases it) misses heartbeats while alive, and giving its batch back would run it twice.
+        """
+        for node in self._store.inflight_nodes():
+            record = heartbeats.get(node)
+            if record is None or now - float(record["seen"]) > GIVE_BACK_AFTER_TTLS * self._node_ttl_s:
+                self.give_back(node)
 
     # -- assignment -------------------------------------------------------------------------
     def _choose(
@@ -97,8 +162,11 @@ class Placement:
         return nodes
 
     def reconcile(self, now: float) -> None:
-        """One step of the placement loop: replace lost nodes, fill missing ones, re-send consumers."""
-        live = self.live_nodes(now)
+        """One step of the placement loop: give back dead nodes' batches, replace lost nodes, fill
+        missing ones, re-send consumers."""
+        heartbeats = self._heartbeats()
+        self._give_back_dead(now, heartbeats)
+        live = self.live_nodes(now, heartbeats)
         load = self._load()
         for job_id in self._store.active_ids():
             try:

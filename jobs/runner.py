@@ -26,7 +26,7 @@ from .outputs import write_manifest, write_part
 from .publish import send_completion
 from .services import Services
 from .status import job_status_view
-from .store import Recorded
+from .store import Delivery, Recorded
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ class WorkerRuntime:
         self._jobs: dict[str, Job] = {}
         self._predictors: dict[str, BatchPredictor] = {}
         self._last_sweep = 0.0
+        self._open_delivery: Delivery | None = None
 
     # -- predictors -------------------------------------------------------------------------
     def _job(self, job_id: str) -> Job:
@@ -97,19 +98,35 @@ class WorkerRuntime:
         self.forget(job.job_id)
 
     # -- tasks ------------------------------------------------------------------------------
-    def run_batch(self, job_id: str, index: int, payload: Any, payload_ref: dict[str, Any] | None = None) -> None:
+    def run_batch(
+        self, job_id: str, index: int, payload: Any, payload_ref: dict[str, Any] | None = None,
+        delivery: Delivery | None = None,
+    ) -> None:
         """Run one batch with retries, then record its outcome exactly once.
 
         `payload_ref` points at the batch's items in storage (a JSON-lines byte range) instead
-        of carrying them.
+        of carrying them. `delivery` (this node and the task id) is kept in the node's
+        in-flight hash while the batch runs, so the batch can be given back if the node dies.
         """
+        self._open_delivery = None
+        try:
+            self._run_batch(job_id, index, payload, payload_ref, delivery)
+        finally:
+            if self._open_delivery is not None:  # entered in flight, but not recorded (the job ended)
+                self.services.store.end_delivery(self._open_delivery)
+                self._open_delivery = None
+
+    def _run_batch(
+        self, job_id: str, index: int, payload: Any, payload_ref: dict[str, Any] | None, delivery: Delivery | None
+    ) -> None:
         store = self.services.store
-        start = store.begin_batch(job_id, index)
+        start = store.begin_batch(job_id, index, delivery)
         if start.status is None or start.status not in ACTIVE_STATUSES:
             return  # unknown, stopped, timed out or failed job: nothing more runs
         if start.already_recorded:
             log.info("job %s batch %d was already recorded; skipping a duplicate delivery", job_id, index)
             return
+        self._open_delivery = delivery
         self.sweep(job_id, time.monotonic())
         job = self._job(job_id)
         if start.deliveries > job.tries + LOST_DELIVERY_ALLOWANCE:
@@ -117,7 +134,7 @@ class WorkerRuntime:
                 job_id, index, 0.0,
                 f"the worker process running this batch died {start.deliveries - 1} times "
                 "(killed, or out of memory)",
-                start.deliveries - 1, payload,
+                start.deliveries - 1, payload, delivery=delivery,
             ))
             return
         try:
@@ -130,7 +147,8 @@ class WorkerRuntime:
                 payload = read_range(payload_ref)
             except Exception as e:  # storage went away or changed under the job
                 self._completes(job, store.record_failure(
-                    job_id, index, 0.0, f"reading the batch's input failed: {error_text(e)}", 1, None, payload_ref
+                    job_id, index, 0.0, f"reading the batch's input failed: {error_text(e)}", 1, None, payload_ref,
+                    delivery=delivery,
                 ))
                 return
         batch_id = batch_id_of(job_id, index)
@@ -146,12 +164,15 @@ class WorkerRuntime:
                 error = error_text(e)
                 log.warning("job %s batch %d try %d/%d failed: %s", job_id, index, attempt, job.tries, e)
                 continue
-            self._completes(job, store.record_success(job_id, index, time.perf_counter() - began))
+            self._completes(job, store.record_success(job_id, index, time.perf_counter() - began, delivery))
             return
-        self._completes(job, store.record_failure(job_id, index, time.perf_counter() - began, error, job.tries, payload))
+        self._completes(job, store.record_failure(
+            job_id, index, time.perf_counter() - began, error, job.tries, payload, delivery=delivery,
+        ))
 
     def _completes(self, job: Job, recorded: Recorded) -> None:
-        """The batch just recorded was the job's last one: send the completion task (exactly once)."""
+        """After a batch was recorded: if it was the job's last one, send the completion task (exactly once)."""
+        self._open_delivery = None  # recording took it off the node's in-flight hash
         if recorded is Recorded.COMPLETED_JOB:
             send_completion(self.services.celery, job.job_id, job.queue)
 

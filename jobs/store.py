@@ -36,24 +36,29 @@ end
 return 0
 """
 
-# KEYS: job hash, done set, starts hash. ARGV: batch index, active statuses...
+# KEYS: job hash, done set, starts hash, the node's in-flight hash.
+# ARGV: batch index, task id ('' for none), in-flight entry, active statuses...
 # Returns {status, already recorded (0/1), deliveries of this batch so far}; deliveries are
-# counted only while the job is active, so an ended job gains no key.
+# counted only while the job is active, so an ended job gains no key. A batch that will run is
+# entered in its node's in-flight hash under its task id (see `jobs/placement.py`).
 _BEGIN_BATCH = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'', 0, 0} end
 local done = redis.call('SISMEMBER', KEYS[2], ARGV[1])
 local starts = 0
-for i = 2, #ARGV do
+for i = 4, #ARGV do
   if ARGV[i] == status then starts = redis.call('HINCRBY', KEYS[3], ARGV[1], 1) end
 end
+if starts > 0 and done == 0 and ARGV[2] ~= '' then redis.call('HSET', KEYS[4], ARGV[2], ARGV[3]) end
 return {status, done, starts}
 """
 
-# KEYS: job hash, done set, failed hash. ARGV: index, 'ok'|'failed', seconds, failure json.
+# KEYS: job hash, done set, failed hash, the node's in-flight hash.
+# ARGV: index, 'ok'|'failed', seconds, failure json, task id ('' for none).
 # Returns 0 for a batch already recorded, 1 once recorded, 2 when this record was the last one of
 # a sealed job: the caller alone then sends the job's completion task.
 _RECORD_BATCH = """
+if ARGV[5] ~= '' then redis.call('HDEL', KEYS[4], ARGV[5]) end
 if redis.call('HEXISTS', KEYS[1], 'record') == 0 then return 0 end
 if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
 if ARGV[2] == 'ok' then
@@ -98,6 +103,22 @@ class Recorded(IntEnum):
 
     def __bool__(self) -> bool:
         return self is not Recorded.DUPLICATE
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Which node runs a batch, and the Celery task id of its message (to give it back if the node dies)."""
+
+    node: str
+    task_id: str
+
+
+def inflight_key(node: str) -> str:
+    """The hash of a node's in-flight batches: task id -> "<job id>:<batch index>"."""
+    return f"{_PREFIX}:inflight:{node}"
+
+
+INFLIGHT_PATTERN = f"{_PREFIX}:inflight:*"
 
 
 @dataclass(frozen=True)
@@ -275,10 +296,12 @@ class JobStore:
         return bool(self._redis.hsetnx(self._job_key(job_id), "completing", 1))
 
     # -- batches ----------------------------------------------------------------------------
-    def begin_batch(self, job_id: str, index: int) -> BatchStart:
+    def begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> BatchStart:
+        """Check and count a delivery of a batch; one that will run is entered in its node's in-flight hash."""
         keys = self._keys_of(job_id)
         raw_status, done, deliveries = self._begin_batch(
-            keys=[keys["job"], keys["done"], keys["starts"]], args=[index, *[s.value for s in ACTIVE_STATUSES]]
+            keys=[keys["job"], keys["done"], keys["starts"], inflight_key(delivery.node if delivery else "")],
+            args=[index, delivery.task_id if delivery else "", f"{job_id}:{index}", *[s.value for s in ACTIVE_STATUSES]],
         )
         status = JobStatus(raw_status.decode()) if raw_status else None
         return BatchStart(status=status, already_recorded=bool(done), deliveries=int(deliveries))
@@ -291,28 +314,46 @@ class JobStore:
         keys = self._keys_of(job_id)
         return bool(self._seal(keys=[keys["job"], keys["done"]], args=[total_batch_count]))
 
-    def record_success(self, job_id: str, index: int, seconds: float) -> Recorded:
-        """Count a finished batch once."""
+    def _record(
+        self, job_id: str, index: int, outcome: str, seconds: float, failure: str, delivery: Delivery | None
+    ) -> Recorded:
         keys = self._keys_of(job_id)
-        return Recorded(
-            self._record_batch(keys=[keys["job"], keys["done"], keys["failed"]], args=[index, "ok", seconds, ""])
-        )
+        return Recorded(self._record_batch(
+            keys=[keys["job"], keys["done"], keys["failed"], inflight_key(delivery.node if delivery else "")],
+            args=[index, outcome, seconds, failure, delivery.task_id if delivery else ""],
+        ))
+
+    def record_success(self, job_id: str, index: int, seconds: float, delivery: Delivery | None = None) -> Recorded:
+        """Count a finished batch once (and take it off its node's in-flight hash)."""
+        return self._record(job_id, index, "ok", seconds, "", delivery)
 
     def record_failure(
         self, job_id: str, index: int, seconds: float, error: str, tries: int, payload: Any,
-        payload_ref: dict[str, Any] | None = None,
+        payload_ref: dict[str, Any] | None = None, delivery: Delivery | None = None,
     ) -> Recorded:
         """Count a failed batch once and keep it (error, tries, payload or where it lives) for inspection."""
-        keys = self._keys_of(job_id)
         record = {"index": index, "error": error, "tries": tries, "payload": payload}
         if payload_ref is not None:
             record["payload_ref"] = payload_ref
-        failure = json.dumps(record, default=str)
-        return Recorded(
-            self._record_batch(
-                keys=[keys["job"], keys["done"], keys["failed"]], args=[index, "failed", seconds, failure]
-            )
-        )
+        return self._record(job_id, index, "failed", seconds, json.dumps(record, default=str), delivery)
+
+    def end_delivery(self, delivery: Delivery) -> None:
+        """Take a batch that will not be recorded (its job ended) off its node's in-flight hash."""
+        self._redis.hdel(inflight_key(delivery.node), delivery.task_id)
+
+    def inflight(self, node: str) -> dict[str, str]:
+        """A node's in-flight batches: task id -> "<job id>:<batch index>"."""
+        return {k.decode(): v.decode() for k, v in self._redis.hgetall(inflight_key(node)).items()}
+
+    def inflight_nodes(self) -> list[str]:
+        """Nodes with an in-flight hash (live ones, and dead ones whose batches were not given back yet)."""
+        prefix = len(INFLIGHT_PATTERN) - 1
+        return sorted(raw.decode()[prefix:] for raw in self._redis.scan_iter(match=INFLIGHT_PATTERN, count=500))
+
+    def forget_inflight(self, node: str, task_ids: Iterable[str]) -> None:
+        task_ids = list(task_ids)
+        if task_ids:
+            self._redis.hdel(inflight_key(node), *task_ids)
 
     def record_part(self, job_id: str, index: int, rows: int) -> None:
         """Remember the output part a batch wrote, for the job's manifest."""

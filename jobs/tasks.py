@@ -9,7 +9,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
+
+from .store import Delivery
 
 RUN_BATCH = "sluice.run_batch"
 FINISH_JOB = "sluice.finish_job"
@@ -20,9 +22,13 @@ RECONCILE_PLACEMENT = "sluice.reconcile_placement"
 def register_tasks(app: Celery, runtime_factory: Any) -> None:
     """Register Sluice's tasks on `app`; `runtime_factory()` gives this process's `WorkerRuntime`."""
 
-    @app.task(name=RUN_BATCH, ignore_result=True, acks_late=True)
-    def run_batch(job_id: str, index: int, payload: Any, payload_ref: dict[str, Any] | None = None) -> None:
-        runtime_factory().run_batch(job_id, index, payload, payload_ref)
+    @app.task(name=RUN_BATCH, ignore_result=True, acks_late=True, bind=True)
+    def run_batch(
+        task: Task, job_id: str, index: int, payload: Any, payload_ref: dict[str, Any] | None = None
+    ) -> None:
+        request = task.request
+        delivery = Delivery(request.hostname, request.id) if request.hostname and request.id else None
+        runtime_factory().run_batch(job_id, index, payload, payload_ref, delivery)
 
     @app.task(name=FINISH_JOB, ignore_result=True, acks_late=True)
     def finish_job(job_id: str) -> None:

@@ -1,4 +1,5 @@
-"""Hooks that make a Celery worker a Sluice node: the maintenance queue and the heartbeat."""
+"""Hooks that make a Celery worker a Sluice node: the maintenance queue, the heartbeat, and giving
+back what the node's previous life held when it died."""
 
 from __future__ import annotations
 
@@ -52,14 +53,27 @@ class Heartbeat:
         self._thread.join(timeout=5)
 
 
+def give_back_previous_life(app: Celery, settings: Settings, node: str) -> int:
+    """Before a node consumes anything: batches still in flight under its name died with its last process."""
+    from .services import Services
+
+    try:
+        return Services.connect(settings, app).placement.give_back(node)
+    except Exception:  # beat gives them back too, once this node's old heartbeat has expired
+        log.exception("giving back the batches of %s's previous run failed", node)
+        return 0
+
+
 def install_worker_hooks(app: Celery, settings: Settings) -> None:
     """Connect the signal handlers; they fire only inside a worker of this app."""
     state: dict[str, Heartbeat] = {}
 
     @signals.celeryd_after_setup.connect(weak=False)
-    def _add_maintenance_queue(sender: str, instance, **_: object) -> None:
-        if instance.app is app:
-            app.amqp.queues.select_add(MAINTENANCE_QUEUE)
+    def _prepare_node(sender: str, instance, **_: object) -> None:
+        if instance.app is not app:
+            return
+        app.amqp.queues.select_add(MAINTENANCE_QUEUE)
+        give_back_previous_life(app, settings, sender)
 
     @signals.worker_ready.connect(weak=False)
     def _start_heartbeat(sender, **_: object) -> None:

@@ -70,7 +70,8 @@ def up(port: int, workers: int) -> None:
     signal.signal(signal.SIGTERM, _stop)
     try:
         while not stopping:
-            dead = [c.name for c in stack.children if c.process.poll() is not None]
+            # Worker nodes that die are restarted by the stack; anything else ends the stack.
+            dead = [c.name for c in stack.children if not c.is_worker and c.process.poll() is not None]
             if dead:
                 click.echo(f"{', '.join(dead)} exited; stopping\n{stack.logs()}", err=True)
                 break

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from predictors_runtime.errors import NotReady
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL_QUEUES = ("cpu", "gpu", "inf")
+SUPERVISE_INTERVAL_S = 0.5
 
 
 def free_port() -> int:
@@ -50,6 +52,9 @@ class Child:
     name: str
     process: subprocess.Popen
     log_path: Path
+    argv: list[str] = field(default_factory=list)
+    is_worker: bool = False
+    restarts: int = 0
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -71,9 +76,15 @@ class Stack:
     beat: bool = True
     api_processes: int = 2
     worker_loglevel: str = "INFO"
+    # Restart worker nodes that die (as `restart: unless-stopped` does in docker/compose.yaml).
+    supervise: bool = True
     children: list[Child] = field(default_factory=list)
     _own_data_dir: bool = False
     _worker_count: int = 0
+    _stopping: bool = False
+    _supervisor: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop_supervising: threading.Event = field(default_factory=threading.Event)
 
     @property
     def url(self) -> str:
@@ -89,18 +100,43 @@ class Stack:
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
-    def _spawn(self, name: str, argv: list[str]) -> Child:
-        assert self.data_dir is not None
-        log_path = self.data_dir / "logs" / f"{name}.log"
+    def _popen(self, argv: list[str], log_path: Path) -> subprocess.Popen:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
-            process = subprocess.Popen(
+            return subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=self._child_env(), cwd=self.data_dir,
                 start_new_session=True,
             )
-        child = Child(name, process, log_path)
+
+    def _spawn(self, name: str, argv: list[str], is_worker: bool = False) -> Child:
+        assert self.data_dir is not None
+        log_path = self.data_dir / "logs" / f"{name}.log"
+        child = Child(name, self._popen(argv, log_path), log_path, argv, is_worker)
         self.children.append(child)
         return child
+
+    def restart_dead_workers(self) -> list[str]:
+        """Start again, under the same node name, every worker node whose process has exited.
+
+        A node is one process (Celery's solo pool), so a predictor that is killed (out of memory)
+        takes its node with it; the new node first gives back what the old one held.
+        """
+        restarted = []
+        with self._lock:
+            if self._stopping:
+                return restarted
+            for child in self.children:
+                if child.is_worker and self._died(child):
+                    with open(child.log_path, "ab") as log:
+                        log.write(f"\n[sluice] {child.name} exited with {child.process.returncode}; restarting\n".encode())
+                    child.process = self._popen(child.argv, child.log_path)
+                    child.restarts += 1
+                    restarted.append(child.name)
+        return restarted
+
+    def _supervise(self) -> None:
+        while not self._stop_supervising.wait(SUPERVISE_INTERVAL_S):
+            self.restart_dead_workers()
 
     # -- parts ------------------------------------------------------------------------------
     def _start_redis(self) -> None:
@@ -125,8 +161,8 @@ class Stack:
         node = f"{name}@{socket.gethostname()}"
         child = self._spawn(name, [
             sys.executable, "-m", "celery", "-A", "jobs", "worker", "-Q", ",".join(queues or self.queues),
-            "-n", node, "--loglevel", self.worker_loglevel, "--concurrency", "1", "--without-gossip", "--without-mingle",
-        ])
+            "-n", node, "--loglevel", self.worker_loglevel, "--without-gossip", "--without-mingle",
+        ], is_worker=True)
         client = redis.Redis.from_url(self.redis_url or "")
         _wait_until(lambda: client.hexists("sluice:nodes", node) or self._died(child), 60, f"worker {name}")
         if self._died(child):
@@ -170,10 +206,20 @@ class Stack:
         except BaseException:
             self.stop()
             raise
+        if self.supervise:
+            self._stop_supervising.clear()
+            self._supervisor = threading.Thread(target=self._supervise, name="sluice-supervisor", daemon=True)
+            self._supervisor.start()
         return self
 
     def stop(self, grace: float = 10.0) -> None:
         """Stop every child, workers first (they finish or hand back their batch), Redis last."""
+        with self._lock:
+            self._stopping = True
+        self._stop_supervising.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
+            self._supervisor = None
         order = sorted(self.children, key=lambda c: c.name == "redis")
         for child in order:
             if child.process.poll() is None:
@@ -186,6 +232,7 @@ class Stack:
                 os.killpg(child.process.pid, signal.SIGKILL)
                 child.process.wait()
         self.children.clear()
+        self._stopping = False
         if self._own_data_dir and self.data_dir is not None and not os.environ.get("SLUICE_KEEP_DATA"):
             shutil.rmtree(self.data_dir, ignore_errors=True)
 

@@ -98,7 +98,7 @@ def test_a_job_past_its_timeout_is_timed_out_by_beat(client, deploy_project, eve
 
 
 def test_a_worker_process_killed_mid_batch_leaves_the_batch_to_another_and_nothing_is_lost(
-    client, deploy_project, events_file, events, tmp_path
+    client, stack, deploy_project, events_file, events, tmp_path
 ):
     marker = tmp_path / "hanging.pid"
     api = deploy_project({"events": str(events_file), "hang_marker": str(marker), "hang_on": 300})
@@ -115,3 +115,5 @@ def test_a_worker_process_killed_mid_batch_leaves_the_batch_to_another_and_nothi
     assert set(Counter(e["batch_id"] for e in predicts).values()) == {1}
     hung_batch = [e for e in predicts if 300 in e["items"]]
     assert len(hung_batch) == 1 and hung_batch[0]["pid"] != pid
+    killed = [c for c in stack.children if c.is_worker and c.restarts]
+    assert killed and all(c.process.poll() is None for c in killed)  # the node came back
