@@ -32,6 +32,8 @@ class BatchPublisher(AbstractContextManager["BatchPublisher"]):
     def __enter__(self) -> "BatchPublisher":
         self._stack = ExitStack()
         self._producer = self._stack.enter_context(self._celery.producer_or_acquire())
+        # Declared once here: Celery would otherwise copy, bind and look the queue up per task.
+        self._producer.maybe_declare(self._celery.amqp.queues[self._queue], retry=True)
         # kombu pipelines the Redis commands of a batch: one round trip per PIPELINE messages.
         self._stack.enter_context(self._producer.batch(max_size=PIPELINE))
         return self
@@ -42,7 +44,7 @@ class BatchPublisher(AbstractContextManager["BatchPublisher"]):
     def batch(self, index: int, payload: Any, payload_ref: dict[str, Any] | None) -> None:
         self._celery.send_task(
             RUN_BATCH, args=(self._job_id, index, payload, payload_ref), queue=self._queue,
-            producer=self._producer, ignore_result=True, add_to_parent=False,
+            producer=self._producer, ignore_result=True, add_to_parent=False, declare=[],
             # Celery would otherwise render the payload for monitoring, a large share of the cost.
             argsrepr="", kwargsrepr="",
         )
