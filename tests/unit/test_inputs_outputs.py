@@ -91,6 +91,59 @@ def test_json_lines_are_cut_into_ranges_that_read_back_to_the_same_items(tmp_pat
     assert items == [{"n": i} for i in range(23)]
 
 
+@pytest.mark.parametrize("block", [5, 64, 1 << 20])
+@pytest.mark.parametrize("batch_size", [1, 3, 7])
+@pytest.mark.parametrize("shape", ["plain", "blank lines", "crlf", "no final newline", "long lines"])
+def test_ranges_cover_the_file_whatever_the_blocks_and_lines(tmp_path, monkeypatch, block, batch_size, shape):
+    """Blocks are read whole; lines across block edges, blank lines and a missing last newline still cut right."""
+    import jobs.inputs
+
+    monkeypatch.setattr(jobs.inputs, "READ_BLOCK", block)
+    items = [{"n": i, "text": "x" * (200 if shape == "long lines" else i % 4)} for i in range(20)]
+    lines = [json.dumps(item) for item in items]
+    newline = "\r\n" if shape == "crlf" else "\n"
+    if shape == "blank lines":
+        lines[3:3] = ["", "   "]
+        lines.append("")
+    text = newline.join(lines) + ("" if shape == "no final newline" else newline)
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(text.encode())
+    info = storage_for(str(path)).stat(str(path))
+
+    ranges = list(cut_ranges([info], batch_size=batch_size))
+
+    assert ranges[0].start == 0 and text.encode()[ranges[-1].end:].strip() == b""  # at most blank lines left
+    assert all(a.end == b.start for a, b in zip(ranges, ranges[1:]))
+    assert [r.lines for r in ranges] == [batch_size] * (20 // batch_size) + ([20 % batch_size] if 20 % batch_size else [])
+    assert [item for r in ranges for item in read_range(r.to_dict())] == items
+    first_lines = [r.first_line for r in ranges]
+    assert first_lines == sorted(first_lines) and first_lines[0] == 1
+
+
+@pytest.mark.parametrize("block", [5, 1 << 20])
+def test_a_malformed_line_is_found_in_any_block(tmp_path, monkeypatch, block):
+    import jobs.inputs
+
+    monkeypatch.setattr(jobs.inputs, "READ_BLOCK", block)
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(['{"n": 1}'] * 30 + ['{"n": 1,}'] + ['{"n": 1}'] * 5) + "\n")
+    info = storage_for(str(path)).stat(str(path))
+
+    with pytest.raises(EnqueueError, match=r"in.jsonl: line 31: not valid JSON"):
+        list(cut_ranges([info], batch_size=4))
+
+
+def test_a_range_whose_file_changed_since_enqueueing_is_refused_not_misread(tmp_path: Path):
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"n": 1}\n{"n": 2}\n')
+    info = storage_for(str(path)).stat(str(path))
+    (ref,) = cut_ranges([info], batch_size=10)
+    path.write_text('{"n": 1, "m": [1,\n2]}\n')
+
+    with pytest.raises(ValueError, match="hold 1 items, not the 2|not valid JSON any more"):
+        read_range(ref.to_dict())
+
+
 def test_a_malformed_line_names_its_file_and_line_number(tmp_path: Path):
     path = tmp_path / "in.jsonl"
     path.write_text('{"n": 1}\n{"n": 2}\n{"n": \n')
