@@ -13,6 +13,8 @@ Each system uses two processes:
   validation of every line is in it) to `end_time`; "enq s" is when polling saw it running.
 - Ray Data: `ray.init(num_cpus=2)`, `read_json`, `map_batches` with a callable class holding one
   session (an actor pool of 2, numpy batches), consumed by iterating; actor start-up included.
+  Ray runs only for its own runs (started, warmed up untimed, measured, shut down), so its idle
+  daemons do not run under the other systems.
 Loop and Ray sessions have one intra-op thread. Sluice's workers get `OMP_NUM_THREADS=1`, which its
 `onnx_client` passes on to onnxruntime (as users running several nodes on one host should set it).
 Each system is warmed up with a small run first and each run starts after a short pause. Figures:
@@ -173,6 +175,31 @@ def run_ray(model_path: str, data_path: Path, batch_size: int, features: int, ro
     return time.perf_counter() - started
 
 
+def ray_started() -> None:
+    import ray
+
+    ray.init(num_cpus=PROCESSES, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+
+
+def run_ray_alone(model_path: str, data_path: Path, warm_path: Path, batch_size: int, features: int, rows: int) -> float:
+    """Ray started for this run only, warmed up on the small file first (untimed), then shut down.
+
+    Idle, Ray's daemons keep 3-5% of the two cores busy (measured), and more after many runs:
+    left running, they slowed the other systems' runs (Sluice's MLP by up to 9%).
+    """
+    import ray
+
+    ray_started()
+    try:
+        run_ray(model_path, warm_path, batch_size, features, WARMUP_ROWS)
+        time.sleep(SETTLE_S)  # the warm-up pipeline's own wind-down
+        return run_ray(model_path, data_path, batch_size, features, rows)
+    finally:
+        ray.shutdown()
+
+
 def prepare(tmp: Path, name: str, rows: int, rng: np.random.Generator) -> dict:
     """The model's project folder (model, predictor, cortex.yaml) and its JSON-lines files."""
     if name == "iris":
@@ -209,17 +236,12 @@ def main() -> None:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below when killed too
     tmp = Path(tempfile.mkdtemp(prefix="sluice-onnx-bench-"))
-    pool = stack = ray = None
+    pool = stack = None
     try:
         rng = np.random.default_rng(0)
         models = {name: prepare(tmp, name, args.rows or getattr(args, f"{name}_rows"), rng)
                   for name in args.models.split(",")}
         pool = multiprocessing.get_context("spawn").Pool(PROCESSES)
-        import ray
-
-        ray.init(num_cpus=PROCESSES, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-        ray.data.DataContext.get_current().enable_progress_bars = False
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
         stack = Stack(port=free_port(), workers=PROCESSES, queues=("cpu",), worker_loglevel="WARNING",
                       env={"OMP_NUM_THREADS": "1", "SLUICE_LOCAL_INPUT_ROOTS": str(tmp)}).start()
         client = Client(stack.url)
@@ -227,7 +249,6 @@ def main() -> None:
             client.deploy(m["project"] / "cortex.yaml")
             run_loop(pool, m["model"], m["warm"], 256, m["features"], WARMUP_ROWS)
             run_sluice(client, m["api"], m["warm"], 256, WARMUP_ROWS)
-            run_ray(m["model"], m["warm"], 256, m["features"], WARMUP_ROWS)
 
         print(f"{PROCESSES} processes per system; rows/s, median of {args.repeat}; "
               "enq s: Sluice's submission to all batches queued\n")
@@ -237,7 +258,7 @@ def main() -> None:
             for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
                 runs = [(settled(run_loop, pool, m["model"], m["data"], batch_size, m["features"], m["rows"]),
                          *settled(run_sluice, client, m["api"], m["data"], batch_size, m["rows"]),
-                         settled(run_ray, m["model"], m["data"], batch_size, m["features"], m["rows"]))
+                         settled(run_ray_alone, m["model"], m["data"], m["warm"], batch_size, m["features"], m["rows"]))
                         for _ in range(args.repeat)]  # interleaved, so drift on the machine hits all alike
                 loop_s, sluice_s, enqueue_s, ray_s = (statistics.median(r) for r in zip(*runs))
                 rate = lambda s: m["rows"] / s  # noqa: E731
@@ -247,8 +268,6 @@ def main() -> None:
         if pool is not None:
             pool.terminate()
             pool.join()
-        if ray is not None:
-            ray.shutdown()
         if stack is not None:
             stack.stop()
         shutil.rmtree(tmp, ignore_errors=True)
