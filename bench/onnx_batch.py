@@ -178,9 +178,9 @@ def run_ray(model_path: str, data_path: Path, batch_size: int, features: int, ro
 def ray_started() -> None:
     import ray
 
-    ray.init(num_cpus=PROCESSES, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    ray.init(num_cpus=PROCESSES, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     ray.data.DataContext.get_current().enable_progress_bars = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
 
 
 def run_ray_alone(model_path: str, data_path: Path, warm_path: Path, batch_size: int, features: int, rows: int) -> float:
