@@ -26,3 +26,31 @@ def check_timeouts(services: Services, now: float) -> list[str]:
             services.placement.release(job)
             timed_out.append(job_id)
     return timed_out
+
+
+def fail_stalled_enqueues(services: Services, now: float, stale_after_s: float) -> list[str]:
+    """Fail every job still enqueueing whose enqueuer has been silent for `stale_after_s`.
+
+    Batches are cut and published by a thread of the API process that took the submission; if
+    that process dies (killed, redeployed), the job would stay `status_enqueuing` forever.
+    """
+    failed: list[str] = []
+    store = services.store
+    for job_id in store.active_ids():
+        try:
+            state = store.state(job_id)
+        except Exception:  # expired between listing and reading
+            continue
+        if state.status is not JobStatus.ENQUEUING:
+            continue
+        seen = store.enqueue_seen(job_id)
+        silent = now - (seen if seen is not None else state.job.start_time)
+        if silent <= stale_after_s:
+            continue
+        message = (f"enqueueing stopped: the API process cutting this job's input made no progress "
+                   f"for {silent:.0f}s (it died or was restarted); submit the job again")
+        if store.transition(job_id, JobStatus.ENQUEUE_FAILED, allowed_from=[JobStatus.ENQUEUING], message=message, now=now):
+            log.warning("job %s: %s", job_id, message)
+            services.placement.release(state.job)
+            failed.append(job_id)
+    return failed

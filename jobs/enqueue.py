@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 
 Batch = tuple[Any, "dict[str, Any] | None"]  # (payload, or a reference to it in storage)
 
+# How often the enqueuer shows it is alive; beat fails a job whose enqueuer is silent for
+# `Settings.enqueue_stale_s` (its API process died mid-enqueue).
+ENQUEUE_TOUCH_S = 1.0
+
 
 @dataclass
 class JobPlan:
@@ -118,11 +122,15 @@ def _enqueue(services: Services, job: Job, plan: JobPlan) -> None:
     only once all of it is queued: a malformed line then means nothing of the job has run.
     """
     store = services.store
+    touched = time.monotonic()
     try:
         with BatchPublisher(services.celery, job.job_id, job.queue) as publisher:
             for index, (payload, ref) in enumerate(_batches(plan)):
                 if index % 1000 == 0 and store.status(job.job_id) is not JobStatus.ENQUEUING:
                     break  # stopped or timed out while enqueueing
+                if time.monotonic() - touched >= ENQUEUE_TOUCH_S:
+                    store.touch_enqueue(job.job_id, time.time())
+                    touched = time.monotonic()
                 publisher.batch(index, payload, ref)
         total = publisher.published
         if job.total_batch_count != total:

@@ -51,6 +51,9 @@ class Settings:
     # Longest a worker's wait on Redis lasts: a job queue assigned to a node is consumed at most
     # this long after (kombu's BRPOP timeout; an idle node sends one command per interval).
     broker_poll_interval_s: float = 0.1
+    # A job still enqueueing whose enqueuer (a thread of an API process) has shown no progress for
+    # this long is failed by beat: its API process died, and nothing else would ever finish it.
+    enqueue_stale_s: float = 60.0
     # How often live reloading looks for changed models.
     model_poll_interval_s: float = 10.0
     # Local folders that job inputs and outputs may name; none by default.
@@ -73,6 +76,7 @@ class Settings:
             max_body_bytes=int(_number(env, "SLUICE_MAX_BODY_BYTES", defaults.max_body_bytes)),
             prefetch_multiplier=int(_number(env, "SLUICE_WORKER_PREFETCH", defaults.prefetch_multiplier)),
             broker_poll_interval_s=_number(env, "SLUICE_BROKER_POLL_INTERVAL", defaults.broker_poll_interval_s),
+            enqueue_stale_s=_number(env, "SLUICE_ENQUEUE_STALE_AFTER", defaults.enqueue_stale_s),
             model_poll_interval_s=_number(env, "SLUICE_MODEL_POLL_INTERVAL", defaults.model_poll_interval_s),
             local_input_roots=tuple(
                 root for root in (env.get("SLUICE_LOCAL_INPUT_ROOTS") or "").split(os.pathsep) if root

@@ -198,6 +198,7 @@ class JobStore:
                 "failed": 0,
                 "time_total": 0,
                 "nodes": "[]",
+                "enqueue_seen": job.start_time,
             },
         )
         pipe.zadd(self._api_jobs_key(job.api_name), {job.job_id: job.start_time})
@@ -283,6 +284,14 @@ class JobStore:
                 pipe.expire(key, self._job_ttl_s)
             pipe.execute()
         return moved
+
+    def touch_enqueue(self, job_id: str, now: float) -> None:
+        """The enqueuer is alive: beat fails a job whose enqueuer went silent (see beat/steps.py)."""
+        self._redis.hset(self._job_key(job_id), "enqueue_seen", repr(now))
+
+    def enqueue_seen(self, job_id: str) -> float | None:
+        raw = self._redis.hget(self._job_key(job_id), "enqueue_seen")
+        return float(raw) if raw is not None else None
 
     def update_record(self, job: Job) -> None:
         """Rewrite the fixed part of a job once enqueueing knows it all (e.g. its batch count)."""

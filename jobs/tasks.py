@@ -36,9 +36,12 @@ def register_tasks(app: Celery, runtime_factory: Any) -> None:
 
     @app.task(name=CHECK_TIMEOUTS, ignore_result=True)
     def check_timeouts() -> None:
-        from beat.steps import check_timeouts as step
+        from beat.steps import check_timeouts as step, fail_stalled_enqueues
 
-        step(runtime_factory().services, time.time())
+        services = runtime_factory().services
+        now = time.time()
+        step(services, now)
+        fail_stalled_enqueues(services, now, services.settings.enqueue_stale_s)
 
     @app.task(name=RECONCILE_PLACEMENT, ignore_result=True)
     def reconcile_placement() -> None:

@@ -22,6 +22,7 @@ FAST_LOOPS = {
     "SLUICE_HEARTBEAT_INTERVAL": "0.5",
     "SLUICE_NODE_TTL": "4",
     "SLUICE_MODEL_POLL_INTERVAL": "0.5",
+    "SLUICE_ENQUEUE_STALE_AFTER": "3",
 }
 
 # A predictor whose behaviour the job's config drives; every call leaves an event line.

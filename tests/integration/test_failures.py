@@ -117,3 +117,37 @@ def test_a_worker_process_killed_mid_batch_leaves_the_batch_to_another_and_nothi
     assert len(hung_batch) == 1 and hung_batch[0]["pid"] != pid
     killed = [c for c in stack.children if c.is_worker and c.restarts]
     assert killed and all(c.process.poll() is None for c in killed)  # the node came back
+
+
+def test_a_job_whose_api_process_dies_mid_enqueue_is_failed_by_beat_and_runs_nothing(
+    client, stack, deploy_project, events_file, events, tmp_path
+):
+    api = deploy_project({"events": str(events_file)})
+    big = tmp_path / "big.jsonl"
+    big.write_text("".join(f'{{"n": {i}}}\n' for i in range(200_000)))  # one task per line: a slow enqueue
+    spec = client.submit_raw(api, {"delimited_files": {"s3_paths": [str(big)], "batch_size": 1}})
+    assert client.job(api, spec["job_id"])["status"] == "status_enqueuing"
+
+    api_server = next(c for c in stack.children if c.name == "api")
+    for pid in _children_of(api_server.process.pid):  # gunicorn's workers; its arbiter starts new ones
+        os.kill(pid, signal.SIGKILL)
+
+    final = client.wait(api, spec["job_id"], timeout=60)
+    assert final["status"] == "status_enqueue_failed"
+    assert "enqueueing stopped" in final["message"]
+    time.sleep(1)
+    assert events(events_file) == []  # its input was never fully validated: nothing of it ran
+
+
+def _children_of(pid: int) -> list[int]:
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                children.append(int(entry))
+    return children

@@ -1,4 +1,4 @@
-"""The timeout step of beat: a job that runs past its `timeout` is ended and its workers let go."""
+"""Beat's job steps: a job past its `timeout`, or one whose enqueuer died, is ended and its workers let go."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from beat.steps import check_timeouts
+from beat.steps import check_timeouts, fail_stalled_enqueues
 from jobs.job import Job, JobStatus
 from jobs.store import JobStore
 
@@ -129,3 +129,37 @@ def test_an_active_job_whose_record_vanished_is_skipped(
 def test_nothing_happens_when_no_job_is_active(services: SimpleNamespace) -> None:
     assert check_timeouts(services, now=T0) == []
     assert services.placement.released == []
+
+
+# -- jobs whose enqueuer died -----------------------------------------------------------------
+STALE_S = 60.0
+
+
+def test_a_job_whose_enqueuer_went_silent_fails_with_a_message_and_is_released(services: SimpleNamespace) -> None:
+    submit(services, "orphan", timeout=None, status=JobStatus.ENQUEUING)
+    services.store.touch_enqueue("orphan", T0 + 5)  # the last sign of life of its API process
+
+    assert fail_stalled_enqueues(services, now=T0 + 5 + STALE_S, stale_after_s=STALE_S) == []
+    assert fail_stalled_enqueues(services, now=T0 + 6 + STALE_S, stale_after_s=STALE_S) == ["orphan"]
+
+    state = services.store.state("orphan")
+    assert state.status is JobStatus.ENQUEUE_FAILED
+    assert "enqueueing stopped" in state.message and "submit the job again" in state.message
+    assert [job.job_id for job in services.placement.released] == ["orphan"]
+
+
+def test_an_enqueuer_that_keeps_touching_its_job_is_left_alone(services: SimpleNamespace) -> None:
+    submit(services, "big-input", timeout=None, status=JobStatus.ENQUEUING)
+    for minute in range(1, 10):
+        services.store.touch_enqueue("big-input", T0 + minute * 50)
+        assert fail_stalled_enqueues(services, now=T0 + minute * 50 + 30, stale_after_s=STALE_S) == []
+
+    assert services.store.status("big-input") is JobStatus.ENQUEUING
+
+
+def test_only_enqueueing_jobs_are_judged_by_their_enqueuer(services: SimpleNamespace) -> None:
+    submit(services, "running", timeout=None, status=JobStatus.RUNNING)
+    submit(services, "never-touched", timeout=None, start_time=T0, status=JobStatus.ENQUEUING)
+
+    assert fail_stalled_enqueues(services, now=T0 + 2 * STALE_S, stale_after_s=STALE_S) == ["never-touched"]
+    assert services.store.status("running") is JobStatus.RUNNING
