@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import logging
+from typing import Iterator
 
 from jobs.job import JobStatus
 from jobs.services import Services
+from jobs.store import JobState, JobStore
 
 log = logging.getLogger(__name__)
+
+
+def _active_jobs(store: JobStore) -> Iterator[JobState]:
+    for job_id in store.active_ids():
+        try:
+            yield store.state(job_id)
+        except Exception:  # expired between listing and reading
+            continue
 
 
 def check_timeouts(services: Services, now: float) -> list[str]:
     """Move every active job past its `timeout` to `status_timed_out`; returns their ids."""
     timed_out: list[str] = []
     store = services.store
-    for job_id in store.active_ids():
-        try:
-            job = store.get(job_id)
-        except Exception:  # expired between listing and reading
-            continue
+    for state in _active_jobs(store):
+        job, job_id = state.job, state.job.job_id
         if job.timeout is None or now < job.start_time + job.timeout:
             continue
         if store.transition(job_id, JobStatus.TIMED_OUT, message=f"job exceeded its timeout of {job.timeout}s", now=now):
@@ -36,11 +43,8 @@ def fail_stalled_enqueues(services: Services, now: float, stale_after_s: float) 
     """
     failed: list[str] = []
     store = services.store
-    for job_id in store.active_ids():
-        try:
-            state = store.state(job_id)
-        except Exception:  # expired between listing and reading
-            continue
+    for state in _active_jobs(store):
+        job_id = state.job.job_id
         if state.status is not JobStatus.ENQUEUING:
             continue
         seen = store.enqueue_seen(job_id)
