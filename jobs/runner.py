@@ -19,6 +19,7 @@ from predictors_runtime.batch_predictor import BatchPredictor
 from predictors_runtime.config import ApiConfig
 from predictors_runtime.errors import PredictorError
 from predictors_runtime.loader import error_text
+from predictors_runtime.log import labelled
 
 from .inputs import read_range
 from .job import ACTIVE_STATUSES, Job, JobStatus
@@ -110,7 +111,8 @@ class WorkerRuntime:
         """
         self._open_delivery = None
         try:
-            self._run_batch(job_id, index, payload, payload_ref, delivery)
+            with labelled(job_id=job_id, batch_index=str(index)):
+                self._run_batch(job_id, index, payload, payload_ref, delivery)
         finally:
             if self._open_delivery is not None:  # entered in flight, but not recorded (the job ended)
                 self.services.store.end_delivery(self._open_delivery)
@@ -178,6 +180,10 @@ class WorkerRuntime:
 
     def finish_job(self, job_id: str) -> None:
         """The completion task: run `on_job_complete` once, then settle the job's final status."""
+        with labelled(job_id=job_id):
+            self._finish_job(job_id)
+
+    def _finish_job(self, job_id: str) -> None:
         store = self.services.store
         try:
             state = store.state(job_id)

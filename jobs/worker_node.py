@@ -10,6 +10,8 @@ import time
 import redis
 from celery import Celery, signals
 
+from predictors_runtime.log import configure_json_logging
+
 from .placement import MAINTENANCE_QUEUE, NODES_KEY, write_heartbeat
 from .settings import Settings
 
@@ -67,6 +69,11 @@ def give_back_previous_life(app: Celery, settings: Settings, node: str) -> int:
 def install_worker_hooks(app: Celery, settings: Settings) -> None:
     """Connect the signal handlers; they fire only inside a worker of this app."""
     state: dict[str, Heartbeat] = {}
+
+    @signals.setup_logging.connect(weak=False)
+    def _json_lines(loglevel: int | str | None = None, **_: object) -> None:
+        # Connected, this replaces Celery's own log set-up (worker and beat): JSON lines on stderr.
+        configure_json_logging(loglevel or logging.INFO)
 
     @signals.celeryd_after_setup.connect(weak=False)
     def _prepare_node(sender: str, instance, **_: object) -> None:

@@ -129,3 +129,34 @@ def test_jobs_are_listed_newest_first(client, deploy_project, events_file):
     listed = [job["job_id"] for job in client.jobs(api)]
 
     assert listed == list(reversed(ids))
+
+
+LOGGING_PREDICTOR = """
+from predictors_runtime.log import logger
+
+
+class PythonPredictor:
+    def __init__(self, config):
+        pass
+
+    def predict(self, payload, batch_id):
+        logger.info("scored a batch", extra={"items_seen": len(payload), "first": payload[0]})
+"""
+
+
+def test_a_predictor_logs_json_lines_with_its_fields_and_the_jobs_labels(client, stack, deploy_project):
+    import json
+
+    api = deploy_project(source=LOGGING_PREDICTOR)
+    spec = client.submit(api, ["a", "b", "c"], batch_size=3)
+    assert client.wait(api, spec["job_id"], timeout=120)["status"] == "status_succeeded"
+
+    lines = []
+    for child in stack.children:
+        if child.is_worker:
+            for text in child.log_path.read_text(errors="replace").splitlines():
+                if text.startswith("{") and '"scored a batch"' in text:
+                    lines.append(json.loads(text))
+    (line,) = [line for line in lines if line.get("labels", {}).get("job_id") == spec["job_id"]]
+    assert line["items_seen"] == 3 and line["first"] == "a"
+    assert line["levelname"] == "INFO" and line["labels"]["batch_index"] == "0"
