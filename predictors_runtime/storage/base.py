@@ -219,6 +219,14 @@ class RemoteStorage(Storage):
         bucket, key = self._split(uri)
         return f"{self.scheme}://{bucket}/{key}"
 
+    def list(self, uri: str) -> Iterator[ObjectInfo]:
+        bucket, key = self._split(uri)  # here, so a bad URI fails at the call, not at first iteration
+        return self._list(uri, bucket, key)
+
+    @abstractmethod
+    def _list(self, uri: str, bucket: str, key: str) -> Iterator[ObjectInfo]:
+        """The object at `key`, or those under the prefix `key`, as `list` promises."""
+
 
 # The registry: scheme -> (module, class). Modules are imported on first use, so boto3 and
 # google-cloud-storage load only in processes that touch s3:// or gs://.

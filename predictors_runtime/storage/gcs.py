@@ -70,10 +70,6 @@ class GCSStorage(RemoteStorage):
     def _info(bucket: str, blob: Any) -> ObjectInfo:
         return ObjectInfo(uri=f"gs://{bucket}/{blob.name}", size=int(blob.size or 0), version=_version(blob))
 
-    def list(self, uri: str) -> Iterator[ObjectInfo]:
-        bucket, key = self._split(uri)
-        return self._list(uri, bucket, key)
-
     def _list(self, uri: str, bucket: str, key: str) -> Iterator[ObjectInfo]:
         with _errors(uri):
             if key and not key.endswith("/"):

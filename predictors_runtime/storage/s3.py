@@ -76,10 +76,6 @@ class S3Storage(RemoteStorage):
         with _errors("s3://"):
             return boto3.client("s3")
 
-    def list(self, uri: str) -> Iterator[ObjectInfo]:
-        bucket, key = self._split(uri)
-        return self._list(uri, bucket, key)
-
     def _list(self, uri: str, bucket: str, key: str) -> Iterator[ObjectInfo]:
         with _errors(uri):
             if key and not key.endswith("/"):
