@@ -25,9 +25,12 @@ KINDS = ("BatchAPI", "RealtimeAPI")
 RESERVED_NAMES = frozenset({"apis", "batch", "healthz", "metrics", "openapi.json"})
 # Cortex fields accepted for compatibility but without effect here, by section.
 IGNORED_API_FIELDS = ("autoscaling", "networking", "update_strategy")
-IGNORED_PREDICTOR_FIELDS = tuple(
-    "image tensorflow_serving_image shm_size server_side_batching dependencies".split()
-)
+IGNORED_PREDICTOR_FIELDS = tuple("image tensorflow_serving_image shm_size dependencies".split())
+# Bounds of the realtime fields: generous, but finite so no value can overflow a timer or a proxy setting.
+MAX_PROCESSES = 64
+MAX_THREADS = 1024
+MAX_CONCURRENCY = 100_000
+MAX_REQUEST_TIMEOUT_S = 24 * 3600
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
@@ -125,6 +128,26 @@ def _check_json(value: Any, where: str) -> None:
         raise _Problem(where, f"must be a JSON value (got {type(value).__name__})")
 
 
+class ServerSideBatching(_Model):
+    """Realtime only: requests gathered into one `predict` call of lists (Cortex's field)."""
+
+    max_batch_size: int = Field(ge=1, le=MAX_THREADS)
+    # Seconds the window stays open after its first request; Cortex wrote durations such as "100ms".
+    batch_interval: float = Field(gt=0, le=60)
+
+    @field_validator("batch_interval", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        """Accept seconds as a number, or a duration string: `100ms`, `0.1s`, `1m`."""
+        if isinstance(value, str):
+            match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*", value)
+            if not match:
+                raise ValueError(f"must be seconds or a duration such as '100ms' (got {value!r})")
+            scale = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[match.group(2)]
+            return float(match.group(1)) * scale
+        return value
+
+
 class PredictorConfig(_Model):
     """How to load and run the user's predictor class."""
 
@@ -134,9 +157,15 @@ class PredictorConfig(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     python_path: str | None = None
     models: ModelsConfig | None = None
-    processes_per_replica: int = Field(default=1, ge=1)
-    threads_per_process: int = Field(default=1, ge=1)
+    processes_per_replica: int = Field(default=1, ge=1, le=MAX_PROCESSES)
+    threads_per_process: int = Field(default=1, ge=1, le=MAX_THREADS)
     log_level: str = "info"
+    # Realtime only (a BatchAPI ignores them): requests one replica runs at once (default
+    # processes x threads), requests it queues beyond that, and the bound on wait plus run.
+    server_side_batching: ServerSideBatching | None = None
+    max_concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY)
+    max_queue_length: int = Field(default=100, ge=0, le=MAX_CONCURRENCY)
+    request_timeout: float | None = Field(default=None, gt=0, le=MAX_REQUEST_TIMEOUT_S)
 
     @field_validator("path")
     @classmethod
@@ -194,7 +223,22 @@ class PredictorConfig(_Model):
             raise _Problem(
                 "models.signature_key", f"only valid for type tensorflow (type is {self.type})"
             )
+        batching = self.server_side_batching
+        if batching is not None and batching.max_batch_size > self.threads_per_process:
+            # Each waiting request holds one of the process's threads, so a batch can never be
+            # larger than the thread count (Cortex had the same rule).
+            raise _Problem(
+                "server_side_batching.max_batch_size",
+                f"must be <= threads_per_process ({batching.max_batch_size} > {self.threads_per_process})",
+            )
         return self
+
+    @property
+    def replica_concurrency(self) -> int:
+        """Requests one replica admits at once: `max_concurrency`, else processes x threads."""
+        if self.max_concurrency is not None:
+            return self.max_concurrency
+        return self.processes_per_replica * self.threads_per_process
 
 
 class ComputeConfig(_Model):

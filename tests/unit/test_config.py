@@ -252,7 +252,7 @@ def test_ignored_fields_can_not_be_set_by_the_user() -> None:
 def test_cortex_fields_without_meaning_here_are_accepted_and_listed_as_ignored() -> None:
     text = api(
         "{path: p.py, image: 'quay.io/x', tensorflow_serving_image: y, shm_size: 1G, "
-        "server_side_batching: {max_batch_size: 8}, dependencies: {pip: requirements.txt}}",
+        "dependencies: {pip: requirements.txt}}",
         extra="  autoscaling: {min_replicas: 1}\n  networking: {endpoint: /x}\n"
         "  update_strategy: {max_surge: 1}\n",
     )
@@ -262,7 +262,6 @@ def test_cortex_fields_without_meaning_here_are_accepted_and_listed_as_ignored()
         "networking",
         "predictor.dependencies",
         "predictor.image",
-        "predictor.server_side_batching",
         "predictor.shm_size",
         "predictor.tensorflow_serving_image",
         "update_strategy",
@@ -438,3 +437,34 @@ def test_merge_config_does_not_touch_its_inputs() -> None:
 def test_merge_config_lets_a_plain_value_replace_a_mapping_and_back() -> None:
     assert merge_config({"a": {"b": 1}}, {"a": 2}) == {"a": 2}
     assert merge_config({"a": 2}, {"a": {"b": 1}}) == {"a": {"b": 1}}
+
+
+def test_realtime_fields_are_read_with_cortex_durations_and_defaults() -> None:
+    [cfg] = parse(
+        "name: rt\nkind: RealtimeAPI\npredictor: {path: p.py, threads_per_process: 8, "
+        "server_side_batching: {max_batch_size: 8, batch_interval: 100ms}, request_timeout: 2.5}\n"
+    )
+    predictor = cfg.predictor
+    assert predictor.server_side_batching is not None
+    assert predictor.server_side_batching.max_batch_size == 8
+    assert predictor.server_side_batching.batch_interval == pytest.approx(0.1)
+    assert predictor.request_timeout == 2.5
+    assert predictor.max_queue_length == 100
+    assert predictor.replica_concurrency == 8  # processes x threads when max_concurrency is unset
+
+
+def test_a_batch_larger_than_the_thread_pool_is_refused() -> None:
+    message = error_of(api("{path: p.py, server_side_batching: {max_batch_size: 8, batch_interval: 0.1}}"))
+    assert message == (
+        "cortex.yaml: API #0 (iris): predictor.server_side_batching.max_batch_size: "
+        "must be <= threads_per_process (8 > 1)"
+    )
+
+
+@pytest.mark.parametrize("field, value", [
+    ("max_concurrency", "0"), ("max_concurrency", "100001"), ("max_queue_length", "-1"),
+    ("request_timeout", "0"), ("request_timeout", "1e300"), ("processes_per_replica", "65"),
+])
+def test_realtime_numbers_out_of_range_name_the_field(field: str, value: str) -> None:
+    message = error_of(api(f"{{path: p.py, {field}: {value}}}"))
+    assert f"predictor.{field}:" in message
