@@ -6,7 +6,7 @@ import os
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -18,10 +18,18 @@ JOB_SPEC = {"job_id": "0018bcfe5680a1b2c3d4", "api_name": "iris", "workers": 1, 
             "total_batch_count": 2, "start_time": "2023-11-14T22:13:20Z"}
 
 
+def environ_of_the_process() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # pytest's own, per phase
+
+
 @pytest.fixture(autouse=True)
-def _restore_import_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Building a predictor puts its project folder on sys.path; undo that after each test."""
-    monkeypatch.setattr(sys, "path", list(sys.path))
+def _the_process_is_left_as_it_was() -> Iterator[None]:
+    """Building and calling predictors never leaves their path, variables or modules behind."""
+    path, environ, modules = list(sys.path), environ_of_the_process(), set(sys.modules)
+    yield
+    assert sys.path == path
+    assert environ_of_the_process() == environ
+    assert not {name for name in set(sys.modules) - modules if name.startswith(("helpers", "sluice_predictor_"))}
 
 
 def api_config(predictor: str = "{path: predictor.py}") -> ApiConfig:
@@ -139,7 +147,7 @@ def test_user_code_runs_in_the_project_folder_and_the_working_directory_is_resto
     cwd, label = predictor.predict([2], "b-1")
     assert Path(cwd).resolve() == folder.resolve()
     assert label == "virginica"
-    assert Path(predictor._instance.init_cwd).resolve() == folder.resolve()
+    assert Path(predictor.instance.init_cwd).resolve() == folder.resolve()
     assert os.getcwd() == before
 
 
@@ -166,10 +174,8 @@ def test_a_predictor_can_import_modules_beside_it(tmp_path: Path) -> None:
             def handle_batch(self, payload):
                 return [double(x) for x in payload]
     """, **{f"{module}.py": "def double(x):\n    return 2 * x\n"})
-    try:
-        assert build(folder).predict([1, 2], "b-1") == [2, 4]
-    finally:
-        sys.modules.pop(module, None)
+    assert build(folder).predict([1, 2], "b-1") == [2, 4]
+    assert module not in sys.modules
 
 
 def test_on_job_complete_gets_the_job_status_when_it_declares_it(tmp_path: Path) -> None:
@@ -186,7 +192,7 @@ def test_on_job_complete_gets_the_job_status_when_it_declares_it(tmp_path: Path)
     assert predictor.has_on_job_complete
     predictor.on_job_complete(status)
 
-    assert predictor._instance.seen == status
+    assert predictor.instance.seen == status
 
 
 def test_on_job_complete_without_parameters_is_called_without_them(tmp_path: Path) -> None:
@@ -259,3 +265,116 @@ def test_an_import_error_in_the_predictor_file_is_a_predictor_error(tmp_path: Pa
         build(project(tmp_path, "RATIO = 1 / 0\n"))
 
     assert os.getcwd() == before
+
+
+# -- many APIs in one worker process -----------------------------------------------------------
+SEES = """
+    import os, sys
+    import helpers
+    from tools import shape
+
+    class PythonPredictor:
+        def __init__(self, config):
+            self.at_init = helpers.who()
+
+        def predict(self, payload):
+            import helpers as now
+            from tools.extra import EXTRA  # imported lazily, on the first batch
+            return {
+                "helpers": now.who(), "at_init": self.at_init, "shape": shape(), "extra": EXTRA,
+                "ONLY_A": os.environ.get("ONLY_A"), "ONLY_B": os.environ.get("ONLY_B"),
+                "bundles_on_path": sorted(p for p in sys.path if "bundle" in p),
+            }
+"""
+
+
+def bundle(folder: Path, letter: str, version: str = "1") -> Path:
+    """A project as a worker unpacks it: its own .env, and helpers/tools of the same names as any other's."""
+    folder = project(folder, SEES, **{
+        ".env": f"ONLY_{letter.upper()}=1\n",
+        "helpers.py": f"def who():\n    return '{letter}{version}'\n",
+    })
+    (folder / "tools").mkdir()
+    (folder / "tools" / "__init__.py").write_text(f"def shape():\n    return '{letter}-shape'\n")
+    (folder / "tools" / "extra.py").write_text(f"EXTRA = '{letter}-extra'\n")
+    return folder
+
+
+def test_jobs_of_two_apis_in_one_process_each_see_only_their_own_env_modules_and_path(tmp_path: Path) -> None:
+    a_folder, b_folder = bundle(tmp_path / "bundle-a", "a"), bundle(tmp_path / "bundle-b", "b")
+    a, b = build(a_folder), build(b_folder)
+
+    first_a, then_b, again_a = a.predict([1], "b-1"), b.predict([1], "b-1"), a.predict([2], "b-2")
+
+    assert first_a == again_a == {
+        "helpers": "a1", "at_init": "a1", "shape": "a-shape", "extra": "a-extra", "ONLY_A": "1", "ONLY_B": None,
+        "bundles_on_path": [str(a_folder.resolve())],
+    }
+    assert then_b == {
+        "helpers": "b1", "at_init": "b1", "shape": "b-shape", "extra": "b-extra", "ONLY_A": None, "ONLY_B": "1",
+        "bundles_on_path": [str(b_folder.resolve())],
+    }
+    assert "ONLY_A" not in os.environ and "helpers" not in sys.modules
+    a.close()
+    b.close()
+
+
+def test_a_redeployed_bundle_runs_its_new_helpers_while_the_old_jobs_keep_theirs(tmp_path: Path) -> None:
+    old = build(bundle(tmp_path / "bundle-1", "a", version="1"))
+    assert old.predict([1], "b-1")["helpers"] == "a1"
+
+    new = build(bundle(tmp_path / "bundle-2", "a", version="2"))
+
+    assert new.predict([1], "b-1")["helpers"] == "a2"
+    assert old.predict([1], "b-2")["helpers"] == "a1"
+    old.close()
+    new.close()
+
+
+def test_the_process_environment_is_restored_after_a_batch_that_raises(tmp_path: Path) -> None:
+    folder = project(tmp_path / "bundle", """
+        import os
+
+        class PythonPredictor:
+            def predict(self, payload):
+                os.environ["LEAKED"] = "no"
+                import helpers
+                raise ValueError(helpers.who())
+    """, **{".env": "ONLY_A=1\n", "helpers.py": "def who():\n    return 'raised here'\n"})
+    predictor = build(folder)
+    environ, path, cwd = environ_of_the_process(), list(sys.path), os.getcwd()
+
+    with pytest.raises(ValueError, match="raised here"):
+        predictor.predict([1], "b-1")
+
+    assert (environ_of_the_process(), sys.path, os.getcwd()) == (environ, path, cwd)
+    assert "helpers" not in sys.modules
+    predictor.close()
+
+
+def test_python_path_folders_come_before_the_project_folder(tmp_path: Path) -> None:
+    folder = project(tmp_path / "bundle", """
+        import sys
+        import helpers
+
+        class PythonPredictor:
+            def predict(self, payload):
+                return helpers.who(), sys.path[:2]
+    """, **{"helpers.py": "def who():\n    return 'project'\n"})
+    (folder / "src").mkdir()
+    (folder / "src" / "helpers.py").write_text("def who():\n    return 'python_path'\n")
+
+    predictor = build(folder, api_config("{path: predictor.py, python_path: src}"))
+
+    assert predictor.predict([1], "b-1") == ("python_path", [str((folder / "src").resolve()), str(folder.resolve())])
+    predictor.close()
+
+
+def test_closing_a_jobs_predictor_lets_go_of_its_modules(tmp_path: Path) -> None:
+    predictor = build(bundle(tmp_path / "bundle", "a"))
+    predictor.predict([1], "b-1")
+    assert "helpers" in predictor.built.namespace.module_names()
+
+    predictor.close()
+
+    assert predictor.built.namespace.module_names() == []
