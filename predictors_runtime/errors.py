@@ -79,6 +79,13 @@ class NotReady(SluiceError):
     kind = "not_ready"
 
 
+class RequestTimeout(SluiceError):
+    """A realtime request was not answered by its deadline (the API's `request_timeout`)."""
+
+    http_status = 504
+    kind = "request_timeout"
+
+
 class StorageError(SluiceError):
     """A storage backend failed in a way that is not the user's input."""
 

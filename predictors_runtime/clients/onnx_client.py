@@ -117,20 +117,35 @@ def conform_input(spec: InputSpec, value: Any) -> Any:
             f"input {spec.name!r}: expected {_values_word(spec)} values of shape {_shape_text(spec.shape or ())}, "
             f"got values that do not form an array ({e})"
         ) from e
+    array = _batch_of_one(spec, array)
     _check_shape(spec, array)
     return _cast(spec, array)
+
+
+def _batch_of_one(spec: InputSpec, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """One sample given without its batch dimension, as a batch of one; anything else unchanged.
+
+    Cortex's clients reshaped an input to the declared shape, so the predictors of its documents
+    pass one flower as a flat list (`[5.1, 3.5, 1.4, 0.2]`) to a model declared `[None, 4]` or
+    `[1, 4]`, and a scalar to a `[None]` input. Only that case is taken: the leading dimension
+    unknown or 1, every other dimension matching; other shapes are still refused by name.
+    """
+    shape = spec.shape
+    if not shape or array.ndim != len(shape) - 1 or shape[0] not in (None, 1):
+        return array
+    if any(expected is not None and expected != actual for expected, actual in zip(shape[1:], array.shape)):
+        return array
+    return array[np.newaxis, ...]
 
 
 def _check_shape(spec: InputSpec, array: np.ndarray[Any, Any]) -> None:
     if spec.shape is None:
         return
     if array.ndim != len(spec.shape):
-        hint = ""
-        if array.ndim == len(spec.shape) - 1:
-            hint = "; wrap a single sample in a list to make a batch of one"
+        # (a single sample one dimension short that fits was made a batch of one before this)
         raise ModelInputError(
             f"input {spec.name!r}: expected {len(spec.shape)} dimensions (shape {_shape_text(spec.shape)}), "
-            f"got {array.ndim} (shape {_shape_text(array.shape)}){hint}"
+            f"got {array.ndim} (shape {_shape_text(array.shape)})"
         )
     for axis, (expected, actual) in enumerate(zip(spec.shape, array.shape)):
         if expected is not None and expected != actual:

@@ -186,14 +186,19 @@ def test_a_wrong_name_for_a_single_input_model_is_refused_as_unknown_and_missing
         iris_client.predict({"features": [[1, 2, 3, 4]]})
 
 
-def test_a_single_sample_without_a_batch_dimension_is_refused_with_a_hint(iris_client: ONNXClient) -> None:
-    with pytest.raises(ModelInputError) as caught:
-        iris_client.predict([5.1, 3.5, 1.4, 0.2])
+def test_a_single_sample_without_a_batch_dimension_is_a_batch_of_one_as_in_cortex(iris_client: ONNXClient) -> None:
+    # Cortex's ONNX iris predictor passes one flower as a flat list.
+    labels, probabilities = iris_client.predict([5.1, 3.5, 1.4, 0.2])
 
-    assert caught.value.message == (
-        "input 'X': expected 2 dimensions (shape [None, 4]), got 1 (shape [4]); "
-        "wrap a single sample in a list to make a batch of one"
-    )
+    batched = iris_client.predict([[5.1, 3.5, 1.4, 0.2]])
+    assert labels.tolist() == batched[0].tolist() and probabilities.shape == (1, 3)
+
+
+def test_a_single_sample_of_the_wrong_size_is_refused_naming_the_shape(iris_client: ONNXClient) -> None:
+    with pytest.raises(ModelInputError) as caught:
+        iris_client.predict([5.1, 3.5, 1.4])
+
+    assert caught.value.message == "input 'X': expected 2 dimensions (shape [None, 4]), got 1 (shape [3])"
 
 
 def test_a_wrong_fixed_dimension_is_refused_naming_the_input_and_dimension(add_client: ONNXClient) -> None:

@@ -174,7 +174,7 @@ def test_a_wrong_dimension_is_refused_naming_the_input(default_client: TensorFlo
 
 def test_a_wrong_rank_is_refused_naming_the_input(default_client: TensorFlowClient) -> None:
     with pytest.raises(ModelInputError, match=r"input 'x': expected 2 dimensions \(shape \[None, 2\]\), got 1"):
-        default_client.predict({"x": [1, 2]})
+        default_client.predict({"x": [1, 2, 3]})
 
 
 def test_a_bare_array_for_two_inputs_is_refused_naming_them(shift_client: TensorFlowClient) -> None:

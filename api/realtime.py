@@ -1,0 +1,354 @@
+"""One realtime replica process: a Flask app serving `GET` and `POST /<api_name>` for one API.
+
+A replica is `gunicorn 'api.realtime:create_replica_app()'` started by the launcher (`sluice
+serve`), without `--preload`: each gunicorn worker runs the factory after the fork and builds
+its own predictor, in a background thread, so that the process answers at once from its first
+second. Until the predictor is built, every request gets 503 `not_ready`; once built the
+process leaves a readiness marker (`api/replicas.py`) and `GET /<api>` answers 200 when every
+process of the replica has one. A predictor that fails to build leaves a failure marker and
+the process goes on answering 503 with the reason, instead of crash-looping.
+
+How it is launched (`sluice/replica.py`): `processes_per_replica` workers; the `sync` worker
+class when a process serves one request at a time, `gthread` with `--threads
+threads_per_process` otherwise. Server-side batching needs gthread: each request waiting in a
+batch holds one thread, so a batch is at most `threads_per_process` requests (config checks
+`max_batch_size` against it). `post_predict` runs on the request's own thread after the answer
+has been written (werkzeug's `call_on_close`), so a slow one holds that thread, as in Cortex.
+
+The request path is kept lean (it is measured against a bare Flask app): nothing is inspected
+or looked up per request beyond the request itself, and nothing leaves the process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from flask import Flask, request
+from werkzeug.exceptions import HTTPException
+from werkzeug.wrappers import Response
+
+from jobs.settings import Settings
+from predictors_runtime.batching import BatchFailed
+from predictors_runtime.config import ApiConfig
+from predictors_runtime.errors import ConfigError, SluiceError
+from predictors_runtime.loader import error_text
+from predictors_runtime.log import configure_json_logging, labelled
+from predictors_runtime.payloads import FormPayload, close_payload, parse_payload
+from predictors_runtime.realtime_predictor import RealtimePredictor, RequestArgs
+from predictors_runtime.responses import json_response, to_response
+
+from .registry import DeployedApi
+from .replicas import ReadinessMarkers
+
+log = logging.getLogger("sluice.realtime")
+
+REQUEST_ID_HEADER = "X-Request-ID"
+DEADLINE_HEADER = "X-Sluice-Deadline-Ms"
+_REQUEST_ID_KEY = "sluice.request_id"  # in the WSGI environ, for the error handlers
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    """What a replica process is told by its launcher (the `SLUICE_REPLICA_*` variables)."""
+
+    api: DeployedApi
+    project_dir: Path      # the unpacked project folder (gunicorn's cwd)
+    state_dir: Path        # where the readiness markers go
+    replica_id: str = ""
+    api_url: str = ""      # Sluice's public URL, for predictors that call other APIs
+    sluice: Settings = field(default_factory=Settings)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "ReplicaSettings":
+        env = os.environ if env is None else env
+
+        def required(name: str) -> str:
+            value = env.get(name)
+            if not value:
+                raise ConfigError(f"{name} is not set: a replica is started by `sluice serve`")
+            return value
+
+        spec_path = Path(required("SLUICE_REPLICA_SPEC"))
+        try:
+            raw = json.loads(spec_path.read_text(encoding="utf-8"))
+            api = DeployedApi(**{f.name: raw[f.name] for f in fields(DeployedApi)})
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"SLUICE_REPLICA_SPEC: cannot read a deployed API from {spec_path}: {e}") from e
+        return cls(
+            api=api,
+            project_dir=Path(required("SLUICE_REPLICA_PROJECT")),
+            state_dir=Path(required("SLUICE_REPLICA_STATE_DIR")),
+            replica_id=env.get("SLUICE_REPLICA_ID", ""),
+            api_url=env.get("SLUICE_API_URL", ""),
+            sluice=Settings.from_env(env),
+        )
+
+
+Build = Callable[[ReplicaSettings, ApiConfig], RealtimePredictor]
+
+
+def build_from_project(settings: ReplicaSettings, api: ApiConfig) -> RealtimePredictor:
+    """Build the API's predictor from its project folder and make the API's namespace the process's.
+
+    The process serves this one API for life, so its environment variables, `sys.path` and
+    working directory are installed once rather than entered per request.
+    """
+    from predictors_runtime.builder import build_predictor
+
+    built = build_predictor(
+        settings.project_dir, api, {"config": dict(api.predictor.config)},
+        model_cache_dir=Path(settings.sluice.cache_dir).expanduser() / "models" / api.name,
+        poll_interval_s=settings.sluice.model_poll_interval_s,
+    )
+    try:
+        built.namespace.install()
+        return RealtimePredictor(built.instance, built.client, batching=api.predictor.server_side_batching,
+                                 close=built.close, threads=api.predictor.threads_per_process)
+    except BaseException:
+        built.close()
+        raise
+
+
+def preload_models(client: Any, api: ApiConfig) -> int:
+    """Load the latest version of the API's models before the process says it is ready.
+
+    A replica is routed to once ready, so the first requests must not pay for downloads and
+    loads. As many models as the memory cache holds are loaded (all when it is unbounded); a
+    model with no version yet is skipped (live reloading serves it when one appears), while a
+    model that fails to load fails the build, as a broken `__init__` does.
+    """
+    if client is None or api.predictor.models is None:
+        return 0
+    from predictors_runtime.errors import ModelNotFound
+
+    manager = client.manager
+    names = manager.names()
+    limit = api.predictor.models.cache_size or len(names)
+    loaded = 0
+    for name in names[:limit]:
+        try:
+            manager.get(name, "latest")
+        except ModelNotFound:
+            continue
+        loaded += 1
+    return loaded
+
+
+# uuid4 layout (version 4, RFC 4122 variant) over fast non-cryptographic random bits: request
+# ids need to be unique, not secret, and `uuid.uuid4()` costs a system call per request.
+_UUID4_CLEAR = ~((0xF << 76) | (0x3 << 62))
+_UUID4_SET = (0x4 << 76) | (0x2 << 62)
+
+
+def new_request_id() -> str:
+    """A new request id: 32 hex digits laid out as a uuid4."""
+    return "%032x" % (random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET)
+
+
+def _error(status: int, kind: str, message: str, request_id: str) -> Response:
+    response = json_response({"kind": kind, "message": message, "request_id": request_id}, status)
+    response.headers[REQUEST_ID_HEADER] = request_id
+    return response
+
+
+class _Replica:
+    """This process's predictor: building in the background, built, or failed to build."""
+
+    def __init__(self, settings: ReplicaSettings, api: ApiConfig, build: Build) -> None:
+        self.settings = settings
+        self.api = api
+        self.markers = ReadinessMarkers(settings.state_dir)
+        self.predictor: RealtimePredictor | None = None
+        self.failure = ""
+        self._build = build
+        self._thread = threading.Thread(target=self._run, name="sluice-build-predictor", daemon=True)
+
+    def start(self) -> None:
+        """Build in the background, or here and now when a sibling process already serves.
+
+        A replica starting up answers 503 while it builds (never a hang). A process that gunicorn
+        starts to replace a dead one joins a replica the proxy is already routing to: built
+        before the app is handed to gunicorn, it accepts no connection until it can serve, and
+        its siblings take the requests meanwhile.
+        """
+        if self.markers.ready_count() > 0:
+            self._run()
+        else:
+            self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the build finished, either way (for tests and tools); True when it did."""
+        if self._thread.ident is None:  # built in start(), on the caller's thread
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        with labelled(api=self.api.name, replica=self.settings.replica_id):
+            try:
+                predictor = self._build(self.settings, self.api)
+                preload_models(predictor.client, self.api)
+            except BaseException as e:  # noqa: BLE001 - whatever it was, the process keeps answering 503
+                self.failure = e.message if isinstance(e, SluiceError) else error_text(e)
+                log.error("building the predictor failed: %s", self.failure)
+                try:
+                    self.markers.mark_failed(self.failure)
+                except OSError:
+                    log.exception("could not write the failure marker")
+                return
+            self.predictor = predictor
+            atexit.register(predictor.close)
+            try:
+                self.markers.mark_ready()
+            except OSError:
+                log.exception("could not write the readiness marker: the launcher will not see this process ready")
+                return
+            log.info("predictor built; this process is ready")
+
+    def not_ready_message(self) -> str:
+        if self.failure:
+            return f"building the predictor failed: {self.failure}"
+        return "the predictor is still being built"
+
+    def readiness(self, predictor: RealtimePredictor, request_id: str) -> Response:
+        expected = self.api.predictor.processes_per_replica
+        if expected > 1:
+            ready = self.markers.ready_count()
+            if ready < expected:
+                message = f"{ready} of {expected} processes of this replica are ready"
+                failure = self.markers.failure()
+                if failure:
+                    message += f"; a process failed to build the predictor: {failure}"
+                return _error(503, "not_ready", message, request_id)
+        try:
+            models = predictor.models()
+        except SluiceError as e:
+            return _error(e.http_status, e.kind, e.message, request_id)
+        response = json_response({"ready": True, "models": models})
+        response.headers[REQUEST_ID_HEADER] = request_id
+        return response
+
+
+def _failure(e: Exception, request_id: str) -> Response:
+    """The answer for an exception out of predict (or out of turning its result into a response)."""
+    if isinstance(e, BatchFailed):  # logged once by the thread that ran the batch
+        cause = e.cause
+        if isinstance(cause, SluiceError) and cause.http_status < 500:
+            return _error(cause.http_status, cause.kind, cause.message, request_id)
+        return _error(500, "predictor_error", e.message, request_id)
+    if isinstance(e, SluiceError):
+        if e.http_status >= 500 and e.http_status != 504:
+            log.error("%s: %s", e.kind, e.message, exc_info=e)
+        return _error(e.http_status, e.kind, e.message, request_id)
+    log.error("predict raised %s: %s", type(e).__name__, e, exc_info=e)
+    return _error(500, "predictor_error", f"{type(e).__name__}: {e}", request_id)
+
+
+def _request_id_of_failed_request() -> str:
+    environ = request.environ
+    return environ.get(_REQUEST_ID_KEY) or environ.get("HTTP_X_REQUEST_ID") or new_request_id()
+
+
+def create_replica_app(settings: ReplicaSettings | None = None, build: Build | None = None, *,
+                       configure_logging: bool = True) -> Flask:
+    """The WSGI app of one replica process; starts building the predictor in the background.
+
+    `build(settings, api)` makes the predictor (default: `build_from_project`); tests inject
+    their own. `configure_logging` makes the process log JSON lines at the API's log level.
+    """
+    settings = settings or ReplicaSettings.from_env()
+    api = settings.api.config
+    if configure_logging:
+        configure_json_logging(api.predictor.log_level.upper())
+    replica = _Replica(settings, api, build or build_from_project)
+    app = Flask("sluice-replica")
+    app.config["MAX_FORM_MEMORY_SIZE"] = None  # a form's text fields may be as large as the body
+    app.extensions["sluice.replica"] = replica
+    name = api.name
+
+    def serve() -> Response:
+        environ = request.environ
+        request_id = environ.get("HTTP_X_REQUEST_ID") or new_request_id()
+        predictor = replica.predictor
+        if predictor is None:
+            return _error(503, "not_ready", replica.not_ready_message(), request_id)
+        if request.method != "POST":
+            return replica.readiness(predictor, request_id)
+        deadline: float | None = None
+        raw_deadline = environ.get("HTTP_X_SLUICE_DEADLINE_MS")
+        if raw_deadline:
+            try:
+                deadline = int(raw_deadline) / 1000.0
+            except ValueError:
+                return _error(400, "bad_request", f"{DEADLINE_HEADER} must be epoch milliseconds", request_id)
+            if time.time() >= deadline:
+                return _error(504, "request_timeout", "the request's deadline passed before it could run",
+                              request_id)
+        args = RequestArgs(request_id=request_id, deadline=deadline)
+        with labelled(api=name, request_id=request_id):
+            try:
+                if predictor.wants_payload:
+                    args.payload = parse_payload(request)
+                if predictor.wants_query_params:
+                    args.query_params = dict(request.args.items(multi=True)) if environ.get("QUERY_STRING") else {}
+                if predictor.wants_headers:
+                    args.headers = request.headers
+                result = predictor.predict(args)
+                response = to_response(result)
+            except HTTPException:  # e.g. a form over the size limits: answered by the handler below
+                close_payload(args.payload)
+                environ[_REQUEST_ID_KEY] = request_id
+                raise
+            except Exception as e:
+                close_payload(args.payload)
+                return _failure(e, request_id)
+        response.headers[REQUEST_ID_HEADER] = request_id
+        if predictor.has_post_predict:
+            response.call_on_close(lambda: _post_predict(predictor, result, args))
+        elif type(args.payload) is FormPayload:  # its uploaded files stay open until the answer is sent
+            response.call_on_close(args.payload.close)
+        return response
+
+    def _post_predict(predictor: RealtimePredictor, result: Any, args: RequestArgs) -> None:
+        """Runs once the answer has been sent, on the request's thread; never reaches the client."""
+        with labelled(api=name, request_id=args.request_id):
+            try:
+                predictor.post_predict(result, args)
+            except Exception as e:
+                log.error("post_predict raised %s: %s", type(e).__name__, e, exc_info=e)
+            finally:
+                close_payload(args.payload)
+
+    for rule in (f"/{name}", f"/{name}/"):
+        app.add_url_rule(rule, "serve", serve, methods=["GET", "POST"], strict_slashes=False)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(e: HTTPException) -> Response:
+        request_id = _request_id_of_failed_request()
+        status = e.code or 500
+        if status == 404:
+            return _error(404, "api_not_found", f"this replica serves only /{name}", request_id)
+        kinds = {400: "bad_request", 405: "method_not_allowed", 413: "payload_too_large"}
+        return _error(status, kinds.get(status, e.name.lower().replace(" ", "_")), e.description or e.name,
+                      request_id)
+
+    @app.errorhandler(Exception)
+    def _unexpected(e: Exception) -> Response:
+        request_id = _request_id_of_failed_request()
+        log.error("unexpected error", exc_info=e)
+        return _error(500, "unexpected_error", f"{type(e).__name__}: {e}", request_id)
+
+    replica.start()
+    return app
+
+
+__all__ = ["Build", "ReplicaSettings", "build_from_project", "create_replica_app", "new_request_id"]

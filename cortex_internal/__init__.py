@@ -1,0 +1,1 @@
+"""Cortex's module names, kept so that predictors written for Cortex import unchanged."""

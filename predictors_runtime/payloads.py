@@ -1,0 +1,113 @@
+"""The `payload` a realtime predictor receives, chosen by the request's Content-Type as Cortex did.
+
+- `application/json` and any `+json` type: the parsed value.
+- `multipart/form-data` and `application/x-www-form-urlencoded`: a read-only multi-dict
+  (`FormPayload`) of strings and uploaded files (`UploadedFile`: `.file`, `.filename`,
+  `.content_type`, `.read()`), so Cortex's `payload["image"].file.read()` and
+  `pickle.load(payload["object"].file)` work unchanged.
+- `text/plain`: a str decoded with the request's charset (utf-8 unless it says otherwise).
+- anything else, or no Content-Type: the body's bytes.
+
+A body that does not parse as its Content-Type says is the client's mistake: `BadRequest` (400)
+naming the parser's complaint. Parsing happens only when the predictor declares `payload`, so an
+API that never reads the body never pays for it.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from typing import IO, Any
+
+import orjson
+from werkzeug.datastructures import FileStorage, ImmutableMultiDict
+from werkzeug.wrappers import Request
+
+from .errors import BadRequest
+
+FORM_TYPES = frozenset({"multipart/form-data", "application/x-www-form-urlencoded"})
+
+
+class UploadedFile(FileStorage):
+    """One uploaded file of a form payload; `.file` is its binary file object (Cortex's `UploadFile.file`)."""
+
+    @property
+    def file(self) -> IO[bytes]:
+        return self.stream  # type: ignore[no-any-return]
+
+    @classmethod
+    def of(cls, storage: FileStorage) -> "UploadedFile":
+        return cls(stream=storage.stream, filename=storage.filename, name=storage.name, headers=storage.headers)
+
+
+class FormPayload(ImmutableMultiDict):  # type: ignore[type-arg]
+    """A form's fields (str) and files (`UploadedFile`), by name; read-only.
+
+    `payload[name]` is the first value sent under that name, `payload.getlist(name)` all of them.
+    """
+
+    def close(self) -> None:
+        """Close the uploaded files (the temporary files of large uploads go with them)."""
+        for value in self.values():
+            if isinstance(value, UploadedFile):
+                value.close()
+
+
+def parse_json(body: bytes) -> Any:
+    """Parse a JSON body; orjson first (fast), the standard library for what orjson refuses.
+
+    The fallback accepts what Python's `json` does (NaN, UTF-16/32 bodies), so every body that
+    Cortex's server parsed still parses. Note that orjson reads integers beyond 64 bits as floats.
+    """
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"the payload is not valid JSON: {e}") from e
+
+
+def parse_form(request: Request) -> FormPayload:
+    """Parse a multipart or url-encoded body strictly: a malformed one is a 400, not an empty form."""
+    parser = request.make_form_data_parser()
+    parser.silent = False
+    try:
+        _, form, files = parser.parse(request.stream, request.mimetype, request.content_length,
+                                      request.mimetype_params)
+    except ValueError as e:
+        raise BadRequest(f"the payload is not valid {request.mimetype}: {e}") from e
+    items: list[tuple[str, Any]] = list(form.items(multi=True))
+    items.extend((name, UploadedFile.of(storage)) for name, storage in files.items(multi=True))
+    return FormPayload(items)
+
+
+def parse_text(body: bytes, charset: str) -> str:
+    """Decode a text/plain body; an unknown charset or bytes it cannot decode are a 400."""
+    try:
+        codecs.lookup(charset)
+    except LookupError as e:
+        raise BadRequest(f"unknown charset {charset!r} in the Content-Type") from e
+    try:
+        return body.decode(charset)
+    except UnicodeDecodeError as e:
+        raise BadRequest(f"the payload is not valid {charset} text: {e}") from e
+
+
+def parse_payload(request: Request) -> Any:
+    """The predictor's `payload` for this request (see the module docstring for the rules)."""
+    mimetype = request.mimetype
+    if mimetype == "application/json" or mimetype.endswith("+json"):
+        return parse_json(request.get_data())
+    if mimetype in FORM_TYPES:
+        return parse_form(request)
+    if mimetype == "text/plain":
+        return parse_text(request.get_data(), request.mimetype_params.get("charset") or "utf-8")
+    return request.get_data()
+
+
+def close_payload(payload: Any) -> None:
+    """Release what a payload holds open (uploaded files); other payloads hold nothing."""
+    if isinstance(payload, FormPayload):
+        payload.close()
