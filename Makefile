@@ -19,6 +19,9 @@ redis-server:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  echo "installing redis-server with apt"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || { \
+	  echo "installing haproxy with apt"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
 
 demo: $(STAMP) redis-server
 	$(PY) examples/demo.py
@@ -31,6 +34,10 @@ bench: $(STAMP) redis-server
 	$(PY) bench/batch_overhead.py
 	$(PY) bench/enqueue.py
 	$(PY) bench/onnx_batch.py
+	@command -v wrk >/dev/null 2>&1 || $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
+	[ -x bench/.venv-bentoml/bin/bentoml ] || { python3 -m venv bench/.venv-bentoml && \
+	  bench/.venv-bentoml/bin/pip install --quiet --disable-pip-version-check -r bench/requirements-bentoml.txt; }
+	$(PY) bench/realtime.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

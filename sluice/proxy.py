@@ -1,0 +1,480 @@
+"""Sluice's public entry point: a real haproxy, and the controller that keeps its routes current.
+
+haproxy runs in master-worker mode (`-W`) with its master CLI on a UNIX socket in a state folder.
+Every ~0.3 s the controller renders the configuration from the registry and the routable
+replicas (`sluice/proxy_config.py`); when it changed, it writes it atomically (after
+`haproxy -c` accepted it) and sends SIGUSR2 to the master, which re-executes itself and starts a
+new worker on the same listening sockets (in 2.6's master-worker mode the master hands them over
+itself, no `expose-fd listeners` needed, so no connection is refused), while the old worker
+finishes what it holds and leaves: it answers the next request of each idle keep-alive
+connection with `Connection: close` rather than closing under a client that may be sending
+(`option idle-close-on-response`), so it may linger up to `timeout http-keep-alive`.
+
+Launchers stop a draining replica only once no proxy routes to it any more, so each controller
+publishes in Redis (`sluice:proxies`) the replicas its configuration routes and whether haproxy
+has settled on it (the running worker serves that configuration and no older worker is left);
+`unrouted()` is the launchers' side of that contract.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from api.registry import ApiRegistry
+from api.replicas import ReplicaDirectory
+from predictors_runtime.errors import NotReady
+
+from .proxy_config import Route, plan_routes, render_config, tag_of
+
+log = logging.getLogger(__name__)
+
+PROXIES_KEY = "sluice:proxies"
+# A proxy not heard from for this long is gone: it routes nothing any more.
+PROXY_TTL_S = 5.0
+STEP_INTERVAL_S = 0.3
+# A reload the master has not finished within this long is sent again.
+RELOAD_PATIENCE_S = 10.0
+# A haproxy that died is started again at most this often.
+RESTART_DELAY_S = 1.0
+# Replica records silent this long are dropped (their host died without deregistering), this often.
+FORGET_EVERY_S = 30.0
+# Records of proxies silent this long are dropped.
+FORGET_PROXIES_AFTER_S = 3600.0
+_SOCKET_PATH_MAX = 100  # sun_path is 108 bytes
+
+
+# -- what the proxies publish ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProxyRecord:
+    """One proxy's routing state, as launchers read it; `to_dict()` is the stored form."""
+
+    proxy_id: str
+    routes: list[str]     # replica ids its latest configuration routes to
+    settled: bool         # haproxy serves exactly that configuration, no older worker is left
+    seen: float           # last publication (epoch seconds)
+    config: str = ""      # the configuration's tag
+    listen: str = ""
+    pid: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ProxyRecord":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def live_proxies(client: redis.Redis, now: float, ttl_s: float = PROXY_TTL_S) -> list[ProxyRecord]:
+    records = []
+    for raw in client.hvals(PROXIES_KEY):
+        try:
+            record = ProxyRecord.from_dict(json.loads(raw))
+        except (ValueError, TypeError):
+            continue
+        if now - record.seen <= ttl_s:
+            records.append(record)
+    return records
+
+
+def unrouted(client: redis.Redis, replica_id: str, now: float) -> bool:
+    """True when no live proxy can send the replica another request: each has settled on a
+    configuration that does not route it (true as well when no proxy is running)."""
+    return all(p.settled and replica_id not in p.routes for p in live_proxies(client, now))
+
+
+# -- one haproxy master ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HAProxyState:
+    """What the master CLI says: reloads done (and failed), workers, and the config the current one runs."""
+
+    reloads: int
+    failed: int
+    workers: tuple[int, ...]
+    old_workers: tuple[int, ...]
+    tag: str
+
+
+def find_haproxy() -> str:
+    """haproxy's path: on PATH, or where Debian puts it (/usr/sbin is not on every user's PATH)."""
+    found = shutil.which("haproxy")
+    if found:
+        return found
+    return "/usr/sbin/haproxy" if os.access("/usr/sbin/haproxy", os.X_OK) else "haproxy"
+
+
+def _die_with_parent() -> None:
+    """A preexec_fn: haproxy gets SIGTERM when its controller dies, so it never outlives it
+    holding the public port with a stale configuration."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class HAProxy:
+    """A haproxy master in master-worker mode, its configuration file and CLI in `state_dir`."""
+
+    def __init__(self, state_dir: Path, executable: str | None = None) -> None:
+        self.state_dir = Path(state_dir)
+        self.executable = executable or find_haproxy()
+        self.config_path = self.state_dir / "haproxy.cfg"
+        self.log_path = self.state_dir / "haproxy.log"
+        socket_path = self.state_dir / "master.sock"
+        self._socket_dir: Path | None = None
+        if len(str(socket_path)) > _SOCKET_PATH_MAX:
+            self._socket_dir = Path(tempfile.mkdtemp(prefix="sluice-proxy-"))
+            socket_path = self._socket_dir / "master.sock"
+        self.socket_path = socket_path
+        self.process: subprocess.Popen | None = None
+
+    # configuration
+    def check(self, text: str) -> None:
+        """Raise NotReady with haproxy's complaint if it would not load `text`."""
+        staging = self.state_dir / ".haproxy.cfg.check"
+        staging.write_text(text, encoding="utf-8")
+        try:
+            result = subprocess.run([self.executable, "-c", "-q", "-f", str(staging)],
+                                    capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise NotReady(f"cannot run {self.executable} -c: {e}") from e
+        finally:
+            staging.unlink(missing_ok=True)
+        if result.returncode != 0:
+            raise NotReady(f"haproxy rejected the configuration: {(result.stderr or result.stdout).strip()}")
+
+    def write(self, text: str) -> None:
+        """Replace the configuration atomically: a reload reads the old or the new one, whole."""
+        staging = self.state_dir / ".haproxy.cfg.tmp"
+        with open(staging, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staging, self.config_path)
+
+    # process
+    def start(self) -> None:
+        if shutil.which(self.executable) is None and not os.access(self.executable, os.X_OK):
+            raise NotReady(f"{self.executable} is not installed (apt-get install -y haproxy)")
+        self.socket_path.unlink(missing_ok=True)
+        with open(self.log_path, "ab") as out:
+            self.process = subprocess.Popen(
+                [self.executable, "-W", "-S", f"{self.socket_path},mode,600", "-f", str(self.config_path)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.state_dir,
+                preexec_fn=_die_with_parent,
+            )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def reload(self) -> None:
+        """Hitless: the master re-executes with the new file and hands the listeners to the new worker."""
+        if self.alive():
+            assert self.process is not None
+            self.process.send_signal(signal.SIGUSR2)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Soft stop (in-flight requests finish) within `grace`, then hard."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            for sig, wait in ((signal.SIGUSR1, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+                try:
+                    process.send_signal(sig)
+                    process.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        if process is not None:
+            process.poll()
+
+    def close(self) -> None:
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    # master CLI
+    def command(self, text: str, timeout: float = 2.0) -> str:
+        """One master CLI command (`@1 ...` reaches the current worker); raises OSError."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(str(self.socket_path))
+            s.sendall(text.encode() + b"\n")
+            s.shutdown(socket.SHUT_WR)  # non-interactive: the master answers and closes
+            chunks = []
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    break
+                chunks.append(data)
+        return b"".join(chunks).decode(errors="replace")
+
+    def state(self) -> HAProxyState | None:
+        """None while the master cannot answer (starting, re-executing, dead)."""
+        if not self.alive():
+            return None
+        try:
+            proc = self.command("show proc")
+            info = self.command("@1 show info")
+        except OSError:
+            return None
+        reloads = failed = -1
+        workers: list[int] = []
+        old: list[int] = []
+        section = ""
+        for line in proc.splitlines():
+            if line.startswith("#"):
+                section = line.strip("# ").lower()
+                continue
+            parts = line.split()
+            if len(parts) < 3 or not parts[0].isdigit():
+                continue
+            if parts[1] == "master":
+                reloads = int(parts[2]) if parts[2].isdigit() else -1
+                match = re.search(r"failed:\s*(\d+)", line)
+                failed = int(match.group(1)) if match else 0
+            elif section == "workers":
+                workers.append(int(parts[0]))
+            elif section == "old workers":
+                old.append(int(parts[0]))
+        if reloads < 0:
+            return None
+        match = re.search(r"^description:\s*sluice-([0-9a-f]+)\s*$", info, re.MULTILINE | re.IGNORECASE)
+        return HAProxyState(reloads, failed, tuple(workers), tuple(old), match.group(1) if match else "")
+
+    def stats(self) -> list[dict[str, str]]:
+        """`show stat` of the current worker, one dict per proxy/server row (qcur, scur, ...)."""
+        text = self.command("@1 show stat")
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not lines or not lines[0].startswith("# "):
+            return []
+        header = lines[0][2:].split(",")
+        return [dict(zip(header, line.split(","))) for line in lines[1:]]
+
+
+# -- the controller -------------------------------------------------------------------------------
+@dataclass
+class _Reload:
+    """A SIGUSR2 sent; over once the master counts one more reload (done or failed)."""
+
+    sent_at: float
+    reloads_before: int
+    failed_before: int
+    reported: bool = False
+
+
+@dataclass
+class ProxyController:
+    """Keeps one haproxy serving the current routes; `step(now)` is one turn of its loop."""
+
+    redis_client: redis.Redis
+    port: int
+    management: str                   # host:port of the management API
+    bind: str = "127.0.0.1"
+    state_dir: Path | None = None
+    proxy_id: str | None = None
+    executable: str | None = None
+    forget_every_s: float = FORGET_EVERY_S
+    restarts: int = 0
+    reloads: int = 0
+    _haproxy: HAProxy | None = None
+    _own_state_dir: bool = False
+    _config: str = ""
+    _rejected: str = ""
+    _routes: list[Route] = field(default_factory=list)
+    _pending: _Reload | None = None
+    _started_at: float = 0.0
+    _last_forget: float = 0.0
+    _settled: bool = False
+    _stopping: bool = False
+
+    def __post_init__(self) -> None:
+        if self.state_dir is None:
+            self.state_dir = Path(tempfile.mkdtemp(prefix="sluice-proxy-"))
+            self._own_state_dir = True
+        self.state_dir = Path(self.state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.proxy_id = self.proxy_id or f"{socket.gethostname()}:{self.port}"
+        self._registry = ApiRegistry(self.redis_client)
+        self._replicas = ReplicaDirectory(self.redis_client)
+        self._haproxy = HAProxy(self.state_dir, self.executable)
+
+    @property
+    def haproxy(self) -> HAProxy:
+        assert self._haproxy is not None
+        return self._haproxy
+
+    @property
+    def url(self) -> str:
+        host = self.bind if self.bind not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def routes(self) -> list[Route]:
+        return list(self._routes)
+
+    @property
+    def config_tag(self) -> str:
+        """The tag of the latest configuration written (what a settled haproxy runs)."""
+        return tag_of(self._config)
+
+    @property
+    def settled(self) -> bool:
+        """haproxy runs the latest configuration and no worker of an older one is left."""
+        return self._settled
+
+    # rendering
+    def _render(self, now: float) -> tuple[str, list[Route]]:
+        routes = plan_routes(self._registry.all(), self._replicas.routable(now))
+        return render_config(routes, bind=self.bind, port=self.port, management=self.management), routes
+
+    def _apply(self, text: str, routes: list[Route]) -> None:
+        self.haproxy.check(text)
+        self.haproxy.write(text)
+        self._settled = False  # until haproxy is seen running it
+        self._config, self._routes = text, routes
+
+    # lifecycle
+    def start(self, now: float | None = None, timeout: float = 15.0) -> "ProxyController":
+        """Start haproxy on the current routes and wait until it serves them."""
+        now = time.time() if now is None else now
+        text, routes = self._render(now)
+        self._apply(text, routes)
+        self._start_haproxy(now)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.haproxy.alive():
+                raise NotReady(f"haproxy exited at start:\n{self.haproxy.log_tail()}")
+            state = self.haproxy.state()
+            if state is not None and state.tag == tag_of(self._config):
+                self._publish(time.time(), state)
+                return self
+            time.sleep(0.05)
+        self.haproxy.stop(grace=0)
+        raise NotReady(f"haproxy did not start within {timeout:.0f}s:\n{self.haproxy.log_tail()}")
+
+    def _start_haproxy(self, now: float) -> None:
+        self.haproxy.start()
+        self._started_at = now
+        self._pending = None
+
+    def step(self, now: float) -> bool:
+        """Render, and when the routes changed write the configuration and reload haproxy; restart a
+        haproxy that died; publish what it routes. True when a new configuration was written."""
+        if self._stopping:
+            return False
+        changed = False
+        text, routes = self._render(now)
+        if text != self._config and text != self._rejected:
+            try:
+                self._apply(text, routes)
+                changed = True
+            except NotReady as e:  # keep serving the last good configuration
+                self._rejected = text
+                log.error("proxy: %s", e)
+        if not self.haproxy.alive():
+            if now - self._started_at >= RESTART_DELAY_S:
+                code = self.haproxy.process.returncode if self.haproxy.process is not None else None
+                log.warning("proxy: haproxy exited (%s); starting it again\n%s", code, self.haproxy.log_tail(10))
+                self._start_haproxy(now)
+                self.restarts += 1
+            self._settled = False
+            self._publish(now, None)
+            return changed
+        state = self.haproxy.state()
+        wanted = tag_of(self._config)
+        if state is not None and state.tag != wanted and self._may_reload(state, now):
+            self.haproxy.reload()
+            self.reloads += 1
+            self._pending = _Reload(now, state.reloads, state.failed)
+        self._publish(now, state)
+        if now - self._last_forget >= self.forget_every_s:
+            self._last_forget = now
+            self._replicas.forget_silent(now)
+            self._forget_silent_proxies(now)
+        return changed
+
+    def _may_reload(self, state: HAProxyState, now: float) -> bool:
+        """One reload at a time (a SIGUSR2 reaching a master still re-executing could kill it); after
+        a failed one (the master keeps serving the previous configuration), wait before trying again."""
+        pending = self._pending
+        if pending is None:
+            return True
+        finished = state.reloads > pending.reloads_before
+        failed = finished and state.failed > pending.failed_before
+        if failed and not pending.reported:
+            pending.reported = True
+            log.error("proxy: haproxy could not reload; still on the previous configuration\n%s",
+                      self.haproxy.log_tail(10))
+        if finished and not failed:
+            return True
+        return now - pending.sent_at >= RELOAD_PATIENCE_S
+
+    def _publish(self, now: float, state: HAProxyState | None) -> None:
+        self._settled = bool(state is not None and state.tag == tag_of(self._config) and not state.old_workers)
+        record = ProxyRecord(
+            proxy_id=self.proxy_id or "",
+            routes=[rid for route in self._routes for rid in route.replica_ids],
+            settled=self._settled,
+            seen=now,
+            config=tag_of(self._config),
+            listen=f"{self.bind}:{self.port}",
+            pid=os.getpid(),
+        )
+        self.redis_client.hset(PROXIES_KEY, record.proxy_id, json.dumps(record.to_dict()))
+
+    def _forget_silent_proxies(self, now: float) -> None:
+        for key, raw in self.redis_client.hgetall(PROXIES_KEY).items():
+            try:
+                seen = float(json.loads(raw)["seen"])
+            except (ValueError, TypeError, KeyError):
+                seen = 0.0
+            if now - seen > FORGET_PROXIES_AFTER_S:
+                self.redis_client.hdel(PROXIES_KEY, key)
+
+    def run(self, stop: threading.Event, interval: float = STEP_INTERVAL_S) -> None:
+        """Step until `stop` is set; a failed turn (Redis away) is logged, haproxy keeps serving."""
+        while not stop.is_set():
+            try:
+                self.step(time.time())
+            except (redis.RedisError, OSError) as e:
+                log.warning("proxy: %s: %s", type(e).__name__, e)
+            stop.wait(interval)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop haproxy (in-flight requests finish within `grace`) and withdraw this proxy's record."""
+        self._stopping = True
+        self.haproxy.stop(grace)
+        self.haproxy.close()
+        try:
+            self.redis_client.hdel(PROXIES_KEY, self.proxy_id or "")
+        except redis.RedisError as e:
+            log.warning("proxy: could not withdraw its record: %s", e)
+        if self._own_state_dir and self.state_dir is not None and not os.environ.get("SLUICE_KEEP_DATA"):
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def __enter__(self) -> "ProxyController":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

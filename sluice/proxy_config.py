@@ -1,0 +1,324 @@
+"""The HAProxy configuration of Sluice's public entry point, rendered from the deployed APIs.
+
+`/<api>` (exactly, or with a trailing slash) of a RealtimeAPI with at least one routable replica
+goes straight to that API's replicas; everything else (`/apis`, `/batch/...`, `/healthz`, unknown
+names, BatchAPIs, a realtime API with no replica yet) goes to the management API, which answers
+for itself or explains why no replica took the request. No Python process sits in the path of a
+prediction.
+
+Why each limit lives here (see PITFALLS "Realtime serving"): a replica's concurrency is enforced
+where all of its processes are seen, so haproxy gives each replica `maxconn` = the API's
+`replica_concurrency`, queues what is beyond in the API's backend (one queue shared by all its
+replicas, served least-connections first), refuses at once what is beyond `max_queue_length`
+per replica, and bounds the wait and the run by `request_timeout`.
+
+HAProxy 2.6 answers a queue timeout with a 503 like any other failure to reach a server, so the
+replica backends' own 503 tells the two apart by the clock: a request that is past its deadline
+timed out (504 `request_timeout`), one that is not could not reach a replica (503 `not_ready`).
+`request_timeout` bounds the wait in the queue and, separately, the run on a replica (haproxy has
+no timer over both); the replica gets the deadline (`X-Sluice-Deadline-Ms`) and refuses work
+already past it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from api.registry import DeployedApi
+from api.replicas import ReplicaRecord
+from predictors_runtime.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+REALTIME_KIND = "RealtimeAPI"
+# Without `request_timeout`: how long a request may wait for a free replica, and run on one.
+DEFAULT_QUEUE_TIMEOUT_S = 300.0
+DEFAULT_SERVER_TIMEOUT_S = 3600.0
+# The management API: long requests (a job listing, a stop) and 200 MiB deploy uploads.
+MANAGEMENT_TIMEOUT_S = 330.0
+# A client that sends nothing for this long, mid-request, is dropped (it never limits how long a
+# server may take to answer).
+CLIENT_TIMEOUT_S = 120.0
+HEADERS_TIMEOUT_S = 30.0
+KEEP_ALIVE_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+# An old haproxy worker still serving requests of a previous configuration stops at the latest
+# this long after the longest request it may hold has to be over.
+HARD_STOP_MARGIN_S = 30.0
+# A 503 of haproxy's own this close to the deadline counts as a timed-out wait (timers tick in ms).
+DEADLINE_SLACK_MS = 50
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
+_BIG = 10**12  # larger than any |now - deadline| in ms; see _late
+
+
+@dataclass(frozen=True)
+class Server:
+    """One replica as a haproxy server line."""
+
+    name: str
+    address: str
+    replica_id: str
+
+
+@dataclass(frozen=True)
+class Route:
+    """One realtime API's backend: its replicas and limits."""
+
+    api: str
+    servers: tuple[Server, ...]
+    concurrency: int                  # per replica (haproxy server maxconn)
+    queue_length: int                 # per routed replica
+    request_timeout_s: float | None
+
+    @property
+    def backend(self) -> str:
+        return f"rt_{self.api}"
+
+    @property
+    def queue_limit(self) -> int:
+        """Requests the backend queues before it refuses more."""
+        return self.queue_length * len(self.servers)
+
+    @property
+    def queue_timeout_s(self) -> float:
+        return self.request_timeout_s if self.request_timeout_s is not None else DEFAULT_QUEUE_TIMEOUT_S
+
+    @property
+    def server_timeout_s(self) -> float:
+        return self.request_timeout_s if self.request_timeout_s is not None else DEFAULT_SERVER_TIMEOUT_S
+
+    @property
+    def replica_ids(self) -> tuple[str, ...]:
+        return tuple(s.replica_id for s in self.servers)
+
+
+def format_address(host: str, port: int) -> str:
+    """`host:port`, with an IPv6 literal in brackets (as haproxy reads it)."""
+    host = host.strip("[]")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _valid_address(host: str, port: int) -> bool:
+    """Only plain host names and IP literals: a record must never be able to edit the config."""
+    return bool(_HOST_RE.match(host.strip("[]"))) and isinstance(port, int) and 0 < port < 65536
+
+
+def _server_name(replica_id: str, taken: set[str]) -> str:
+    base = re.sub(r"[^A-Za-z0-9_.:-]", "_", replica_id)[:100] or "replica"
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}"
+    taken.add(name)
+    return name
+
+
+def plan_routes(apis: Iterable[DeployedApi], replicas: Iterable[ReplicaRecord]) -> list[Route]:
+    """The realtime backends to render: one per deployed RealtimeAPI with routable replicas.
+
+    `replicas` are the ones the caller found routable (`ReplicaDirectory.routable(now)`); those of
+    an API that is not a deployed RealtimeAPI, or with an address haproxy could not read, are
+    left out. An API with none is not routed: the management API answers it (and says why).
+    """
+    by_api: dict[str, list[ReplicaRecord]] = {}
+    for record in replicas:
+        if not _valid_address(record.host, record.port):
+            log.warning("replica %s has an unusable address %r; not routed", record.replica_id, record.address)
+            continue
+        by_api.setdefault(record.api, []).append(record)
+    routes = []
+    for api in sorted(apis, key=lambda a: a.name):
+        if api.kind != REALTIME_KIND or not _NAME_RE.match(api.name) or not by_api.get(api.name):
+            continue
+        try:
+            predictor = api.config.predictor
+        except ConfigError as e:
+            log.warning("api %s has a config this version cannot read; not routed: %s", api.name, e)
+            continue
+        taken: set[str] = set()
+        servers = tuple(
+            Server(_server_name(r.replica_id, taken), format_address(r.host, r.port), r.replica_id)
+            for r in sorted(by_api[api.name], key=lambda r: r.replica_id)
+        )
+        routes.append(Route(
+            api=api.name,
+            servers=servers,
+            concurrency=predictor.replica_concurrency,
+            queue_length=predictor.max_queue_length,
+            request_timeout_s=predictor.request_timeout,
+        ))
+    return routes
+
+
+# -- rendering ------------------------------------------------------------------------------------
+def _ms(seconds: float) -> str:
+    return f"{max(1, math.ceil(seconds * 1000))}ms"
+
+
+def _quoted(text: str) -> str:
+    """A double-quoted haproxy argument (backslash and double quote escaped; no `$` expansion)."""
+    assert "$" not in text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _literal(text: str) -> str:
+    """Our own text inside a log-format string: no format characters, no quotes."""
+    assert not set(text) & set("%'\"\\$")
+    return text
+
+
+def _json_body(kind: str, message: str) -> str:
+    """A log-format JSON error body; `kind` and `message` are literal text or `%[...]` expressions.
+
+    The request id is the client's own text, so it goes through haproxy's JSON escaping.
+    """
+    return _quoted(
+        f'{{"kind": "{kind}", "message": "{message}", '
+        '"request_id": "%[var(txn.request_id),json(utf8s)]"}'
+    )
+
+
+def _late(when_late: str, in_time: str) -> str:
+    """A sample expression: `when_late` once the request is (about) past its deadline, else `in_time`.
+
+    2.6 has no comparison converter, so (late + BIG) / BIG is >= 1 exactly when late >= 0.
+    """
+    return (f"%[date(0,ms),sub(txn.deadline_ms),add({_BIG + DEADLINE_SLACK_MS}),div({_BIG}),"
+            f"iif('{_literal(when_late)}','{_literal(in_time)}')]")
+
+
+def _frontend(routes: Sequence[Route], bind: str, port: int) -> list[str]:
+    lines = [
+        "frontend public",
+        f"    bind {format_address(bind, port)}",
+        # The deadline is the proxy's to set; a client's own is dropped.
+        "    http-request del-header X-Sluice-Deadline-Ms",
+        "    http-request set-header X-Request-ID %[uuid] unless { req.fhdr(x-request-id) -m len gt 0 }",
+        "    http-request set-var(txn.request_id) req.fhdr(x-request-id)",
+        # A replica backend's own 503 that turned out to be a timed-out wait becomes a 504.
+        "    http-after-response set-status 504 if { res.hdr(x-sluice-error) -m str request_timeout }",
+        "    http-after-response del-header X-Sluice-Error",
+        "    http-after-response set-header X-Request-ID %[var(txn.request_id)]",
+        "    http-error status 502 content-type application/json lf-string "
+        + _json_body("bad_gateway", "the management API closed the connection or sent an invalid answer"),
+        "    http-error status 503 content-type application/json lf-string "
+        + _json_body("not_ready", "the management API cannot be reached"),
+        "    http-error status 504 content-type application/json lf-string "
+        + _json_body("request_timeout", f"the management API did not answer within {MANAGEMENT_TIMEOUT_S:g} s"),
+    ]
+    for route in routes:
+        lines.append(f"    use_backend {route.backend} if {{ path /{route.api} /{route.api}/ }}")
+    lines.append("    default_backend management")
+    return lines
+
+
+def _management_backend(management: str) -> list[str]:
+    host, _, port = management.rpartition(":")
+    if not host or not port.isdigit() or not _valid_address(host, int(port)):
+        raise ValueError(f"management address must be host:port (got {management!r})")
+    return [
+        "backend management",
+        f"    timeout server {_ms(MANAGEMENT_TIMEOUT_S)}",
+        f"    server management {format_address(host, int(port))}",
+    ]
+
+
+def _realtime_backend(route: Route) -> list[str]:
+    name = route.api
+    if route.request_timeout_s is not None:
+        wait_limit = run_limit = f"its request_timeout of {route.request_timeout_s:g} s"
+    else:
+        wait_limit, run_limit = f"{route.queue_timeout_s:g} s", f"{route.server_timeout_s:g} s"
+    lines = [
+        f"backend {route.backend}",
+        "    balance leastconn",
+        # A queued request whose client has gone is dropped, never started (2.6 reads this
+        # option where the request came in, so the defaults section carries it too).
+        "    option abortonclose",
+        f"    timeout queue {_ms(route.queue_timeout_s)}",
+        f"    timeout server {_ms(route.server_timeout_s)}",
+        # Every server unusable (an address that does not resolve, one disabled by hand): say so
+        # at once. Not `nbsrv eq 0`: an old worker finishing its keep-alive connections after a
+        # reload counts no server at all in its stopped backends.
+        "    http-request return status 503 content-type application/json lf-string "
+        + _json_body("not_ready", _literal(f"no replica of {name} is ready"))
+        + " if " + " ".join(f"!{{ srv_is_up({route.backend}/{s.name}) }}" for s in route.servers),
+        # Every replica busy and the queue full: refuse at once; the client may retry shortly.
+        "    http-request return status 503 content-type application/json lf-string "
+        + _json_body("overloaded", _literal(f"{name} is at capacity: every replica is busy and its queue is full"))
+        + f" hdr Retry-After 1 if {{ queue() ge {route.queue_limit} }} {{ be_conn_free eq 0 }}",
+        f"    http-request set-var(txn.deadline_ms) date(0,ms),add({math.ceil(route.queue_timeout_s * 1000)})",
+    ]
+    if route.request_timeout_s is not None:
+        lines.append("    http-request set-header X-Sluice-Deadline-Ms %[var(txn.deadline_ms)]")
+    kind = _late("request_timeout", "not_ready")
+    message = _late(f"no replica of {name} was free within {wait_limit}", f"no replica of {name} could be reached")
+    lines += [
+        # haproxy's own 503 here: the wait for a free replica timed out, or no replica answered.
+        # The frontend turns the first into a 504 by the header.
+        "    http-error status 503 content-type application/json lf-string "
+        + _json_body(kind, message) + f" hdr X-Sluice-Error {_quoted(kind)}",
+        "    http-error status 504 content-type application/json lf-string "
+        + _json_body("request_timeout", _literal(f"{name} did not answer within {run_limit}")),
+        "    http-error status 502 content-type application/json lf-string "
+        + _json_body("bad_gateway", _literal(f"a replica of {name} closed the connection or sent an invalid answer")),
+    ]
+    for server in route.servers:
+        lines.append(f"    server {server.name} {server.address} maxconn {route.concurrency}")
+    return lines
+
+
+def config_tag(body: str) -> str:
+    """A short digest naming one configuration; the running worker reports it as its description."""
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def render_config(routes: Sequence[Route], *, bind: str, port: int, management: str) -> str:
+    """The whole haproxy.cfg; the same routes give the same text (so unchanged means no reload)."""
+    longest = max([MANAGEMENT_TIMEOUT_S] + [r.queue_timeout_s + r.server_timeout_s for r in routes])
+    sections = [
+        [
+            "defaults",
+            "    mode http",
+            "    option forwardfor",
+            "    option abortonclose",
+            # On a reload the old worker answers the next request of an idle keep-alive connection
+            # (with `Connection: close`) rather than closing it under a client that may be sending.
+            "    option idle-close-on-response",
+            f"    timeout connect {_ms(CONNECT_TIMEOUT_S)}",
+            f"    timeout client {_ms(CLIENT_TIMEOUT_S)}",
+            f"    timeout http-request {_ms(HEADERS_TIMEOUT_S)}",
+            f"    timeout http-keep-alive {_ms(KEEP_ALIVE_TIMEOUT_S)}",
+            f"    timeout server {_ms(MANAGEMENT_TIMEOUT_S)}",
+            f"    timeout queue {_ms(DEFAULT_QUEUE_TIMEOUT_S)}",
+            # A replica that refuses connections (it just died) is retried on another one.
+            "    retries 2",
+            "    option redispatch 1",
+            # A replica host name that does not resolve disables that server, not the whole config.
+            "    default-server init-addr libc,none",
+        ],
+        _frontend(routes, bind, port),
+        _management_backend(management),
+        *(_realtime_backend(route) for route in routes),
+    ]
+    body = "\n\n".join("\n".join(section) for section in sections) + "\n"
+    head = [
+        "# Written by the Sluice proxy controller (sluice/proxy.py); edits are overwritten.",
+        "global",
+        f"    description sluice-{config_tag(body)}",
+        f"    hard-stop-after {math.ceil(longest + HARD_STOP_MARGIN_S)}s",
+    ]
+    return "\n".join(head) + "\n\n" + body
+
+
+def tag_of(config: str) -> str:
+    """The tag `render_config` wrote into a configuration ("" if none)."""
+    match = re.search(r"^\s*description sluice-([0-9a-f]+)\s*$", config, re.MULTILINE)
+    return match.group(1) if match else ""

@@ -1,0 +1,206 @@
+"""The haproxy configuration Sluice renders: which paths go where, and the limits of each replica.
+
+Each rendered configuration is also given to `haproxy -c`, so a rule haproxy 2.6 cannot read
+fails here rather than at the first reload.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.registry import DeployedApi
+from api.replicas import ReplicaRecord
+from predictors_runtime.config import ApiConfig
+from sluice.proxy import find_haproxy
+from sluice.proxy_config import (
+    DEFAULT_QUEUE_TIMEOUT_S,
+    DEFAULT_SERVER_TIMEOUT_S,
+    plan_routes,
+    render_config,
+    tag_of,
+)
+
+MANAGEMENT = "127.0.0.1:9100"
+
+
+def deployed(name: str, kind: str = "RealtimeAPI", **predictor: Any) -> DeployedApi:
+    config = ApiConfig.from_dict({"name": name, "kind": kind, "predictor": {"path": "predictor.py", **predictor}})
+    return DeployedApi(name=name, kind=kind, spec=config.to_dict(), bundle="b1", queue=config.queue,
+                       deployed_at=0.0, ignored_fields=[])
+
+
+def replica(replica_id: str, api: str, port: int, host: str = "127.0.0.1") -> ReplicaRecord:
+    return ReplicaRecord(replica_id=replica_id, api=api, bundle="b1", host=host, port=port, processes=1,
+                         ready=True, draining=False, seen=1000.0)
+
+
+def render(apis: list[DeployedApi], replicas: list[ReplicaRecord]) -> str:
+    return render_config(plan_routes(apis, replicas), bind="127.0.0.1", port=8888, management=MANAGEMENT)
+
+
+def section(config: str, header: str) -> list[str]:
+    """The lines of one section (`backend rt_x`, `frontend public`), stripped."""
+    lines, inside = [], False
+    for line in config.splitlines():
+        if not line.startswith(" "):
+            inside = line.strip() == header
+            continue
+        if inside:
+            lines.append(line.strip())
+    return lines
+
+
+def routing_table(config: str) -> dict[str, str]:
+    """path -> backend, from the frontend's `use_backend ... if { path ... }` rules."""
+    table = {}
+    for line in section(config, "frontend public"):
+        match = re.fullmatch(r"use_backend (\S+) if \{ path ((?:\S+ )+)\}", line)
+        if match:
+            for path in match.group(2).split():
+                table[path] = match.group(1)
+    return table
+
+
+def backend_for(config: str, path: str) -> str:
+    return routing_table(config).get(path, "management")
+
+
+@pytest.fixture
+def haproxy_accepts(tmp_path: Path):
+    def check(config: str) -> None:
+        path = tmp_path / "haproxy.cfg"
+        path.write_text(config)
+        result = subprocess.run([find_haproxy(), "-c", "-q", "-f", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr + result.stdout
+    return check
+
+
+def test_without_realtime_apis_every_path_goes_to_the_management_api(haproxy_accepts):
+    config = render([deployed("scorer", kind="BatchAPI")], [replica("scorer-1", "scorer", 9001)])
+    haproxy_accepts(config)
+    assert routing_table(config) == {}
+    assert "default_backend management" in section(config, "frontend public")
+    assert section(config, "backend management")[-1] == f"server management {MANAGEMENT}"
+    assert "backend rt_" not in config
+
+
+def test_a_realtime_api_without_a_routable_replica_is_left_to_the_management_api(haproxy_accepts):
+    # The management API's fallback says why (starting, failed to build, ...).
+    config = render([deployed("iris")], [])
+    haproxy_accepts(config)
+    assert backend_for(config, "/iris") == "management"
+    assert "backend rt_iris" not in config
+
+
+def test_one_replica_gets_the_api_path_exactly_and_with_a_trailing_slash(haproxy_accepts):
+    config = render([deployed("iris", threads_per_process=4)], [replica("iris-9001-aa", "iris", 9001)])
+    haproxy_accepts(config)
+    assert routing_table(config) == {"/iris": "rt_iris", "/iris/": "rt_iris"}
+    backend = section(config, "backend rt_iris")
+    assert "balance leastconn" in backend
+    assert backend[-1] == "server iris-9001-aa 127.0.0.1:9001 maxconn 4"
+
+
+def test_two_replicas_share_one_backend_whose_queue_limit_is_per_replica(haproxy_accepts):
+    api = deployed("iris", processes_per_replica=2, threads_per_process=3, max_queue_length=5)
+    config = render([api], [replica("iris-b", "iris", 9002, host="10.0.0.2"), replica("iris-a", "iris", 9001)])
+    haproxy_accepts(config)
+    backend = section(config, "backend rt_iris")
+    assert [line for line in backend if line.startswith("server ")] == [
+        "server iris-a 127.0.0.1:9001 maxconn 6",
+        "server iris-b 10.0.0.2:9002 maxconn 6",
+    ]
+    overload = next(line for line in backend if "overloaded" in line)
+    assert overload.startswith("http-request return status 503 ")
+    assert "hdr Retry-After 1" in overload
+    assert overload.endswith("if { queue() ge 10 } { be_conn_free eq 0 }")
+    not_ready = next(line for line in backend if "no replica of iris is ready" in line)
+    assert not_ready.endswith("if !{ srv_is_up(rt_iris/iris-a) } !{ srv_is_up(rt_iris/iris-b) }")
+
+
+def test_limits_come_from_the_predictor_config(haproxy_accepts):
+    api = deployed("iris", max_concurrency=7, max_queue_length=0, request_timeout=2.5)
+    config = render([api], [replica("iris-a", "iris", 9001)])
+    haproxy_accepts(config)
+    backend = section(config, "backend rt_iris")
+    assert backend[-1].endswith("maxconn 7")
+    assert "timeout queue 2500ms" in backend
+    assert "timeout server 2500ms" in backend
+    # No queue at all: refused as soon as every replica is busy.
+    assert any(line.endswith("if { queue() ge 0 } { be_conn_free eq 0 }") for line in backend)
+    assert "http-request set-var(txn.deadline_ms) date(0,ms),add(2500)" in backend
+    assert "http-request set-header X-Sluice-Deadline-Ms %[var(txn.deadline_ms)]" in backend
+    assert "option abortonclose" in backend
+    assert any(line.startswith("http-error status 504 ") and "request_timeout" in line for line in backend)
+    assert any(line.startswith("http-request return status 503 ") and line.endswith("if !{ srv_is_up(rt_iris/iris-a) }")
+               and '"kind": "not_ready", "message": "no replica of iris is ready"' in line.replace("\\", "")
+               for line in backend)
+
+
+def test_without_request_timeout_waits_are_generous_and_no_deadline_is_sent(haproxy_accepts):
+    config = render([deployed("iris")], [replica("iris-a", "iris", 9001)])
+    haproxy_accepts(config)
+    backend = section(config, "backend rt_iris")
+    assert f"timeout queue {int(DEFAULT_QUEUE_TIMEOUT_S * 1000)}ms" in backend
+    assert f"timeout server {int(DEFAULT_SERVER_TIMEOUT_S * 1000)}ms" in backend
+    assert not any("X-Sluice-Deadline-Ms" in line for line in backend)
+    # ... and old workers get time to finish the longest request they may hold.
+    hard_stop = int(re.search(r"hard-stop-after (\d+)s", config).group(1))
+    assert hard_stop > DEFAULT_QUEUE_TIMEOUT_S + DEFAULT_SERVER_TIMEOUT_S
+
+
+def test_names_are_routed_exactly(haproxy_accepts):
+    apis = [deployed("ap"), deployed("batch-x", kind="BatchAPI"), deployed("x")]
+    replicas = [replica("ap-1", "ap", 9001), replica("x-1", "x", 9002), replica("b-1", "batch-x", 9003)]
+    config = render(apis, replicas)
+    haproxy_accepts(config)
+    assert backend_for(config, "/ap") == "rt_ap"
+    assert backend_for(config, "/x/") == "rt_x"
+    for path in ("/apis", "/apis/ap", "/ap/x", "/apx", "/batch/x", "/batch/ap", "/batch-x", "/healthz",
+                 "/metrics", "/openapi.json", "/", "/unknown"):
+        assert backend_for(config, path) == "management", path
+    assert "rt_batch-x" not in config
+
+
+def test_every_answer_carries_a_request_id_and_clients_cannot_set_the_deadline(haproxy_accepts):
+    config = render([deployed("ap", request_timeout=1)], [replica("ap-1", "ap", 9001)])
+    haproxy_accepts(config)
+    frontend = section(config, "frontend public")
+    assert "http-request set-header X-Request-ID %[uuid] unless { req.fhdr(x-request-id) -m len gt 0 }" in frontend
+    assert "http-after-response set-header X-Request-ID %[var(txn.request_id)]" in frontend
+    assert "http-request del-header X-Sluice-Deadline-Ms" in frontend
+    # The JSON bodies quote the client's id through haproxy's JSON escaping.
+    assert "json(utf8s)" in config
+
+
+def test_replicas_of_other_apis_or_with_unusable_addresses_are_not_routed(haproxy_accepts):
+    replicas = [
+        replica("ap-1", "ap", 9001),
+        replica("gone-1", "deleted-api", 9002),
+        replica("evil", "ap", 9003, host="1.2.3.4:80 maxconn 100000\n    server x 5.6.7.8"),
+        replica("v6", "ap", 9004, host="::1"),
+    ]
+    routes = plan_routes([deployed("ap")], replicas)
+    assert [route.replica_ids for route in routes] == [("ap-1", "v6")]
+    config = render([deployed("ap")], replicas)
+    haproxy_accepts(config)
+    assert "server v6 [::1]:9004 maxconn 1" in section(config, "backend rt_ap")
+    assert "5.6.7.8" not in config and "deleted-api" not in config
+
+
+def test_the_same_routes_give_the_same_text_and_new_routes_a_new_tag():
+    apis = [deployed("ap")]
+    first = render(apis, [replica("ap-1", "ap", 9001)])
+    assert render(apis, [replica("ap-1", "ap", 9001)]) == first
+    second = render(apis, [replica("ap-1", "ap", 9001), replica("ap-2", "ap", 9002)])
+    assert tag_of(first) and tag_of(second) and tag_of(first) != tag_of(second)
+
+
+def test_a_management_address_that_is_not_host_and_port_is_refused():
+    with pytest.raises(ValueError):
+        render_config([], bind="127.0.0.1", port=8888, management="nowhere")
