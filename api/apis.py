@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 from flask import Blueprint, jsonify, request
 
 from jobs.enqueue import stop_job
 from jobs.job import ACTIVE_STATUSES
-from predictors_runtime.batch_predictor import resolve_model_paths
+from predictors_runtime.builder import resolve_model_paths
 from predictors_runtime.config import ApiConfig, parse_api_configs
-from predictors_runtime.errors import BadRequest, ConfigError, Conflict
-from predictors_runtime.project import unpack_project
+from predictors_runtime.errors import AccessDenied, BadRequest, ConfigError, Conflict, NotFound, SluiceError
+from predictors_runtime.storage import split_uri
 
 from .context import registry, services
+from .registry import DeployedApi
+from .replicas import ReplicaDirectory
 
 blueprint = Blueprint("apis", __name__)
 
-DEPLOYABLE_KINDS = ("BatchAPI",)
+DEPLOYABLE_KINDS = ("BatchAPI", "RealtimeAPI")
+REALTIME_KIND = "RealtimeAPI"
 
 
 def _uploaded(name: str) -> bytes:
@@ -37,8 +42,23 @@ def _validate_models(api: ApiConfig, project_dir: Path, source: str) -> None:
 
     try:
         discover(resolve_model_paths(models, project_dir), api.predictor.type)
-    except ConfigError as e:
+    except SluiceError as e:
         message = e.message.replace(str(project_dir), "<project>")
+        # Folders of this host outside the project: name the configured path that failed and
+        # why in general terms, never the files or folders found below it.
+        configured = [models.path, models.dir, *(entry.path for entry in models.paths or ())]
+        for path in (p for p in configured if p and not split_uri(p)[0] and Path(p).is_absolute()):
+            if e.message.startswith(path.rstrip("/") + "/"):
+                reason = f"does not hold models a {api.predictor.type} predictor can load"
+                if isinstance(e, AccessDenied):
+                    reason = "access denied below it"
+                elif not isinstance(e, (ConfigError, NotFound)):
+                    reason = "cannot be read"
+                elif ": " in e.message:
+                    # The layout rule that failed, without the sub-folder or the file names it found.
+                    rule = e.message.split(": ", 1)[1].split(" (", 1)[0]
+                    reason = f"a model folder below it breaks a layout rule: {rule}"
+                message = f"{path}: {reason}"
         raise ConfigError(f"{source}: api {api.name}: predictor.models: {message}") from e
 
 
@@ -57,7 +77,7 @@ def deploy():
         if api.kind not in DEPLOYABLE_KINDS:
             raise ConfigError(f"{source}: api {api.name}: kind {api.kind} cannot be deployed by this version")
     with tempfile.TemporaryDirectory(prefix="sluice-deploy-") as tmp:
-        unpack_project(project, Path(tmp))
+        services().bundles.unpack(project, Path(tmp))  # within the limits on unpacked size and files
         for api in apis:
             if not (Path(tmp) / api.predictor.path).is_file():
                 raise ConfigError(f"{source}: api {api.name}: predictor.path: {api.predictor.path} is not in the project folder")
@@ -72,14 +92,34 @@ def list_apis():
     return jsonify({"apis": [api.summary() for api in registry().all()]})
 
 
+def replicas_of(api: DeployedApi, now: float) -> list[dict[str, Any]]:
+    """The live replicas of a realtime API, as `GET /apis/<name>` lists them."""
+    return [
+        {
+            "id": r.replica_id, "address": r.address, "ready": r.ready, "draining": r.draining,
+            "bundle": r.bundle, "message": r.message,
+        }
+        for r in ReplicaDirectory(services().redis).live(now, api.name)
+    ]
+
+
 @blueprint.get("/apis/<name>")
 def get_api(name: str):
-    return jsonify(registry().get(name).summary())
+    """The API's summary; a realtime API's also lists its replicas (launchers announce them)."""
+    api = registry().get(name)
+    body = api.summary()
+    if api.kind == REALTIME_KIND:
+        body["endpoint"] = f"/{api.name}"
+        body["replicas"] = replicas_of(api, time.time())
+    return jsonify(body)
 
 
 @blueprint.delete("/apis/<name>")
 def delete_api(name: str):
-    """Refuses while jobs run, unless `?force=true`, which stops them first."""
+    """Refuses while jobs run, unless `?force=true`, which stops them first.
+
+    A realtime API's launchers see it gone from the registry and stop its replicas.
+    """
     api = registry().get(name)
     store = services().store
     active = [s for s in store.statuses(store.list_ids(api.name, limit=1000)).items() if s[1] in ACTIVE_STATUSES]

@@ -9,7 +9,7 @@ from jobs.services import Services
 from jobs.settings import Settings
 from predictors_runtime.project import MAX_BUNDLE_BYTES
 
-from . import apis, batch, health
+from . import apis, batch, fallback, health
 from .errors import register_error_handlers
 from .metrics import HTTP_RESPONSES
 from .registry import ApiRegistry
@@ -34,7 +34,8 @@ def create_app(settings: Settings | None = None) -> Flask:
         HTTP_RESPONSES.labels(status=f"{response.status_code // 100}xx").inc()
         return response
 
-    for module in (health, apis, batch):
+    # fallback's `/<name>` last: it answers only what no other route (and no replica) takes.
+    for module in (health, apis, batch, fallback):
         app.register_blueprint(module.blueprint)
     register_error_handlers(app)
     return app

@@ -48,13 +48,14 @@ def main(ctx: click.Context, url: str | None) -> None:
 @click.option("--port", default=8888, show_default=True)
 @click.option("--workers", default=1, show_default=True, help="Worker nodes (one predictor process each).")
 def up(port: int, workers: int) -> None:
-    """Start Redis (private, unless SLUICE_REDIS_URL is set), workers, beat and the API; Ctrl-C stops all."""
+    """Start Redis (private, unless SLUICE_REDIS_URL is set), workers, beat, the API, the proxy and a
+    replica of each deployed realtime API; Ctrl-C stops all."""
     import os
 
     from .embedded import Stack
 
     stack = Stack(port=port, workers=workers, redis_url=os.environ.get("SLUICE_REDIS_URL") or None)
-    click.echo("starting redis, the API, beat and workers ...", err=True)
+    click.echo("starting redis, the API, the proxy, beat and workers ...", err=True)
     try:
         stack.start()
     except SluiceError as e:
@@ -84,12 +85,56 @@ def up(port: int, workers: int) -> None:
 
 
 @main.command()
+@click.argument("api")
+@click.option("--port", default=8080, show_default=True,
+              help="The replica's port; a redeploy starts the new replica on port+1 (then port again).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the replica binds.")
+@click.option("--advertise", default=None,
+              help="Address the proxy reaches this host at (default: --host; this host's address for 0.0.0.0).")
+@click.option("--api-url", envvar="SLUICE_API_URL", default="http://127.0.0.1:8888", show_default=True,
+              help="Sluice's public URL, handed to the predictor as SLUICE_API_URL.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for the replicas' state (default: $SLUICE_CACHE_DIR/replicas).")
+def serve(api: str, port: int, host: str, advertise: str | None, api_url: str, state_dir: Path | None) -> None:
+    """Run this host's replica of a RealtimeAPI (against SLUICE_REDIS_URL and SLUICE_STORAGE) until
+    the API is deleted or SIGTERM; redeploys are rolled without a gap."""
+    from predictors_runtime.log import configure_json_logging
+
+    from .replica import serve as serve_replica
+
+    configure_json_logging()
+    sys.exit(serve_replica(api, port=port, host=host, advertise=advertise, api_url=api_url, state_dir=state_dir))
+
+
+@main.command()
+@click.option("--gpu", "hardware", flag_value="gpu", default=None, help="Only the APIs with compute.gpu > 0.")
+@click.option("--cpu", "hardware", flag_value="cpu", help="Only the APIs without a GPU.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the replicas bind.")
+@click.option("--advertise", default=None,
+              help="Address the proxy reaches this host at (default: --host; this host's address for 0.0.0.0).")
+@click.option("--api-url", envvar="SLUICE_API_URL", default="http://127.0.0.1:8888", show_default=True,
+              help="Sluice's public URL, handed to the predictors as SLUICE_API_URL.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for the replicas' state (default: $SLUICE_CACHE_DIR/replicas).")
+def replicas(hardware: str | None, host: str, advertise: str | None, api_url: str, state_dir: Path | None) -> None:
+    """Run a replica of every deployed RealtimeAPI (or only the GPU or the CPU ones) on this host, as
+    `sluice up` does: one `sluice serve` per API on free ports, started on deploy, until SIGTERM."""
+    from predictors_runtime.log import configure_json_logging
+
+    from .replica_manager import serve_all
+
+    configure_json_logging()
+    sys.exit(serve_all(hardware=hardware, host=host, advertise=advertise, api_url=api_url, state_dir=state_dir))
+
+
+@main.command()
 @click.argument("config", default="cortex.yaml", type=click.Path(exists=True, path_type=Path))
 @click.pass_context
 def deploy(ctx: click.Context, config: Path) -> None:
     """Deploy the APIs of a cortex.yaml (its folder is the project)."""
     for api in _client(ctx).deploy(config):
-        click.echo(f"deployed {api['name']} ({api['kind']}, queue {api['queue']}, bundle {api['bundle'][:12]})")
+        where = f"at /{api['name']}" if api["kind"] == "RealtimeAPI" else f"queue {api['queue']}"
+        click.echo(f"deployed {api['name']} ({api['kind']}, {where}, bundle {api['bundle'][:12]})")
         for ignored in api["ignored_fields"]:
             click.echo(f"  note: {ignored} means nothing to Sluice and was ignored", err=True)
 
@@ -178,6 +223,44 @@ def apis(ctx: click.Context) -> None:
 def delete(ctx: click.Context, api: str, force: bool) -> None:
     """Delete an API."""
     click.echo(_client(ctx).delete_api(api, force=force)["message"])
+
+
+@main.command()
+@click.option("--port", default=8888, show_default=True, help="The public port.")
+@click.option("--bind", default="127.0.0.1", show_default=True, help="Address the public port listens on.")
+@click.option("--management", required=True, help="host:port of the management API (gunicorn 'api:create_app()').")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for haproxy's configuration, log and master socket (default: $SLUICE_CACHE_DIR/proxy-PORT).")
+def proxy(port: int, bind: str, management: str, state_dir: Path | None) -> None:
+    """Run haproxy on the public port, its routes kept current from SLUICE_REDIS_URL, until SIGTERM or Ctrl-C."""
+    import threading
+
+    import redis
+
+    from jobs.settings import Settings
+    from predictors_runtime.log import configure_json_logging
+
+    from .proxy import ProxyController
+
+    configure_json_logging()
+    settings = Settings.from_env()
+    controller = ProxyController(
+        redis.Redis.from_url(settings.redis_url), port=port, bind=bind, management=management,
+        state_dir=state_dir or Path(settings.cache_dir) / f"proxy-{port}",
+    )
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    try:
+        controller.start()
+        click.echo(f"proxy on {controller.url} (haproxy state in {controller.state_dir})", err=True)
+        controller.run(stopping)
+    except KeyboardInterrupt:
+        pass
+    except redis.RedisError as e:
+        raise click.ClickException(f"cannot reach Redis at {settings.redis_url}: {e}") from e
+    finally:
+        controller.stop(grace=5.0)
 
 
 def run() -> None:

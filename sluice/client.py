@@ -71,6 +71,49 @@ class Client:
     def delete_api(self, name: str, force: bool = False) -> dict[str, Any]:
         return self._call("DELETE", f"/apis/{name}", params={"force": "true"} if force else None)
 
+    # -- realtime ---------------------------------------------------------------------------
+    def predict(
+        self, api_name: str, payload: Any, params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        """POST `payload` as JSON to a realtime API; its answer (parsed JSON, else text or bytes)."""
+        try:
+            response = self._session.post(
+                f"{self.url}/{api_name}", data=json.dumps(payload), params=params, timeout=self.timeout,
+                headers={"Content-Type": "application/json", **(headers or {})},
+            )
+        except requests.ConnectionError as e:
+            raise ClientError(0, "unreachable", f"cannot reach Sluice at {self.url} (is `sluice up` running?)") from e
+        content_type = response.headers.get("Content-Type", "")
+        if not response.ok:
+            try:
+                body = response.json()
+            except ValueError:
+                body = {"kind": "error", "message": response.text[:500]}
+            raise ClientError(response.status_code, body.get("kind", "error"), body.get("message", ""))
+        if content_type.startswith("application/json"):
+            return response.json()
+        if content_type.startswith("text/"):
+            return response.text
+        return response.content
+
+    def readiness(self, api_name: str) -> dict[str, Any]:
+        """`GET /<api_name>`: the API's readiness and models; raises ClientError (503) until ready."""
+        return self._call("GET", f"/{api_name}")
+
+    def wait_ready(self, api_name: str, timeout: float = 120.0, poll: float = 0.2) -> dict[str, Any]:
+        """Poll `GET /<api_name>` until a replica answers 200; returns that answer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.readiness(api_name)
+            except ClientError as e:
+                if e.http_status not in (0, 502, 503, 504):  # not deployed, or not a realtime API
+                    raise
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"api {api_name} not ready after {timeout:.0f}s: {e}") from e
+            time.sleep(poll)
+
     # -- jobs -------------------------------------------------------------------------------
     def submit_raw(self, api_name: str, body: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
         params = {"dryRun": "true"} if dry_run else None

@@ -1,7 +1,11 @@
-"""The embedded stack: a private redis-server, worker nodes, beat and the API as child processes.
+"""The embedded stack: a private redis-server, worker nodes, beat, the API, the proxy and the
+realtime replicas as child processes.
 
 `sluice up` runs one; the integration tests and benchmarks run the same class, so what they
-check is what users run.
+check is what users run. The public port is the proxy's (haproxy, `sluice proxy`): it sends a
+realtime API's requests to that API's replicas and everything else to the management API,
+which listens on an internal port. One launcher per deployed RealtimeAPI (`sluice serve`) runs
+the API's replica, kept by the replica manager in the supervisor thread.
 """
 
 from __future__ import annotations
@@ -22,7 +26,11 @@ from typing import Mapping
 import redis
 import requests
 
+from api.registry import ApiRegistry
 from predictors_runtime.errors import NotReady
+
+from .replica_manager import ReplicaManager
+from .replica_process import no_control_socket
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL_QUEUES = ("cpu", "gpu", "inf")
@@ -57,10 +65,14 @@ class Child:
     restarts: int = 0
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return _tail(self.log_path, lines)
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 @dataclass
@@ -78,7 +90,15 @@ class Stack:
     worker_loglevel: str = "INFO"
     # Restart worker nodes that die (as `restart: unless-stopped` does in docker/compose.yaml).
     supervise: bool = True
+    # The proxy on the public port; without it the management API listens there itself and
+    # realtime APIs cannot be reached.
+    proxy: bool = True
+    # One replica per deployed RealtimeAPI on this host (launchers kept by the replica manager).
+    realtime: bool = True
+    # The management API's internal port (a free one unless given).
+    api_port: int | None = None
     children: list[Child] = field(default_factory=list)
+    replicas: ReplicaManager | None = None
     _own_data_dir: bool = False
     _worker_count: int = 0
     _stopping: bool = False
@@ -88,7 +108,13 @@ class Stack:
 
     @property
     def url(self) -> str:
+        """The public URL: the proxy's (or the management API's, without a proxy)."""
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def management_url(self) -> str:
+        """The management API directly, bypassing the proxy."""
+        return f"http://127.0.0.1:{self.api_port or self.port}"
 
     def _child_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -136,7 +162,16 @@ class Stack:
 
     def _supervise(self) -> None:
         while not self._stop_supervising.wait(SUPERVISE_INTERVAL_S):
-            self.restart_dead_workers()
+            if self.supervise:
+                self.restart_dead_workers()
+            if self.replicas is not None:
+                with self._lock:
+                    if self._stopping:
+                        continue
+                    try:
+                        self.replicas.step(time.time())
+                    except Exception as e:  # a bad turn must not end supervision of the others
+                        print(f"[sluice] replica manager: {type(e).__name__}: {e}", file=sys.stderr)
 
     # -- parts ------------------------------------------------------------------------------
     def _start_redis(self) -> None:
@@ -181,13 +216,37 @@ class Stack:
         ])
 
     def _start_api(self) -> None:
+        if self.proxy and self.api_port is None:
+            self.api_port = free_port()
         child = self._spawn("api", [
-            sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{self.port}", "-w", str(self.api_processes),
-            "--timeout", "120", "--graceful-timeout", "10", "api:create_app()",
+            sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{self.api_port or self.port}",
+            "-w", str(self.api_processes), "--timeout", "120", "--graceful-timeout", "10", *no_control_socket(),
+            "api:create_app()",
         ])
-        _wait_until(lambda: self._died(child) or requests.get(f"{self.url}/healthz", timeout=2).ok, 60, "the API")
+        healthz = f"{self.management_url}/healthz"
+        _wait_until(lambda: self._died(child) or requests.get(healthz, timeout=2).ok, 60, "the API")
         if self._died(child):
             raise NotReady(f"the API exited:\n{child.log_tail()}")
+
+    def _start_proxy(self) -> None:
+        """haproxy on the public port, its config kept by `sluice proxy` from the registry and replicas."""
+        if shutil.which("haproxy") is None:
+            raise NotReady("haproxy is not installed (apt-get install -y haproxy)")
+        child = self._spawn("proxy", [
+            sys.executable, "-m", "sluice.cli", "proxy", "--port", str(self.port), "--bind", "127.0.0.1",
+            "--management", f"127.0.0.1:{self.api_port}",
+        ])
+        _wait_until(lambda: self._died(child) or requests.get(f"{self.url}/healthz", timeout=2).ok, 60, "the proxy")
+        if self._died(child):
+            raise NotReady(f"the proxy exited:\n{child.log_tail()}")
+
+    def _spawn_launcher(self, api_name: str, port: int) -> subprocess.Popen:
+        """`sluice serve` for one API; replicas bind ports `port` and `port + 1` on loopback."""
+        assert self.data_dir is not None
+        return self._popen([
+            sys.executable, "-m", "sluice.cli", "serve", api_name, "--port", str(port), "--host", "127.0.0.1",
+            "--api-url", self.url, "--state-dir", str(self.data_dir / "replicas"),
+        ], self.data_dir / "logs" / f"replica-{api_name}.log")
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> "Stack":
@@ -199,14 +258,20 @@ class Stack:
             if not self.redis_url:
                 self._start_redis()
             self._start_api()
+            if self.proxy:
+                self._start_proxy()
             if self.beat:
                 self._start_beat()
             for _ in range(self.workers):
                 self.add_worker()
+            if self.realtime:
+                self.replicas = ReplicaManager(ApiRegistry(redis.Redis.from_url(self.redis_url or "")),
+                                               self._spawn_launcher)
+                self.replicas.step(time.time())
         except BaseException:
             self.stop()
             raise
-        if self.supervise:
+        if self.supervise or self.replicas is not None:
             self._stop_supervising.clear()
             self._supervisor = threading.Thread(target=self._supervise, name="sluice-supervisor", daemon=True)
             self._supervisor.start()
@@ -220,6 +285,10 @@ class Stack:
         if self._supervisor is not None:
             self._supervisor.join()
             self._supervisor = None
+        if self.replicas is not None:
+            # First, while the proxy still runs: each replica drains before it stops.
+            self.replicas.stop()
+            self.replicas = None
         order = sorted(self.children, key=lambda c: c.name == "redis")
         for child in order:
             if child.process.poll() is None:
@@ -243,4 +312,8 @@ class Stack:
         self.stop()
 
     def logs(self) -> str:
-        return "\n".join(f"----- {c.name} -----\n{c.log_tail()}" for c in self.children)
+        parts = [f"----- {c.name} -----\n{c.log_tail()}" for c in self.children]
+        if self.data_dir is not None:
+            for path in sorted((self.data_dir / "logs").glob("replica-*.log")):
+                parts.append(f"----- {path.stem} -----\n{_tail(path)}")
+        return "\n".join(parts)

@@ -55,7 +55,7 @@ def test_sluice_up_without_a_redis_url_runs_a_private_redis_and_ctrl_c_stops_eve
         children = _children_of(process.pid)
         names = {Path(f"/proc/{c}/comm").read_text().strip() for c in children}
         assert any("redis" in n for n in names), names
-        assert len(children) == 4  # redis, api, beat, one worker
+        assert len(children) == 5  # redis, api, the proxy, beat, one worker
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0, process.stderr.read()

@@ -1,0 +1,470 @@
+"""`sluice serve`: the replica of one realtime API on this host, kept running and rolled on redeploys.
+
+The launcher owns one gunicorn at a time per deployment of the API (a "generation"): it fetches
+the deployment's bundle, writes the replica's state folder (the spec as JSON, a folder for the
+readiness markers), starts gunicorn on `api.realtime:create_replica_app()` with the project
+folder as working directory and the project's `.env` and `predictor.env` in its environment, and
+announces it in Redis every heartbeat, so that the proxy routes to it once every process has
+built the predictor.
+
+A redeploy (the registry's bundle or spec changes) is rolled without a gap: the new generation
+starts on the other of two ports (P, P+1), is announced as a new replica, and only once it is
+ready is the old one marked draining; the old gunicorn gets SIGTERM (it finishes the requests it
+has) once no proxy routes to it any more, or after a cap. A gunicorn that dies is started again
+on the same port. The API deleted, or SIGTERM to the launcher, stops everything and removes the
+records.
+
+The loop is a single `step(now)`, so its decisions can be driven by tests; processes, Redis and
+the proxy's routing table are the only outside state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+import redis
+
+from api.registry import ApiRegistry, DeployedApi
+from api.replicas import ReadinessMarkers, ReplicaDirectory, ReplicaRecord
+from predictors_runtime.bundles import BundleStore
+from predictors_runtime.project import BundleLimits
+from predictors_runtime.errors import ApiNotFound, ConfigError, NotReady, SluiceError
+
+from .replica_process import graceful_timeout_s, gunicorn_argv, replica_env, signal_group, spawn_gunicorn
+
+log = logging.getLogger("sluice.serve")
+
+REALTIME_KIND = "RealtimeAPI"
+DEFAULT_API_URL = "http://127.0.0.1:8888"
+TICK_S = 0.25
+HEARTBEAT_S = 1.0
+# Longest a draining replica waits for the proxies to stop routing it before it is stopped anyway.
+DRAIN_CAP_S = 30.0
+# A gunicorn that dies again within this many seconds of its start is restarted after a back-off.
+QUICK_EXIT_S = 10.0
+MAX_RESTART_DELAY_S = 30.0
+# A gunicorn that has not finished its requests this long after its graceful timeout is killed.
+KILL_AFTER_GRACE_S = 5.0
+
+Unrouted = Callable[[redis.Redis, str, float], bool]
+
+
+# -- pure pieces ------------------------------------------------------------------------------
+def alternate_port(base_port: int, port: int) -> int:
+    """The port the next generation uses: P and P+1 take turns, so old and new run side by side."""
+    return base_port + 1 if port == base_port else base_port
+
+
+def deployment_identity(api: DeployedApi) -> str:
+    """What a running generation must match: the bundle and the spec (a config-only redeploy rolls too)."""
+    spec = json.dumps(api.spec, sort_keys=True, separators=(",", ":"))
+    return f"{api.bundle}:{hashlib.sha256(spec.encode()).hexdigest()[:16]}"
+
+
+def new_replica_id(api_name: str, port: int) -> str:
+    """Unique across hosts and generations; only characters a proxy accepts in a server name."""
+    return f"{api_name}-{port}-{secrets.token_hex(4)}"
+
+
+def advertised_address(host: str, advertise: str | None) -> str:
+    """The address other hosts reach this one at: `--advertise`, else the bind address."""
+    if advertise:
+        return advertise
+    if host in ("", "0.0.0.0", "::"):
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+    return host
+
+
+def restart_delay_s(quick_failures: int) -> float:
+    """Back-off before starting again a gunicorn that keeps dying at once (0 after a long run)."""
+    if quick_failures <= 0:
+        return 0.0
+    return min(MAX_RESTART_DELAY_S, 0.5 * 2 ** (quick_failures - 1))
+
+
+def _proxy_unrouted() -> Unrouted:
+    """The proxy's answer to "does any proxy still route this replica?"."""
+    try:
+        from .proxy import unrouted
+    except ImportError:  # no proxy in this installation: nothing can route to a replica
+        return lambda _redis, _replica_id, _now: True
+    return unrouted
+
+
+# -- one gunicorn --------------------------------------------------------------------------------
+@dataclass
+class Generation:
+    """One gunicorn serving one deployment of the API on one port, under one replica id."""
+
+    replica_id: str
+    api: DeployedApi
+    port: int
+    project_dir: Path
+    state_dir: Path
+    env: dict[str, str]
+    argv: list[str]
+    process: subprocess.Popen | None = None
+    started_at: float = 0.0
+    restart_at: float = 0.0
+    quick_failures: int = 0
+    restarts: int = 0
+    message: str = ""
+    draining_since: float | None = None
+    drain_now: bool = False           # stop without waiting for the proxies (the API is gone)
+    stop_sent_at: float | None = None
+    last_announced: tuple[bool, bool, str] | None = None
+    last_announced_at: float = 0.0
+    identity: str = ""
+    # Every process of this gunicorn has been ready at least once (reset when gunicorn restarts).
+    has_been_ready: bool = False
+    markers: ReadinessMarkers = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.markers = ReadinessMarkers(self.state_dir / "markers")
+        self.identity = deployment_identity(self.api)
+
+    @property
+    def processes(self) -> int:
+        return self.api.config.predictor.processes_per_replica
+
+    @property
+    def graceful_s(self) -> float:
+        return graceful_timeout_s(self.api.config.predictor)
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def ready(self) -> bool:
+        """Routable: every process has built the predictor; once that was so, a process that died
+        while gunicorn replaces it leaves the replica serving on the others (not a 503 for all)."""
+        if not self.running():
+            return False
+        count = self.markers.ready_count()
+        if count >= self.processes:
+            self.has_been_ready = True
+        return count >= self.processes or (self.has_been_ready and count > 0)
+
+    def record(self, host: str, now: float) -> ReplicaRecord:
+        ready = self.ready()
+        return ReplicaRecord(
+            replica_id=self.replica_id, api=self.api.name, bundle=self.api.bundle, host=host, port=self.port,
+            processes=self.processes, ready=ready, draining=self.draining_since is not None, seen=now,
+            pid=os.getpid(), message="" if ready else (self.markers.failure() or self.message),
+        )
+
+
+# -- the launcher --------------------------------------------------------------------------------
+class ReplicaLauncher:
+    """Keeps this host's replica of one realtime API running, rolling it when the API is redeployed."""
+
+    def __init__(
+        self, api_name: str, *, redis_client: redis.Redis, bundles: BundleStore, state_root: Path,
+        port: int, host: str = "127.0.0.1", advertise: str | None = None, api_url: str = DEFAULT_API_URL,
+        base_env: Mapping[str, str] | None = None, drain_cap_s: float = DRAIN_CAP_S,
+        unrouted: Unrouted | None = None, spawn: Callable[..., subprocess.Popen] = spawn_gunicorn,
+    ) -> None:
+        self.api_name = api_name
+        self._redis = redis_client
+        self._registry = ApiRegistry(redis_client)
+        self._directory = ReplicaDirectory(redis_client)
+        self._bundles = bundles
+        self._state_root = Path(state_root)
+        self.base_port = port
+        self.host = host
+        self.advertise = advertised_address(host, advertise)
+        self.api_url = api_url
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._drain_cap_s = drain_cap_s
+        self._unrouted = unrouted or _proxy_unrouted()
+        self._spawn = spawn
+        self.serving: Generation | None = None
+        self.incoming: Generation | None = None
+        self.retiring: list[Generation] = []
+        self._stopping = False
+        self._prepare_retry_at = 0.0
+        self._last_redis_error = 0.0
+
+    # -- public ------------------------------------------------------------------------------
+    def start(self, now: float) -> None:
+        """Start the first generation; raises when the API is not a deployed RealtimeAPI."""
+        try:
+            api = self._registry.get(self.api_name)
+        except redis.RedisError as e:
+            raise NotReady(f"cannot read the API registry: {e}") from e
+        if api.kind != REALTIME_KIND:
+            raise ConfigError(f"api {self.api_name} is a {api.kind}: only a RealtimeAPI has replicas")
+        self.serving = self._prepare(api, self.base_port)
+        self._launch(self.serving, now)
+        log.info("serving %s (bundle %s) as %s on %s:%d", api.name, api.bundle[:12], self.serving.replica_id,
+                 self.host, self.serving.port)
+
+    def stop(self, now: float, wait_for_proxies: bool = True) -> None:
+        """Begin stopping every generation; `step` finishes it (`done` becomes true)."""
+        if not self._stopping:
+            log.info("stopping the replicas of %s", self.api_name)
+        self._stopping = True
+        for gen in (self.serving, self.incoming):
+            if gen is not None:
+                self._retire(gen, now, wait_for_proxies)
+        self.serving = self.incoming = None
+        if not wait_for_proxies:
+            for gen in self.retiring:
+                gen.drain_now = True
+
+    @property
+    def done(self) -> bool:
+        return self._stopping and not self.retiring
+
+    def generations(self) -> list[Generation]:
+        return [g for g in (self.serving, self.incoming) if g is not None] + self.retiring
+
+    def step(self, now: float) -> None:
+        """One turn: follow the registry, keep gunicorns alive, promote, retire, heartbeat."""
+        if not self._stopping:
+            api = self._lookup(now)
+            if api is False:
+                self.stop(now, wait_for_proxies=False)
+            elif api is not None:
+                self._follow(api, now)
+        for gen in [g for g in (self.serving, self.incoming) if g is not None]:
+            self._keep_alive(gen, now)
+        if self.incoming is not None and self.incoming.ready():
+            self._promote(now)
+        for gen in list(self.retiring):
+            self._advance_retirement(gen, now)
+        self._heartbeat(now)
+
+    def close(self) -> None:
+        """Last resort on the way out: no gunicorn outlives the launcher."""
+        for gen in self.generations():
+            if gen.running():
+                signal_group(gen.process, signal.SIGKILL)  # type: ignore[arg-type]
+                gen.process.wait()  # type: ignore[union-attr]
+            self._forget(gen)
+
+    # -- the registry ------------------------------------------------------------------------
+    def _lookup(self, now: float) -> DeployedApi | None | bool:
+        """The API as deployed now; False when it is gone (or no longer realtime); None if unknown."""
+        try:
+            api = self._registry.get(self.api_name)
+        except ApiNotFound:
+            log.info("api %s was deleted", self.api_name)
+            return False
+        except (redis.RedisError, ValueError, TypeError) as e:
+            self._redis_trouble(now, e)
+            return None
+        if api.kind != REALTIME_KIND:
+            log.info("api %s is now a %s", self.api_name, api.kind)
+            return False
+        return api
+
+    def _follow(self, api: DeployedApi, now: float) -> None:
+        """Start a generation of the deployed version unless one is serving or on its way."""
+        target = deployment_identity(api)
+        if self.serving is not None and self.serving.identity == target:
+            if self.incoming is not None:  # redeployed back to what is serving: drop the newcomer
+                self._retire(self.incoming, now, wait_for_proxies=True)
+                self.incoming = None
+            return
+        if self.incoming is not None:
+            if self.incoming.identity == target:
+                return
+            log.info("%s was redeployed again before %s was ready", api.name, self.incoming.replica_id)
+            self._retire(self.incoming, now, wait_for_proxies=True)
+            self.incoming = None
+        port = self.base_port if self.serving is None else alternate_port(self.base_port, self.serving.port)
+        if any(g.port == port and g.running() for g in self.retiring) or now < self._prepare_retry_at:
+            return  # the port is still held by a generation on its way out
+        try:
+            gen = self._prepare(api, port)
+        except (SluiceError, OSError) as e:
+            log.error("cannot prepare bundle %s of %s: %s; retrying in 5 s", api.bundle[:12], api.name, e)
+            self._prepare_retry_at = now + 5.0
+            return
+        self._launch(gen, now)
+        log.info("%s redeployed (bundle %s): starting %s on port %d", api.name, api.bundle[:12], gen.replica_id, port)
+        if self.serving is None:
+            self.serving = gen
+        else:
+            self.incoming = gen
+
+    # -- generations -------------------------------------------------------------------------
+    def _prepare(self, api: DeployedApi, port: int) -> Generation:
+        """Fetch the bundle and write the state folder of a new generation."""
+        project_dir = self._bundles.local_folder(api.bundle)
+        replica_id = new_replica_id(api.name, port)
+        state_dir = self._state_root / replica_id
+        (state_dir / "markers").mkdir(parents=True, exist_ok=True)
+        spec_path = state_dir / "spec.json"
+        spec_path.write_text(json.dumps(api.to_dict(), indent=2), encoding="utf-8")
+        env = replica_env(
+            self._base_env, project_dir, api, spec_path=spec_path, markers_dir=state_dir / "markers",
+            replica_id=replica_id, api_url=self.api_url,
+        )
+        argv = gunicorn_argv(api.config.predictor, f"{self.host}:{port}")
+        return Generation(replica_id, api, port, project_dir, state_dir, env, argv)
+
+    def _launch(self, gen: Generation, now: float) -> None:
+        gen.process = self._spawn(gen.argv, gen.env, gen.project_dir)
+        gen.has_been_ready = False
+        gen.started_at = now
+        gen.message = "starting"
+
+    def _keep_alive(self, gen: Generation, now: float) -> None:
+        """Start again, on the same port, a gunicorn that exited; back off if it keeps dying."""
+        if gen.process is None:
+            if now >= gen.restart_at:
+                self._launch(gen, now)
+            return
+        code = gen.process.poll()
+        if code is None:
+            if now - gen.started_at >= QUICK_EXIT_S:
+                gen.quick_failures = 0
+            return
+        gen.quick_failures = gen.quick_failures + 1 if now - gen.started_at < QUICK_EXIT_S else 1
+        delay = restart_delay_s(gen.quick_failures - 1)
+        # Workers orphaned by a dead arbiter would keep the port (a sync worker notices late).
+        signal_group(gen.process, signal.SIGKILL)
+        gen.restarts += 1
+        gen.message = f"gunicorn exited with status {code}; restarting"
+        log.error("%s: gunicorn exited with status %s; restarting in %.1f s", gen.replica_id, code, delay)
+        gen.process = None
+        gen.restart_at = now + delay
+        if delay == 0:
+            self._launch(gen, now)
+
+    def _promote(self, now: float) -> None:
+        """The new generation is ready: it takes the traffic, the old one drains."""
+        assert self.incoming is not None
+        old, self.serving, self.incoming = self.serving, self.incoming, None
+        log.info("%s is ready", self.serving.replica_id)
+        if old is not None:
+            self._retire(old, now, wait_for_proxies=True)
+
+    def _retire(self, gen: Generation, now: float, wait_for_proxies: bool) -> None:
+        if gen.draining_since is None:
+            gen.draining_since = now
+        gen.drain_now = gen.drain_now or not wait_for_proxies
+        if gen not in self.retiring:
+            self.retiring.append(gen)
+
+    def _advance_retirement(self, gen: Generation, now: float) -> None:
+        """Draining -> (unrouted or capped) SIGTERM -> (exited or overdue) gone."""
+        assert gen.draining_since is not None
+        if not gen.running():
+            self._forget(gen)
+            return
+        if gen.stop_sent_at is None:
+            if gen.drain_now or now - gen.draining_since >= self._drain_cap_s or self._is_unrouted(gen, now):
+                log.info("stopping %s", gen.replica_id)
+                gen.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+                gen.stop_sent_at = now
+        elif now - gen.stop_sent_at > gen.graceful_s + KILL_AFTER_GRACE_S:
+            log.error("%s did not stop within %.0f s; killing it", gen.replica_id, gen.graceful_s)
+            signal_group(gen.process, signal.SIGKILL)  # type: ignore[arg-type]
+
+    def _is_unrouted(self, gen: Generation, now: float) -> bool:
+        try:
+            return bool(self._unrouted(self._redis, gen.replica_id, now))
+        except redis.RedisError as e:
+            self._redis_trouble(now, e)
+            return False
+
+    def _forget(self, gen: Generation) -> None:
+        """A generation is over: its record and state folder go; its bundle stays cached."""
+        if gen in self.retiring:
+            self.retiring.remove(gen)
+        if gen.process is not None and gen.process.poll() is None:
+            return
+        if gen.process is not None:
+            signal_group(gen.process, signal.SIGKILL)  # workers left behind by a dead arbiter
+        self._bundles.release(gen.api.bundle)  # the cache may evict it once nothing else uses it
+        try:
+            self._directory.remove(gen.replica_id)
+        except redis.RedisError as e:
+            self._redis_trouble(time.time(), e)
+        shutil.rmtree(gen.state_dir, ignore_errors=True)
+
+    # -- heartbeat ---------------------------------------------------------------------------
+    def _heartbeat(self, now: float) -> None:
+        """Announce every generation: at once when its state changed, else every HEARTBEAT_S."""
+        for gen in self.generations():
+            record = gen.record(self.advertise, now)
+            state = (record.ready, record.draining, record.message)
+            if state == gen.last_announced and now - gen.last_announced_at < HEARTBEAT_S:
+                continue
+            try:
+                self._directory.announce(record)
+            except redis.RedisError as e:
+                self._redis_trouble(now, e)
+                return
+            gen.last_announced, gen.last_announced_at = state, now
+
+    def _redis_trouble(self, now: float, error: Exception) -> None:
+        if now - self._last_redis_error > 10:
+            log.error("redis: %s (replicas keep serving)", error)
+            self._last_redis_error = now
+
+
+# -- the command ---------------------------------------------------------------------------------
+def serve(
+    api_name: str, *, port: int, host: str = "127.0.0.1", advertise: str | None = None,
+    api_url: str = DEFAULT_API_URL, state_dir: Path | None = None, env: Mapping[str, str] | None = None,
+) -> int:
+    """Run the launcher until the API is deleted or SIGTERM/SIGINT arrives; the process exit status.
+
+    The first signal drains (the proxies stop routing the replica before it stops); a second
+    one stops at once (gunicorn still finishes the requests it has).
+    """
+    from jobs.settings import Settings
+
+    env = dict(os.environ if env is None else env)
+    settings = Settings.from_env(env)
+    # Short timeouts, no retries inside a command: a stalled Redis must not stall the loop that
+    # keeps gunicorn alive (the replica keeps serving; heartbeats resume with Redis).
+    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30, socket_timeout=5,
+                                  socket_connect_timeout=5)
+    bundles = BundleStore(
+        settings.storage, settings.cache_dir, cache_bytes=settings.bundle_cache_bytes,
+        limits=BundleLimits(settings.max_unpacked_bundle_bytes, settings.max_bundle_files),
+    )
+    launcher = ReplicaLauncher(
+        api_name, redis_client=client, bundles=bundles,
+        state_root=state_dir or Path(settings.cache_dir).expanduser() / "replicas", port=port, host=host,
+        advertise=advertise, api_url=api_url, base_env=env,
+    )
+    signals = 0
+
+    def _request_stop(*_: object) -> None:
+        nonlocal signals
+        signals += 1
+
+    previous = {sig: signal.signal(sig, _request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        launcher.start(time.time())
+        while not launcher.done:
+            if signals:
+                launcher.stop(time.time(), wait_for_proxies=signals < 2)
+            launcher.step(time.time())
+            if not launcher.done:
+                time.sleep(TICK_S)
+        return 0
+    finally:
+        launcher.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

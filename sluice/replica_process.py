@@ -1,0 +1,119 @@
+"""How one realtime replica's gunicorn is started: its command, its environment, its process.
+
+A replica is `gunicorn 'api.realtime:create_replica_app()'` in the API's project folder. It gets
+no `--preload` (each process builds its own predictor after the fork, so CUDA and threads are
+its own), sync workers unless the API wants several requests per process at once, and a
+process group of its own, tied to the launcher's life, so that nothing outlives the launcher.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Mapping
+
+from api.registry import DeployedApi
+from predictors_runtime.config import PredictorConfig
+from predictors_runtime.project import read_dotenv
+
+ROOT = Path(__file__).resolve().parent.parent
+REPLICA_APP = "api.realtime:create_replica_app()"
+MIN_GRACEFUL_S = 30.0
+# gunicorn's --timeout kills a *sync* worker that has not reported for this long, and a sync
+# worker cannot report while it runs predict: make it long enough never to hit a real request.
+MIN_WORKER_TIMEOUT_S = 3600
+PR_SET_PDEATHSIG = 1
+
+
+def uses_threads(predictor: PredictorConfig) -> bool:
+    """gthread when a process serves several requests at once (or gathers them into batches)."""
+    return predictor.threads_per_process > 1 or predictor.server_side_batching is not None
+
+
+def graceful_timeout_s(predictor: PredictorConfig) -> float:
+    """How long a stopping gunicorn waits for its requests: the API's request timeout, at least 30 s."""
+    return max(MIN_GRACEFUL_S, float(predictor.request_timeout or 0))
+
+
+def no_control_socket() -> list[str]:
+    """gunicorn >= 25 opens a control socket at one path per user; many gunicorns would share it."""
+    from gunicorn.config import KNOWN_SETTINGS
+
+    return ["--no-control-socket"] if any(s.name == "control_socket_disable" for s in KNOWN_SETTINGS) else []
+
+
+def gunicorn_argv(predictor: PredictorConfig, bind: str, python: str = sys.executable) -> list[str]:
+    """The gunicorn command of one replica. No --preload: each process builds its own predictor."""
+    argv = [python, "-m", "gunicorn", "-b", bind, "-w", str(predictor.processes_per_replica)]
+    if uses_threads(predictor):
+        argv += ["--worker-class", "gthread", "--threads", str(predictor.threads_per_process)]
+    else:
+        argv += ["--worker-class", "sync"]
+    worker_timeout = max(MIN_WORKER_TIMEOUT_S, int(predictor.request_timeout or 0) * 2)
+    argv += [
+        "--graceful-timeout", str(int(graceful_timeout_s(predictor))),
+        "--timeout", str(worker_timeout),
+        # Sluice's own packages first: gunicorn puts the working directory (the user's project)
+        # at the front of sys.path, where a project module named `api` would shadow ours.
+        "--pythonpath", str(ROOT),
+        *no_control_socket(),
+        REPLICA_APP,
+    ]
+    return argv
+
+
+def replica_env(
+    base: Mapping[str, str], project_dir: Path, api: DeployedApi, *, spec_path: Path, markers_dir: Path,
+    replica_id: str, api_url: str,
+) -> dict[str, str]:
+    """The replica's environment: the launcher's, then the project's `.env`, then `predictor.env`,
+    then the variables the replica app reads (which neither file may override)."""
+    env = dict(base)
+    env.update(read_dotenv(project_dir))
+    env.update({k: str(v) for k, v in api.config.predictor.env.items()})
+    env.update({
+        "SLUICE_REPLICA_SPEC": str(spec_path),
+        "SLUICE_REPLICA_PROJECT": str(project_dir),
+        "SLUICE_REPLICA_STATE_DIR": str(markers_dir),
+        "SLUICE_REPLICA_ID": replica_id,
+        "SLUICE_API_URL": api_url.rstrip("/"),
+        "PYTHONUNBUFFERED": "1",
+    })
+    env["PYTHONPATH"] = os.pathsep.join(
+        dict.fromkeys(p for p in [str(ROOT), *env.get("PYTHONPATH", "").split(os.pathsep)] if p)
+    )
+    return env
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    """A preexec_fn: the child gets SIGTERM when the launcher dies, however it dies."""
+
+    def preexec() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):  # not Linux: the launcher's exit handling still applies
+            return
+        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def spawn_gunicorn(argv: list[str], env: Mapping[str, str], cwd: Path) -> subprocess.Popen:
+    """gunicorn in its own process group (so the group can be killed as one), tied to our life."""
+    return subprocess.Popen(
+        argv, env=dict(env), cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
+    )
+
+
+def signal_group(process: subprocess.Popen, sig: int) -> None:
+    """Signal gunicorn and its workers at once (a worker left by a dead arbiter keeps the port)."""
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,412 @@
+"""Realtime APIs end to end: deploy, and the API answers at the public URL through the proxy.
+
+One stack for the module (haproxy on the public port, gunicorn replicas started by launchers),
+with its bundles on the session's S3 server so that a second `sluice serve` with its own
+working folder, as another host would run it, can fetch them too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import redis
+import requests
+import yaml
+
+from api.replicas import ReplicaDirectory
+from predictors_runtime.models import DEFAULT_MODEL_NAME
+from sluice.client import Client, ClientError
+from sluice.embedded import Stack, free_port
+
+from .conftest import FAST_LOOPS
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Answers with who served the request: the replica, its process, its environment and files.
+REALTIME_PREDICTOR = '''
+import json, os, time
+
+import helpers
+
+
+class PythonPredictor:
+    def __init__(self, config):
+        self.config = config
+        gate = config.get("gate")
+        while gate and not os.path.exists(gate):  # a slow __init__, until the test opens the gate
+            time.sleep(0.05)
+
+    def predict(self, payload, query_params, headers):
+        if isinstance(payload, dict) and payload.get("fail"):
+            raise ValueError("cannot handle this payload")
+        return {
+            "echo": payload, "query": query_params, "request_id": headers.get("X-Request-ID"),
+            "pid": os.getpid(), "replica": os.environ.get("SLUICE_REPLICA_ID"),
+            "host": os.environ.get("HOST_LABEL"), "greeting": os.environ.get("GREETING"),
+            "from_predictor_env": os.environ.get("FROM_PREDICTOR_ENV"), "helper": helpers.NAME,
+            "version": "{version}", "cwd": os.getcwd(), "api_url": os.environ.get("SLUICE_API_URL"),
+        }
+'''
+
+# A python predictor with a model folder shipped in the project.
+MODEL_PREDICTOR = '''
+class PythonPredictor:
+    def __init__(self, config, python_client):
+        self.client = python_client
+
+    def load_model(self, model_path):
+        with open(model_path + "/weights.txt") as f:
+            return f.read().strip()
+
+    def predict(self, payload):
+        return {"weights": self.client.get_model()}
+'''
+
+
+def write_realtime_project(
+    folder: Path, api_name: str, config: dict[str, Any] | None = None, *, helper: str = "default",
+    dotenv: str | None = None, source: str | None = None, version: str = "v1",
+    predictor_extra: dict[str, Any] | None = None, files: dict[str, str] | None = None,
+) -> Path:
+    """A Cortex-style RealtimeAPI project folder; returns the path of its cortex.yaml."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "predictor.py").write_text(source or REALTIME_PREDICTOR.replace("{version}", version))
+    (folder / "helpers.py").write_text(f"NAME = {helper!r}\n")
+    if dotenv is not None:
+        (folder / ".env").write_text(dotenv)
+    for name, text in (files or {}).items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    predictor = {"type": "python", "path": "predictor.py", "config": config or {}, **(predictor_extra or {})}
+    api = {"name": api_name, "kind": "RealtimeAPI", "predictor": predictor, "autoscaling": {"min_replicas": 1}}
+    (folder / "cortex.yaml").write_text(yaml.safe_dump([api], sort_keys=False))
+    return folder / "cortex.yaml"
+
+
+@pytest.fixture(scope="module")
+def s3_storage(s3_server: str) -> str:
+    import boto3
+
+    bucket = f"sluice-realtime-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/sluice"
+
+
+@pytest.fixture(scope="module")
+def rt_stack(tmp_path_factory: pytest.TempPathFactory, s3_storage: str):
+    """The proxy, the management API and the replica manager; no batch workers are needed here."""
+    data_dir = tmp_path_factory.mktemp("realtime-stack")
+    env = {**FAST_LOOPS, "SLUICE_STORAGE": s3_storage}
+    with Stack(port=free_port(), workers=0, beat=False, data_dir=data_dir, env=env) as running:
+        yield running
+        print(running.logs())
+
+
+@pytest.fixture(scope="module")
+def rt_client(rt_stack: Stack) -> Client:
+    return Client(rt_stack.url, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def replicas(rt_stack: Stack) -> ReplicaDirectory:
+    return ReplicaDirectory(redis.Redis.from_url(rt_stack.redis_url or ""))
+
+
+@pytest.fixture
+def deploy_realtime(rt_client: Client, tmp_path: Path) -> Callable[..., str]:
+    """Write and deploy a realtime project under a fresh API name; returns the name."""
+
+    def deploy(config: dict[str, Any] | None = None, name: str | None = None, **kwargs: Any) -> str:
+        api_name = name or f"rt-{uuid.uuid4().hex[:8]}"
+        rt_client.deploy(write_realtime_project(tmp_path / api_name, api_name, config, **kwargs))
+        return api_name
+
+    return deploy
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout:.0f}s")
+
+
+def test_a_deployed_realtime_api_answers_json_at_the_public_url(rt_stack, rt_client, deploy_realtime, replicas):
+    name = deploy_realtime(dotenv="GREETING=hello from .env\n",
+                           predictor_extra={"env": {"FROM_PREDICTOR_ENV": "yes"}})
+    rt_client.wait_ready(name, timeout=120)
+
+    response = requests.post(f"{rt_stack.url}/{name}?lang=en", json={"text": "hi"}, timeout=30)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["echo"] == {"text": "hi"} and body["query"] == {"lang": "en"}
+    assert response.headers["X-Request-ID"] == body["request_id"]
+    assert body["greeting"] == "hello from .env" and body["from_predictor_env"] == "yes"
+    assert body["api_url"] == rt_stack.url
+    assert Path(body["cwd"]).is_dir() and (Path(body["cwd"]) / "predictor.py").is_file()
+
+    mine = requests.post(f"{rt_stack.url}/{name}", json={}, headers={"X-Request-ID": "my-request-1"}, timeout=30)
+    assert mine.headers["X-Request-ID"] == "my-request-1" and mine.json()["request_id"] == "my-request-1"
+    assert rt_client.predict(name, [1, 2])["echo"] == [1, 2]
+
+    described = rt_client.api(name)
+    assert described["kind"] == "RealtimeAPI" and described["ignored_fields"] == ["autoscaling"]
+    (replica,) = described["replicas"]
+    assert replica["ready"] and not replica["draining"] and replica["bundle"] == described["bundle"]
+    assert replica["id"] == body["replica"]
+    assert [r.replica_id for r in replicas.live(time.time(), name)] == [replica["id"]]
+
+
+def test_get_says_the_api_is_ready_and_which_models_it_holds(rt_client, deploy_realtime):
+    name = deploy_realtime(source=MODEL_PREDICTOR, predictor_extra={"models": {"path": "model"}},
+                           files={"model/weights.txt": "0.25\n"})
+    readiness = rt_client.wait_ready(name, timeout=120)
+    assert readiness["ready"] is True
+    assert readiness["models"] == [{"name": DEFAULT_MODEL_NAME, "versions": readiness["models"][0]["versions"]}]
+    assert rt_client.predict(name, {})["weights"] == "0.25"
+
+
+def test_while_the_predictor_builds_get_and_post_answer_not_ready_at_once(rt_stack, rt_client, deploy_realtime,
+                                                                           tmp_path, replicas):
+    gate = tmp_path / "gate"
+    name = deploy_realtime({"gate": str(gate)})
+    # The launcher starts the replica; its process builds (and waits at the gate) in the background.
+    wait_for(lambda: replicas.live(time.time(), name), 60, "the replica's first heartbeat")
+    for method in ("GET", "POST"):
+        response = requests.request(method, f"{rt_stack.url}/{name}", json={}, timeout=10)
+        assert response.status_code == 503, response.text
+        assert response.json()["kind"] == "not_ready" and response.headers.get("X-Request-ID")
+    assert not rt_client.api(name)["replicas"][0]["ready"]
+
+    gate.write_text("open")
+    assert rt_client.wait_ready(name, timeout=60)["ready"] is True
+    assert rt_client.predict(name, {"n": 1})["echo"] == {"n": 1}
+
+
+def test_two_realtime_apis_each_see_only_their_own_env_and_modules(rt_client, deploy_realtime):
+    first = deploy_realtime(helper="first helpers.py", dotenv="GREETING=first\n")
+    second = deploy_realtime(helper="second helpers.py", dotenv="GREETING=second\n")
+    rt_client.wait_ready(first, timeout=120)
+    rt_client.wait_ready(second, timeout=120)
+    for _ in range(3):
+        a, b = rt_client.predict(first, {}), rt_client.predict(second, {})
+        assert (a["helper"], a["greeting"]) == ("first helpers.py", "first")
+        assert (b["helper"], b["greeting"]) == ("second helpers.py", "second")
+        assert a["pid"] != b["pid"] and a["cwd"] != b["cwd"]
+
+
+def test_a_predictor_exception_is_a_500_and_the_api_keeps_serving(rt_stack, rt_client, deploy_realtime):
+    name = deploy_realtime()
+    rt_client.wait_ready(name, timeout=120)
+    failed = requests.post(f"{rt_stack.url}/{name}", json={"fail": True}, timeout=30)
+    assert failed.status_code == 500
+    assert failed.json()["kind"] == "predictor_error" and "cannot handle this payload" in failed.json()["message"]
+    assert failed.headers["X-Request-ID"] == failed.json()["request_id"]
+    assert rt_client.predict(name, {"fine": True})["echo"] == {"fine": True}
+
+
+def test_posting_to_a_batch_api_at_its_name_points_to_the_batch_endpoint(rt_stack, rt_client, tmp_path):
+    from .conftest import write_project
+
+    name = f"batch-{uuid.uuid4().hex[:8]}"
+    rt_client.deploy(write_project(tmp_path / name, name))
+    for method in ("GET", "POST"):
+        response = requests.request(method, f"{rt_stack.url}/{name}", json={}, timeout=30)
+        assert response.status_code == 404
+        assert response.json() == {
+            "kind": "api_not_found", "message": f"{name} is a BatchAPI: submit jobs with POST /batch/{name}",
+        }
+
+
+def test_an_unknown_api_is_a_404_and_reserved_paths_keep_their_meaning(rt_stack):
+    response = requests.post(f"{rt_stack.url}/no-such-api", json={}, timeout=30)
+    assert response.status_code == 404 and response.json()["kind"] == "api_not_found"
+    assert requests.get(f"{rt_stack.url}/healthz", timeout=30).json()["status"] == "ok"
+    assert requests.post(f"{rt_stack.url}/healthz", timeout=30).status_code == 405
+    assert requests.get(f"{rt_stack.url}/apis", timeout=30).status_code == 200
+
+
+def test_deleting_a_realtime_api_stops_its_replicas(rt_stack, rt_client, deploy_realtime, replicas):
+    name = deploy_realtime()
+    rt_client.wait_ready(name, timeout=120)
+    served_by = rt_client.predict(name, {})["pid"]
+    launcher = rt_stack.replicas.launchers[name].process
+
+    rt_client.delete_api(name)
+    assert launcher.wait(timeout=60) == 0
+    assert replicas.live(time.time(), name) == []
+    wait_for(lambda: requests.post(f"{rt_stack.url}/{name}", json={}, timeout=30).status_code == 404, 30,
+             "the proxy forgetting the deleted API")
+    assert requests.post(f"{rt_stack.url}/{name}", json={}, timeout=30).json()["kind"] == "api_not_found"
+    with pytest.raises(ProcessLookupError):
+        os.kill(served_by, 0)
+
+
+def test_a_redeploy_switches_to_the_new_version_without_failing_a_request(rt_stack, rt_client, deploy_realtime,
+                                                                          tmp_path):
+    name = deploy_realtime(version="v1")
+    rt_client.wait_ready(name, timeout=120)
+    before = rt_client.predict(name, {})["replica"]
+    answers: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def hammer() -> None:
+        session = requests.Session()
+        while not stop.is_set():
+            response = session.post(f"{rt_stack.url}/{name}", json={}, timeout=60)
+            answers.append((response.status_code, response.json().get("version", response.text)))
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    try:
+        rt_client.deploy(write_realtime_project(tmp_path / name, name, version="v2"))
+        wait_for(lambda: answers and answers[-1][1] == "v2", 120, "answers from the new version")
+        wait_for(lambda: [r["id"] for r in rt_client.api(name)["replicas"]] != [before]
+                 and len(rt_client.api(name)["replicas"]) == 1, 60, "the old replica going away")
+        count = len(answers)
+        wait_for(lambda: len(answers) > count + 5, 30, "more answers")
+    finally:
+        stop.set()
+        thread.join()
+    assert {status for status, _ in answers} == {200}, [a for a in answers if a[0] != 200][:5]
+    versions = [version for _, version in answers]
+    # Both versions serve while the old replica drains; once it is gone, only the new one answers.
+    assert "v1" in versions and set(versions[count:]) == {"v2"}
+
+
+def test_a_second_host_running_sluice_serve_gets_traffic_through_the_proxy(
+    rt_stack, rt_client, deploy_realtime, replicas, s3_storage, tmp_path,
+):
+    name = deploy_realtime()
+    rt_client.wait_ready(name, timeout=120)
+    host2 = tmp_path / "host2"
+    host2.mkdir()
+    env = {
+        **os.environ, "SLUICE_REDIS_URL": rt_stack.redis_url or "", "SLUICE_STORAGE": s3_storage,
+        "SLUICE_CACHE_DIR": str(host2 / "cache"), "SLUICE_API_URL": rt_stack.url, "HOST_LABEL": "host2",
+        "PYTHONPATH": str(ROOT),
+    }
+    port = free_port()
+    with open(host2 / "serve.log", "wb") as log:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "sluice.cli", "serve", name, "--port", str(port), "--host", "127.0.0.1"],
+            env=env, cwd=host2, stdout=log, stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: len(replicas.routable(time.time(), name)) == 2, 120,
+                 f"two ready replicas ({(host2 / 'serve.log').read_text()[-2000:]})")
+        assert any(r.port == port for r in replicas.routable(time.time(), name))
+        assert (host2 / "cache" / "bundles").is_dir()  # fetched from S3 into the host's own cache
+
+        hosts: set[str | None] = set()
+
+        def both_hosts_answered() -> bool:
+            hosts.add(rt_client.predict(name, {})["host"])
+            return hosts == {None, "host2"}
+
+        wait_for(both_hosts_answered, 60, "answers from both hosts")
+
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 0
+        assert all(r.port != port for r in replicas.live(time.time(), name))
+        for _ in range(5):
+            assert rt_client.predict(name, {})["host"] is None
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_predicting_with_the_client_raises_the_servers_error(rt_client, deploy_realtime):
+    name = deploy_realtime()
+    rt_client.wait_ready(name, timeout=120)
+    with pytest.raises(ClientError) as raised:
+        rt_client.predict(name, {"fail": True})
+    assert raised.value.http_status == 500 and raised.value.kind == "predictor_error"
+    with pytest.raises(ClientError) as missing:
+        rt_client.wait_ready("no-such-api", timeout=5)
+    assert missing.value.http_status == 404
+    assert rt_client.predict(name, "text")["echo"] == "text"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def test_sluice_up_runs_a_replica_per_realtime_api_and_ctrl_c_stops_it(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "SLUICE_REDIS_URL"}
+    env.update(SLUICE_STORAGE=str(tmp_path / "storage"), SLUICE_CACHE_DIR=str(tmp_path / "cache"))
+    up = subprocess.Popen([sys.executable, "-m", "sluice.cli", "up", "--port", str(port), "--workers", "0"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        url = up.stdout.readline().strip()
+        assert url == f"http://127.0.0.1:{port}"
+        client = Client(url)
+        deployed = subprocess.run(
+            [sys.executable, "-m", "sluice.cli", "--url", url, "deploy",
+             str(write_realtime_project(tmp_path / "project", "greeter"))],
+            capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+        )
+        assert deployed.returncode == 0, deployed.stderr
+        assert "deployed greeter (RealtimeAPI, at /greeter" in deployed.stdout
+        client.wait_ready("greeter", timeout=120)
+        answer = client.predict("greeter", {"hello": "world"})
+        assert answer["echo"] == {"hello": "world"}
+        assert client.api("greeter")["replicas"][0]["id"] == answer["replica"]
+    finally:
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=90) == 0, up.stderr.read()
+    assert not _alive(answer["pid"])  # the replica's process stopped with the stack
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{url}/healthz", timeout=5)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def test_a_launcher_killed_outright_takes_its_gunicorn_with_it(rt_stack, rt_client, deploy_realtime, replicas,
+                                                                tmp_path):
+    name = deploy_realtime()
+    env = {**os.environ, "SLUICE_REDIS_URL": rt_stack.redis_url or "", "SLUICE_CACHE_DIR": str(tmp_path / "cache"),
+           **{k: v for k, v in rt_stack.env.items() if k.startswith("SLUICE_")}}
+    port = free_port()
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "sluice.cli", "serve", name, "--port", str(port)],
+        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: any(r.port == port and r.ready for r in replicas.live(time.time(), name)), 120,
+                 "the hand-started replica being ready")
+        (arbiter,) = _children(launcher.pid)
+        workers = _children(arbiter)
+        assert workers
+    finally:
+        launcher.kill()
+        launcher.wait()
+    wait_for(lambda: not any(_alive(pid) for pid in [arbiter, *workers]), 60, "gunicorn stopping")
+    rt_client.wait_ready(name, timeout=120)  # the stack's own replica serves on
+    assert rt_client.predict(name, {})["echo"] == {}

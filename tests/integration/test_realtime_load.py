@@ -1,0 +1,645 @@
+"""Realtime APIs under load, through the real proxy to real gunicorn replicas.
+
+What users meet when many clients call one API at once, and what the issue asks of it: requests
+gathered into server-side batches while clients come and go, every client getting its own
+answer; refusals at once when every replica and its queue are full; deadlines; a redeploy and
+killed processes while traffic flows. Each test is bounded by deadlines, never by how fast a
+loaded machine happens to be (the one exception is the issue's "503 in < 50 ms").
+
+One stack for the module (its own Redis, proxy and replica manager, no batch workers), so that
+the figures are not disturbed by the other integration tests' APIs.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import random
+import signal
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import redis
+import requests
+import yaml
+
+from api.replicas import ReplicaDirectory
+from sluice.client import Client
+from sluice.embedded import Stack, free_port
+from sluice.proxy import HAProxy, live_proxies
+
+from .conftest import FAST_LOOPS
+
+pytestmark = pytest.mark.integration
+
+READY_TIMEOUT_S = 120
+REQUEST_TIMEOUT_S = 30  # a cap on any one request of the tests: no answer by then is a stuck request
+
+# -- the predictors -------------------------------------------------------------------------------
+
+# Batched: lists in, one result per request out, derived from that request's own payload. Every
+# batch's size is appended to a file; a batch holding a request marked "short" returns one result
+# too few (the wrong-length case).
+BATCHING_PREDICTOR = '''
+import time
+
+
+class PythonPredictor:
+    def __init__(self, config):
+        self.sizes = config["sizes"]
+
+    def predict(self, payload):
+        with open(self.sizes, "a") as f:
+            f.write(f"{len(payload)}\\n")
+        time.sleep(0.005)
+        results = [{"n": p["n"], "y": [x * 2 for x in p["x"]]} for p in payload]
+        if any(p.get("short") for p in payload):
+            return results[:-1]
+        return results
+'''
+
+# Waits until the test opens the gate (a file), writing the ids of the requests it started.
+GATED_PREDICTOR = '''
+import os, time
+
+
+class PythonPredictor:
+    def __init__(self, config):
+        self.gate = config["gate"]
+        self.started = config["started"]
+
+    def predict(self, payload, headers):
+        with open(self.started, "a") as f:
+            f.write(headers["X-Request-ID"] + "\\n")
+        if isinstance(payload, dict) and payload.get("wait"):
+            give_up = time.monotonic() + 60
+            while not os.path.exists(self.gate) and time.monotonic() < give_up:
+                time.sleep(0.01)
+        return {"ok": True}
+'''
+
+# Says which code, replica and process served the request.
+WHO_PREDICTOR = '''
+import os
+
+
+class PythonPredictor:
+    def predict(self, payload):
+        return {"n": payload["n"], "version": "{version}", "pid": os.getpid(), "master": os.getppid(),
+                "replica": os.environ.get("SLUICE_REPLICA_ID")}
+'''
+
+# post_predict sleeps, then writes what it saw (or raises when asked to).
+POST_PREDICT_PREDICTOR = '''
+import json, time
+
+
+class PythonPredictor:
+    def predict(self, payload):
+        return {"n": payload["n"], "doubled": payload["n"] * 2}
+
+    def post_predict(self, response, payload):
+        if payload.get("raise"):
+            raise RuntimeError("post_predict went wrong for request %d" % payload["n"])
+        time.sleep(2)
+        with open(payload["out"], "w") as f:
+            json.dump(response, f)
+'''
+
+
+# -- the stack ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def load_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The proxy, the management API and the replica manager; bundles on local storage."""
+    data_dir = tmp_path_factory.mktemp("realtime-load")
+    env = {**FAST_LOOPS, "SLUICE_CACHE_DIR": str(data_dir / "cache")}
+    with Stack(port=free_port(), workers=0, beat=False, data_dir=data_dir, env=env) as running:
+        yield running
+        print(running.logs())
+
+
+@pytest.fixture(scope="module")
+def load_client(load_stack: Stack) -> Client:
+    client = Client(load_stack.url, timeout=REQUEST_TIMEOUT_S)
+    # No idle keep-alive connection of ours may hold an old haproxy worker after a reload: a
+    # draining replica is stopped only once no worker can route to it (up to the keep-alive timeout).
+    client._session.headers["Connection"] = "close"
+    return client
+
+
+@pytest.fixture(scope="module")
+def redis_client(load_stack: Stack) -> redis.Redis:
+    return redis.Redis.from_url(load_stack.redis_url or "")
+
+
+@pytest.fixture(scope="module")
+def replicas(redis_client: redis.Redis) -> ReplicaDirectory:
+    return ReplicaDirectory(redis_client)
+
+
+@pytest.fixture
+def deploy(load_client: Client, tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Write a realtime project, deploy it under a fresh name and wait until it is ready.
+
+    The APIs a test deployed are deleted after it, so that the next test's proxy carries only
+    its own routes.
+    """
+    deployed: list[str] = []
+
+    def deploy_project(source: str, config: dict[str, Any] | None = None, name: str | None = None,
+                       wait: bool = True, **predictor: Any) -> str:
+        api_name = name or f"load-{uuid.uuid4().hex[:8]}"
+        load_client.deploy(write_project(tmp_path / api_name, api_name, source, config, **predictor))
+        if api_name not in deployed:
+            deployed.append(api_name)
+        if wait:
+            load_client.wait_ready(api_name, timeout=READY_TIMEOUT_S)
+        return api_name
+
+    yield deploy_project
+    for api_name in deployed:
+        try:
+            load_client.delete_api(api_name)
+        except Exception as e:  # noqa: BLE001 - clean-up must not hide the test's own outcome
+            print(f"could not delete {api_name}: {e}")
+
+
+def write_project(folder: Path, api_name: str, source: str, config: dict[str, Any] | None = None,
+                  **predictor: Any) -> Path:
+    """A Cortex-style RealtimeAPI project folder; returns the path of its cortex.yaml."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "predictor.py").write_text(source)
+    spec = {"type": "python", "path": "predictor.py", "config": config or {}, **predictor}
+    (folder / "cortex.yaml").write_text(yaml.safe_dump([{"name": api_name, "kind": "RealtimeAPI",
+                                                         "predictor": spec}], sort_keys=False))
+    return folder / "cortex.yaml"
+
+
+# -- helpers --------------------------------------------------------------------------------------
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(interval)
+    raise AssertionError(f"{what} did not happen within {timeout:.0f}s")
+
+
+def only_replica(load_client: Client, name: str) -> str:
+    (replica,) = load_client.api(name)["replicas"]
+    return replica["id"]
+
+
+def wait_until_settled_on(redis_client: redis.Redis, replica_id: str) -> None:
+    """Every proxy routes the replica and runs a single haproxy worker (no reload in progress),
+    so the per-replica limits the test relies on are counted by one process."""
+    def settled() -> bool:
+        proxies = live_proxies(redis_client, time.time())
+        return bool(proxies) and all(p.settled and replica_id in p.routes for p in proxies)
+
+    wait_for(settled, 60, f"the proxy to settle on {replica_id}")
+
+
+def haproxy_of(stack: Stack) -> HAProxy:
+    """The stack's haproxy, for its statistics (master CLI in `sluice proxy`'s default state folder)."""
+    state_dir = Path(stack.env["SLUICE_CACHE_DIR"]) / f"proxy-{stack.port}"
+    haproxy = HAProxy(state_dir)
+    assert haproxy.socket_path.exists(), f"no haproxy master socket at {haproxy.socket_path}"
+    return haproxy
+
+
+def running_and_queued(haproxy: HAProxy, api: str) -> tuple[int, int]:
+    """Requests the API's replicas hold and requests waiting in its queue, as haproxy counts them."""
+    running = queued = 0
+    for row in haproxy.stats():
+        if row.get("pxname") != f"rt_{api}":
+            continue
+        if row["svname"] == "BACKEND":
+            queued = int(row["qcur"] or 0)
+        else:
+            running += int(row["scur"] or 0)
+    return running, queued
+
+
+def timed_post(port: int, path: str, body: bytes) -> tuple[tuple[int, http.client.HTTPMessage, bytes], float]:
+    """POST on a new connection; (status, headers, body) and the seconds from connecting to the
+    last byte of the answer."""
+    begun = time.perf_counter()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
+    try:
+        connection.request("POST", path, body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        answer = (response.status, response.headers, response.read())
+    finally:
+        connection.close()
+    return answer, time.perf_counter() - begun
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@dataclass
+class Answer:
+    """One request of a load: when it was sent and answered, and how."""
+
+    client: int
+    sent: float            # time.monotonic()
+    received: float
+    status: int            # 0: no HTTP answer (the connection failed or timed out)
+    body: Any
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+
+class SteadyLoad:
+    """`clients` threads posting to one URL back to back, each on its own connection (kept alive
+    between its requests unless `keep_alive` is false); every answer is kept, in arrival order."""
+
+    def __init__(self, url: str, clients: int, payload: Callable[[int], Any] = lambda n: {"n": n},
+                 keep_alive: bool = True) -> None:
+        self.url = url
+        # Without keep-alive every request comes on a new connection, which any of the replica's
+        # processes may accept (a kept connection stays with the process that accepted it).
+        self._headers = {} if keep_alive else {"Connection": "close"}
+        self.answers: list[Answer] = []
+        self._payload = payload
+        self._counter = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(clients)]
+
+    def _next(self) -> int:
+        with self._lock:
+            self._counter += 1
+            return self._counter
+
+    def _client(self, index: int) -> None:
+        session = requests.Session()
+        while not self._stop.is_set():
+            sent = time.monotonic()
+            try:
+                response = session.post(self.url, json=self._payload(self._next()), headers=self._headers,
+                                        timeout=REQUEST_TIMEOUT_S)
+            except requests.RequestException as e:
+                self.answers.append(Answer(index, sent, time.monotonic(), 0, None, f"{type(e).__name__}: {e}"))
+                session.close()
+                session = requests.Session()
+                continue
+            try:
+                body: Any = response.json()
+            except ValueError:
+                body = response.text
+            self.answers.append(Answer(index, sent, time.monotonic(), response.status_code, body))
+        session.close()
+
+    def __enter__(self) -> "SteadyLoad":
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(REQUEST_TIMEOUT_S + 10)
+        assert not any(t.is_alive() for t in self._threads), "a client of the load is stuck"
+
+    def wait_for_answers(self, more: int, timeout: float, what: str,
+                         check: Callable[[Answer], bool] = lambda a: True) -> None:
+        """Wait until `more` further answers (that pass `check`) arrive."""
+        start = len(self.answers)
+        wait_for(lambda: sum(1 for a in self.answers[start:] if check(a)) >= more, timeout, what)
+
+    def failures(self, since: int = 0) -> list[Answer]:
+        return [a for a in self.answers[since:] if not a.ok]
+
+    def wait_until_serving(self, since: int, timeout: float, what: str, run: int = 20) -> None:
+        """Wait until the last `run` answers, all sent after answer `since`, succeeded."""
+        def serving() -> bool:
+            tail = self.answers[since:][-run:]
+            return len(tail) == run and all(a.ok for a in tail)
+
+        wait_for(serving, timeout, what)
+
+    def last_ok(self) -> Answer:
+        return next(a for a in reversed(self.answers) if a.ok)
+
+
+def describe(answers: list[Answer], limit: int = 5) -> str:
+    return "; ".join(f"{a.status} {a.error or a.body}" for a in answers[:limit])
+
+
+# -- 1. server-side batching ----------------------------------------------------------------------
+CLIENTS = 64
+LOAD_DURATION_S = 20.0
+DISCONNECT_SHARE = 0.15
+
+
+def test_server_side_batching_under_64_clients_with_disconnects_gives_each_client_its_own_answer(
+    load_stack, load_client, deploy, tmp_path,
+):
+    sizes_file = tmp_path / "batch-sizes.txt"
+    name = deploy(BATCHING_PREDICTOR, {"sizes": str(sizes_file)}, processes_per_replica=2, threads_per_process=8,
+                  server_side_batching={"max_batch_size": 8, "batch_interval": "50ms"})
+    url = f"{load_stack.url}/{name}"
+    numbers = iter(range(1, 10**9))
+    numbers_lock = threading.Lock()
+    completed: list[tuple[int, list[int], Any]] = []   # (n, x, body) of every answer received
+    failed: list[str] = []                             # answers that were not 200, stuck requests
+    disconnects: list[int] = []                       # requests whose client left before the answer
+    end = time.monotonic() + LOAD_DURATION_S
+
+    def client() -> None:
+        rng = random.Random()
+        session = requests.Session()
+        while time.monotonic() < end:
+            with numbers_lock:
+                n = next(numbers)
+            x = [rng.randint(-1000, 1000) for _ in range(rng.randint(1, 5))]
+            leave_early = rng.random() < DISCONNECT_SHARE
+            # A client that leaves early closes its connection before the answer can come.
+            timeout = (5, rng.uniform(0.001, 0.05)) if leave_early else REQUEST_TIMEOUT_S
+            try:
+                response = session.post(url, json={"n": n, "x": x}, timeout=timeout)
+            except requests.RequestException as e:
+                session.close()
+                session = requests.Session()
+                if leave_early and isinstance(e, requests.Timeout):
+                    disconnects.append(n)
+                else:
+                    failed.append(f"request {n}: {type(e).__name__}: {e}")
+                continue
+            if response.status_code != 200:
+                failed.append(f"request {n}: {response.status_code} {response.text[:300]}")
+                continue
+            completed.append((n, x, response.json()))
+        session.close()
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        # A client's last request started before `end` and is answered, or times out, by then.
+        thread.join(max(0.0, end + REQUEST_TIMEOUT_S + 10 - time.monotonic()))
+    stuck = sum(thread.is_alive() for thread in threads)
+    assert stuck == 0, f"{stuck} clients did not finish"
+    assert failed == [], f"{len(failed)} requests failed: {failed[:5]}"
+
+    # Every answer is its own request's: its number, and its own values doubled.
+    mismatched = [(n, body) for n, x, body in completed if body != {"n": n, "y": [v * 2 for v in x]}]
+    assert mismatched == [], mismatched[:5]
+    assert sum(sum(body["y"]) for _, _, body in completed) == 2 * sum(sum(x) for _, x, _ in completed)
+    assert len({n for n, _, _ in completed}) == len(completed)
+
+    # Nothing is left hanging in the replica: a fresh request is answered at once.
+    fresh = requests.post(url, json={"n": -1, "x": [21]}, timeout=10)
+    assert fresh.status_code == 200 and fresh.json() == {"n": -1, "y": [42]}
+
+    sizes = [int(line) for line in sizes_file.read_text().split()]
+    histogram = {size: sizes.count(size) for size in sorted(set(sizes))}
+    print(f"\nbatching: {len(completed)} answers, {len(disconnects)} client disconnects, "
+          f"{len(sizes)} batches, sizes {histogram}")
+    assert max(sizes) > 1, f"predict never received more than one request at once: {histogram}"
+    assert completed and disconnects
+
+    # The wrong-length case: every request of a batch whose predict returns one result too few
+    # gets a 500, and none waits for an answer that will not come.
+    before = len(sizes)
+    with ThreadPoolExecutor(16) as pool:
+        short = list(pool.map(lambda n: requests.post(url, json={"n": n, "x": [n], "short": True},
+                                                      timeout=REQUEST_TIMEOUT_S), range(16)))
+    assert [answer.status_code for answer in short] == [500] * 16, [a.text for a in short if a.status_code != 500]
+    for answer in short:
+        body = answer.json()
+        assert body["kind"] == "predictor_error" and "must return one result per request" in body["message"]
+        assert body["request_id"] == answer.headers["X-Request-ID"]
+    short_sizes = [int(line) for line in sizes_file.read_text().split()][before:]
+    print(f"wrong-length batches: sizes {short_sizes}")
+    assert sum(short_sizes) == 16
+    assert requests.post(url, json={"n": 7, "x": [1]}, timeout=10).json() == {"n": 7, "y": [2]}
+
+
+# -- 2. overload ----------------------------------------------------------------------------------
+def test_beyond_concurrency_and_queue_the_proxy_refuses_at_once_and_the_rest_succeed(
+    load_stack, load_client, deploy, redis_client, tmp_path,
+):
+    concurrency, queue_length, extra = 2, 3, 5
+    gate, started = tmp_path / "gate", tmp_path / "started.txt"
+    name = deploy(GATED_PREDICTOR, {"gate": str(gate), "started": str(started)}, threads_per_process=concurrency,
+                  max_concurrency=concurrency, max_queue_length=queue_length)
+    wait_until_settled_on(redis_client, only_replica(load_client, name))
+    haproxy = haproxy_of(load_stack)
+    url = f"{load_stack.url}/{name}"
+
+    def post(wait: bool) -> requests.Response:
+        return requests.post(url, json={"wait": wait}, timeout=REQUEST_TIMEOUT_S)
+
+    with ThreadPoolExecutor(concurrency + queue_length) as pool:
+        try:
+            running = [pool.submit(post, True) for _ in range(concurrency)]
+            wait_for(lambda: running_and_queued(haproxy, name) == (concurrency, 0), 30, "the replica to be busy")
+            queued = [pool.submit(post, True) for _ in range(queue_length)]
+            wait_for(lambda: running_and_queued(haproxy, name) == (concurrency, queue_length), 30,
+                     "the queue to fill")
+            # Timed with the plainest client there is, so that the figure is the proxy's, not Python's.
+            refused = [timed_post(load_stack.port, f"/{name}", b'{"wait": false}') for _ in range(extra)]
+        finally:
+            gate.touch()
+        served = [future.result() for future in running + queued]
+
+    for (status, headers, body), _ in refused:
+        assert status == 503, body
+        assert json.loads(body)["kind"] == "overloaded" and headers["Retry-After"] == "1"
+        assert json.loads(body)["request_id"] == headers["X-Request-ID"]
+    timings = [round(elapsed * 1000, 1) for _, elapsed in refused]
+    print(f"\noverload: refusals answered in {timings} ms")
+    assert max(timings) < 50, f"a refusal took {max(timings)} ms"
+    assert [answer.status_code for answer in served] == [200] * (concurrency + queue_length)
+    # The refused requests never reached the predictor.
+    assert len(started.read_text().split()) == concurrency + queue_length
+
+
+# -- 3. request_timeout ---------------------------------------------------------------------------
+def test_past_the_request_timeout_running_or_queued_the_answer_is_504(
+    load_stack, load_client, deploy, redis_client, tmp_path,
+):
+    gate, started = tmp_path / "gate", tmp_path / "started.txt"
+    name = deploy(GATED_PREDICTOR, {"gate": str(gate), "started": str(started)}, max_queue_length=5,
+                  request_timeout=1)
+    wait_until_settled_on(redis_client, only_replica(load_client, name))
+    haproxy = haproxy_of(load_stack)
+    url = f"{load_stack.url}/{name}"
+
+    def post(request_id: str, wait: bool) -> requests.Response:
+        return requests.post(url, json={"wait": wait}, headers={"X-Request-ID": request_id}, timeout=REQUEST_TIMEOUT_S)
+
+    with ThreadPoolExecutor(3) as pool:
+        try:
+            # Slower than the request_timeout: the proxy stops waiting for it.
+            slow = pool.submit(post, "slow", True)
+            wait_for(lambda: running_and_queued(haproxy, name) == (1, 0), 30, "the replica to be busy")
+            # Queued behind it: reaches the replica once the slow one is answered, while the replica
+            # (one process, one thread) is still running the slow predict.
+            second = pool.submit(post, "second", True)
+            wait_for(lambda: running_and_queued(haproxy, name) == (1, 1), 30, "the second request to be queued")
+            # Queued behind the second: its request_timeout runs out before a replica can run it.
+            third = pool.submit(post, "third", False)
+            answers = {"slow": slow.result(), "second": second.result(), "third": third.result()}
+        finally:
+            gate.touch()
+
+    print("\nrequest_timeout: " + "; ".join(f"{rid}: {a.status_code} {a.text}" for rid, a in answers.items()))
+    for request_id, answer in answers.items():
+        assert answer.status_code == 504, (request_id, answer.text)
+        assert answer.json()["kind"] == "request_timeout" and answer.json()["request_id"] == request_id
+    # Who says so depends on where the time ran out: the proxy (waiting for the replica, or for a
+    # free replica), or the replica (the deadline passed before predict could start or return).
+    timed_out = {
+        f"{name} did not answer within its request_timeout of 1 s",
+        f"no replica of {name} was free within its request_timeout of 1 s",
+        "predict did not return within the API's request_timeout",
+        "the request's deadline passed before it could run",
+    }
+    assert {answer.json()["message"] for answer in answers.values()} <= timed_out
+    # Neither request that timed out behind the slow one was started, then or later: the next
+    # request (once the slow predict returned) is the only other one predict saw.
+    assert requests.post(url, json={}, headers={"X-Request-ID": "after"}, timeout=REQUEST_TIMEOUT_S).status_code == 200
+    assert started.read_text().split() == ["slow", "after"]
+
+
+# -- 4. redeploy under load -----------------------------------------------------------------------
+def test_a_redeploy_under_steady_load_fails_no_request(load_stack, load_client, deploy, replicas):
+    name = deploy(WHO_PREDICTOR.replace("{version}", "v1"), threads_per_process=2)
+    old = only_replica(load_client, name)
+    with SteadyLoad(f"{load_stack.url}/{name}", clients=4) as load:
+        load.wait_for_answers(20, 60, "answers from v1")
+        old_pids = {a.body["pid"] for a in load.answers if a.ok}
+        deploy(WHO_PREDICTOR.replace("{version}", "v2"), name=name, wait=False, threads_per_process=2)
+        load.wait_for_answers(1, READY_TIMEOUT_S, "an answer from v2", lambda a: a.ok and a.body["version"] == "v2")
+        wait_for(lambda: old not in {r.replica_id for r in replicas.all()}, 90, "the old replica's record going away")
+        gone_at = time.monotonic()
+        load.wait_for_answers(40, 60, "answers after the old replica left")
+
+    answers = load.answers
+    failures = load.failures()
+    versions = [a.body["version"] for a in answers if a.ok]
+    switched = versions.index("v2")
+    print(f"\nredeploy: {len(answers)} requests, {len(failures)} failed, "
+          f"{versions.count('v1')} answered by v1, {versions.count('v2')} by v2, "
+          f"{versions[switched:].count('v1')} v1 answers after the first v2 one")
+    assert failures == [], describe(failures)
+    assert versions[0] == "v1" and versions[-1] == "v2"
+    assert all(a.body["version"] == "v2" for a in answers if a.sent > gone_at)
+    (new,) = [r.replica_id for r in replicas.all() if r.api == name]
+    assert new != old and load_client.api(name)["replicas"][0]["id"] == new
+    wait_for(lambda: not any(pid_alive(pid) for pid in old_pids), 30, "the old replica's processes exiting")
+
+
+# -- 5. killed processes --------------------------------------------------------------------------
+def _failure_figures(failures: list[Answer]) -> str:
+    """How many requests failed, how, and over how long."""
+    if not failures:
+        return "0 failed"
+    kinds = [f"{a.status} {a.body['kind']}" if isinstance(a.body, dict) else f"{a.status} {a.error[:60]}"
+             for a in failures]
+    span = max(a.received for a in failures) - min(a.sent for a in failures)
+    return f"{len(failures)} failed within {span:.1f} s {({kind: kinds.count(kind) for kind in sorted(set(kinds))})}"
+
+
+def _still_building(answer: Answer) -> bool:
+    """The answer of a replica process still building its predictor (it accepts requests meanwhile);
+    not the management API's answer for an API that has no routable replica."""
+    return (answer.status == 503 and isinstance(answer.body, dict) and answer.body.get("kind") == "not_ready"
+            and answer.body.get("message") == "the predictor is still being built")
+
+
+def test_killed_replica_processes_are_replaced_and_the_api_serves_again(load_stack, load_client, deploy):
+    name = deploy(WHO_PREDICTOR.replace("{version}", "v1"), processes_per_replica=2, threads_per_process=2)
+    clients = 4
+    figures = []
+    with SteadyLoad(f"{load_stack.url}/{name}", clients=clients, keep_alive=False) as load:
+        load.wait_for_answers(20, 60, "answers")
+
+        # One gunicorn worker dies: gunicorn starts another, which builds the predictor while the
+        # other process keeps serving; then the new process answers too.
+        seen = {a.body["pid"] for a in load.answers if a.ok}
+        victim, master = load.last_ok().body["pid"], load.last_ok().body["master"]
+        mark = len(load.answers)
+        os.kill(victim, signal.SIGKILL)
+        load.wait_for_answers(1, READY_TIMEOUT_S, "an answer from the new process",
+                              lambda a: a.ok and a.body["pid"] not in seen)
+        load.wait_until_serving(mark, 60, "the API serving again after the worker was killed")
+        worker_failures = load.failures(mark)
+        figures.append(f"worker {victim} killed: {_failure_figures(worker_failures)}")
+
+        # The gunicorn master dies (its workers with it): the launcher starts the replica again.
+        seen = {a.body["pid"] for a in load.answers if a.ok}
+        mark = len(load.answers)
+        os.kill(master, signal.SIGKILL)
+        load.wait_for_answers(1, READY_TIMEOUT_S, "an answer from the restarted gunicorn",
+                              lambda a: a.ok and a.body["pid"] not in seen and a.body["master"] != master)
+        load.wait_until_serving(mark, 60, "the API serving again after gunicorn was killed")
+        master_failures = load.failures(mark)
+        figures.append(f"master {master} killed: {_failure_figures(master_failures)}")
+
+        # The launcher dies (its gunicorn is stopped with it): the stack starts the launcher again,
+        # which starts a new replica.
+        seen = {a.body["pid"] for a in load.answers if a.ok}
+        old_replica = load.last_ok().body["replica"]
+        launcher = load_stack.replicas.launchers[name].process
+        mark = len(load.answers)
+        launcher.send_signal(signal.SIGKILL)
+        load.wait_for_answers(1, READY_TIMEOUT_S, "an answer from the new replica",
+                              lambda a: a.ok and a.body["pid"] not in seen and a.body["replica"] != old_replica)
+        load.wait_until_serving(mark, 60, "the API serving again after the launcher was killed")
+        launcher_failures = load.failures(mark)
+        figures.append(f"launcher killed: {_failure_figures(launcher_failures)}")
+
+    print(f"\n{len(load.answers)} requests from {clients} clients; " + "; ".join(figures))
+    # A dead worker costs the requests it held (each client has one request at a time); the
+    # replica stays routed on its other process, so nothing else fails but, possibly, requests
+    # the new process accepts before it has built the predictor.
+    held = [a for a in worker_failures if not _still_building(a)]
+    assert len(held) <= clients, describe(held)
+    for pid in (victim, master):
+        wait_for(lambda: not pid_alive(pid), 30, f"process {pid} to be gone")
+
+
+# -- 6. post_predict ------------------------------------------------------------------------------
+def test_a_slow_post_predict_does_not_delay_the_response_and_a_raising_one_still_answers_200(
+    load_stack, deploy, tmp_path,
+):
+    name = deploy(POST_PREDICT_PREDICTOR, threads_per_process=2)
+    url = f"{load_stack.url}/{name}"
+    out = tmp_path / "post_predict.json"
+
+    answer = requests.post(url, json={"n": 21, "out": str(out)}, timeout=REQUEST_TIMEOUT_S)
+    assert answer.status_code == 200 and answer.json() == {"n": 21, "doubled": 42}
+    assert not out.exists()  # answered while post_predict still sleeps its 2 s
+    wait_for(out.exists, 30, "post_predict to finish")
+    assert json.loads(out.read_text()) == {"n": 21, "doubled": 42}
+
+    raising = requests.post(url, json={"n": 5, "raise": True}, timeout=REQUEST_TIMEOUT_S)
+    assert raising.status_code == 200 and raising.json() == {"n": 5, "doubled": 10}
+    assert load_stack.data_dir is not None
+    log = load_stack.data_dir / "logs" / f"replica-{name}.log"
+    wait_for(lambda: "post_predict went wrong for request 5" in log.read_text(errors="replace"), 30,
+             "the post_predict error in the replica's log")
