@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from flask import Blueprint, jsonify, request
@@ -13,19 +12,32 @@ from jobs.submission import parse_job_request
 from predictors_runtime.errors import BadRequest, Conflict
 
 from .context import registry, services
+from .json_body import parse_json_body
 from .metrics import JOBS_SUBMITTED
 
 blueprint = Blueprint("batch", __name__)
+
+
+# Jobs `GET /batch/<api>` lists at most.
+MAX_LIST_LIMIT = 1000
 
 
 def _json_body() -> Any:
     raw = request.get_data(cache=False)
     if not raw:
         raise BadRequest("request body is empty; expected a JSON job submission")
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadRequest(f"request body is not valid JSON: {e}") from e
+    return parse_json_body(raw)
+
+
+def _int_arg(name: str, default: int, low: int, high: int) -> int:
+    """A query parameter that must be an integer in [low, high]: Redis refuses numbers past 64 bits."""
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    text = raw.strip()
+    if not (text.isascii() and text.lstrip("-").isdigit()) or len(text) > 20 or not low <= int(text) <= high:
+        raise BadRequest(f"query parameter {name} must be an integer from {low} to {high} (got {raw[:40]!r})")
+    return int(text)
 
 
 def _job_id() -> str:
@@ -58,12 +70,9 @@ def get_jobs(api_name: str):
     if "jobID" in request.args:
         state = store.state(_job_id(), api_name=api.name)
         return jsonify({"job_status": job_status_view(state), "endpoint": _endpoint(api.name), "api_spec": api.spec})
-    try:
-        limit = int(request.args.get("limit", 100))
-    except ValueError as e:
-        raise BadRequest("limit must be an integer") from e
+    limit = _int_arg("limit", 100, 1, MAX_LIST_LIMIT)
     views = []
-    for job_id in store.list_ids(api.name, limit=max(limit, 1)):
+    for job_id in store.list_ids(api.name, limit=limit):
         try:
             views.append(job_status_view(store.state(job_id)))
         except Exception:  # expired since it was listed

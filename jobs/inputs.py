@@ -19,6 +19,7 @@ from wcmatch import glob
 
 from predictors_runtime.errors import BadRequest, BadStorageUri, SluiceError
 from predictors_runtime.storage import ObjectInfo, split_uri, storage_for
+from predictors_runtime.storage.local import read_range_confined
 
 from .submission import FileSource
 
@@ -197,14 +198,19 @@ class _RangeCutter:
                 yield self._emit(position)
 
 
-def read_range(ref: dict[str, Any]) -> list[Any]:
+def read_range(ref: dict[str, Any], local_roots: tuple[str, ...] | None = None) -> list[Any]:
     """The items of one JSON-lines batch, read by the worker that runs it.
 
     Every line was checked to be one JSON value when the job was enqueued, so the range parses
     as one JSON array of its lines (a single parser call). If the file changed since, the item
-    count will not match, and the batch fails instead of running on other items.
+    count will not match, and the batch fails instead of running on other items. A local file
+    is opened confined to `local_roots` (workers pass theirs; None: not checked), as it may have
+    been swapped for a link since the submission was checked.
     """
-    data = storage_for(ref["uri"]).read_range(ref["uri"], ref["start"], ref["end"])
+    if local_roots is not None and is_local(ref["uri"]):
+        data = read_range_confined(split_uri(ref["uri"])[2], ref["start"], ref["end"], local_roots)
+    else:
+        data = storage_for(ref["uri"]).read_range(ref["uri"], ref["start"], ref["end"])
     lines = [line for line in data.split(b"\n") if line.strip()]
     try:
         items = orjson.loads(b"[" + b",".join(lines) + b"]")

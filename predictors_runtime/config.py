@@ -24,13 +24,14 @@ from predictors_runtime.errors import ConfigError
 KINDS = ("BatchAPI", "RealtimeAPI")
 RESERVED_NAMES = frozenset({"apis", "batch", "healthz", "metrics", "openapi.json"})
 # Cortex fields accepted for compatibility but without effect here, by section.
-IGNORED_API_FIELDS = ("autoscaling", "networking", "update_strategy")
+IGNORED_API_FIELDS = ("autoscaling", "networking", "update_strategy", "monitoring")
 IGNORED_PREDICTOR_FIELDS = tuple("image tensorflow_serving_image shm_size dependencies".split())
 # Bounds of the realtime fields: generous, but finite so no value can overflow a timer or a proxy setting.
 MAX_PROCESSES = 64
 MAX_THREADS = 1024
 MAX_CONCURRENCY = 100_000
 MAX_REQUEST_TIMEOUT_S = 24 * 3600
+MAX_BATCH_TIMEOUT_S = 24 * 3600
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
@@ -64,11 +65,25 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _path_text(value: str | None) -> str | None:
+    """A path reaches the file system and storage clients, which refuse NUL and lone surrogates."""
+    if value is not None:
+        if "\0" in value:
+            raise ValueError("must not contain a NUL character")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError("must be valid Unicode text (found a lone UTF-16 surrogate)") from e
+    return value
+
+
 class ModelPath(_Model):
     """One named model of a `paths:` list."""
 
     name: str = Field(min_length=1)
     path: str = Field(min_length=1)
+
+    _usable_path = field_validator("path")(_path_text)
 
 
 class ModelsConfig(_Model):
@@ -80,6 +95,8 @@ class ModelsConfig(_Model):
     cache_size: int | None = Field(default=None, ge=1)
     disk_cache_size: int | None = Field(default=None, ge=1)
     signature_key: str | None = Field(default=None, min_length=1)
+
+    _usable_paths = field_validator("path", "dir")(_path_text)
 
     @field_validator("paths")
     @classmethod
@@ -166,6 +183,8 @@ class PredictorConfig(_Model):
     max_concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY)
     max_queue_length: int = Field(default=100, ge=0, le=MAX_CONCURRENCY)
     request_timeout: float | None = Field(default=None, gt=0, le=MAX_REQUEST_TIMEOUT_S)
+    # Batch only (a RealtimeAPI ignores it): seconds one try of a batch may run, unless the job says.
+    batch_timeout: float | None = Field(default=None, gt=0, le=MAX_BATCH_TIMEOUT_S)
 
     @field_validator("path")
     @classmethod
@@ -378,13 +397,112 @@ def _describe(exc: ValidationError, prefix: str, spelling: dict[str, str]) -> li
     return lines
 
 
+# Limits on reading a cortex.yaml, which an API host parses for anyone who can deploy: without
+# them a small file could hold a worker for minutes (aliases expanding exponentially, the
+# "billion laughs") or crash it (nesting deeper than Python's recursion limit).
+MAX_CONFIG_BYTES = 1024 * 1024
+MAX_YAML_DEPTH = 64
+# Nodes that aliases (`*name`) may add to the document once expanded, beyond the nodes written.
+MAX_YAML_ALIAS_EXPANSION = 100_000
+# Characters of one integer (Python refuses to print integers of more than 4300 digits).
+MAX_YAML_INT_CHARS = 100
+
+
+class _YamlLimit(yaml.YAMLError):
+    """A document over one of the reading limits; `problem_mark` says where, when known."""
+
+    def __init__(self, problem: str, mark: Any = None) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.problem_mark = mark
+
+
+def _expansion(root: yaml.Node) -> tuple[int, int, int]:
+    """(nodes written, nodes once aliases are expanded, depth once expanded) of a composed document.
+
+    Aliases make the node graph a DAG (or a cycle, for an anchor used inside itself), so sizes
+    are summed with one visit per node, without recursion.
+    """
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            on_path.discard(key)
+            children = _children(node)
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            depth[key] = 1 + max((depth[id(c)] for c in children), default=0)
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise _YamlLimit("an alias refers to a node that contains it (a recursive structure)", node.start_mark)
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in size)
+    return len(size), size[id(root)], depth[id(root)]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe loader that refuses duplicate keys, which PyYAML would silently overwrite."""
+    """A safe loader that refuses duplicate keys, which PyYAML would silently overwrite, and
+    documents over the reading limits (nesting depth, alias expansion, integer length)."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        # PyYAML composes recursively: refuse deep nesting before Python's own limit is reached.
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _YamlLimit(f"nested deeper than the limit of {MAX_YAML_DEPTH} levels",
+                                 self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node: Any) -> Any:
+        written, expanded, depth = _expansion(node)
+        if expanded - written > MAX_YAML_ALIAS_EXPANSION:
+            raise _YamlLimit(
+                f"aliases expand the document by more than the limit of {MAX_YAML_ALIAS_EXPANSION} "
+                "nodes (anchors used too many times over)", node.start_mark,
+            )
+        if depth > MAX_YAML_DEPTH:
+            raise _YamlLimit(f"aliases nest the document deeper than the limit of {MAX_YAML_DEPTH} levels",
+                             node.start_mark)
+        return super().construct_document(node)
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, OverflowError) as e:  # e.g. a date such as 2001-02-30
+            raise yaml.constructor.ConstructorError(None, None, f"invalid value: {e}", node.start_mark) from e
+
+
+def _construct_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> Any:
+    if len(node.value) > MAX_YAML_INT_CHARS:
+        raise _YamlLimit(f"an integer longer than the limit of {MAX_YAML_INT_CHARS} characters", node.start_mark)
+    return loader.construct_yaml_int(node)
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *defaults` merges a mapping in; `construct_mapping` resolves it
         key = loader.construct_object(key_node, deep=deep)
         if not isinstance(key, (str, int, float, bool)):
             continue  # unhashable keys are left to the normal constructor to reject
@@ -397,9 +515,15 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def _read_yaml(text: str, source: str) -> list[Any]:
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{source}: {size} bytes, over the limit of {MAX_CONFIG_BYTES} bytes for an API configuration"
+        )
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:

@@ -14,6 +14,9 @@ import io
 import os
 import posixpath
 import tarfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pathspec
@@ -22,6 +25,11 @@ from dotenv import dotenv_values
 from predictors_runtime.errors import ConfigError
 
 MAX_BUNDLE_BYTES = 200 * 1024 * 1024
+# What a bundle may hold once unpacked. The packed limit counts compressed bytes, and a 1 MB
+# upload of zeros can declare a 1 GiB file: these bound the disk a deploy (and every worker that
+# unpacks it) can be made to fill, and the inodes.
+MAX_UNPACKED_BYTES = 1024 * 1024 * 1024
+MAX_BUNDLE_FILES = 100_000
 IGNORE_FILE = ".cortexignore"
 DOTENV_FILE = ".env"
 _COMPILED_SUFFIXES = (".pyc", ".pyo", ".pyd")
@@ -166,6 +174,14 @@ def pack_project(
     return buffer.getvalue()
 
 
+@dataclass(frozen=True)
+class BundleLimits:
+    """What one bundle may unpack to (`SLUICE_MAX_UNPACKED_BUNDLE_BYTES`, `SLUICE_MAX_BUNDLE_FILES`)."""
+
+    unpacked_bytes: int = MAX_UNPACKED_BYTES
+    files: int = MAX_BUNDLE_FILES
+
+
 def _open_bundle(data: bytes) -> tarfile.TarFile:
     try:
         return tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
@@ -186,10 +202,42 @@ def _safe_name(member: tarfile.TarInfo) -> str:
             f"project bundle member {name!r} is not a regular file or folder "
             "(links and devices are refused)"
         )
+    if member.issparse():  # `sluice deploy` never writes one; refused rather than reasoned about
+        raise ConfigError(f"project bundle member {name!r} is a sparse file (sparse files are refused)")
     return normal
 
 
-def bundle_digest(data: bytes) -> str:
+def _checked_members(tar: tarfile.TarFile, limits: BundleLimits) -> Iterator[tarfile.TarInfo]:
+    """The members of `tar`, header by header, each checked; refused as soon as a limit is passed.
+
+    The sizes counted are the headers' (a PAX `size` included), and extraction writes exactly
+    that many bytes per file (less data is a read error), so the count bounds what is written.
+    Reading stops at the first header over a limit, before the body it announces is inflated.
+    """
+    total = 0
+    count = 0
+    try:
+        for member in tar:
+            _safe_name(member)
+            count += 1
+            if count > limits.files:
+                raise ConfigError(
+                    f"project bundle holds more than {limits.files} files and folders, the limit "
+                    "(SLUICE_MAX_BUNDLE_FILES); list what the predictor does not need in .cortexignore"
+                )
+            total += member.size if member.isfile() else 0
+            if total > limits.unpacked_bytes:
+                raise ConfigError(
+                    f"project bundle unpacks to more than {limits.unpacked_bytes} bytes "
+                    f"({limits.unpacked_bytes / 2**20:g} MiB), the limit (SLUICE_MAX_UNPACKED_BUNDLE_BYTES; "
+                    f"reached at {member.name!r}); load large files from storage instead"
+                )
+            yield member
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+        raise ConfigError(f"project bundle is corrupt: {e}") from e
+
+
+def bundle_digest(data: bytes, limits: BundleLimits = BundleLimits()) -> str:
     """sha256 over the bundle's *contents*: sorted (path, sha256 of file bytes) pairs.
 
     Headers, order, compression and folder entries do not count, so two archives of the same
@@ -197,44 +245,42 @@ def bundle_digest(data: bytes) -> str:
     """
     files: dict[str, str] = {}
     with _open_bundle(data) as tar:
-        try:
-            for member in tar:
-                name = _safe_name(member)
-                if member.isdir():
-                    continue
+        for member in _checked_members(tar, limits):
+            name = _safe_name(member)
+            if member.isdir():
+                continue
+            try:
                 handle = tar.extractfile(member)
                 assert handle is not None  # regular files always have a body
                 digest = hashlib.sha256()
                 while chunk := handle.read(1024 * 1024):
                     digest.update(chunk)
-                files[name] = digest.hexdigest()
-        except (tarfile.TarError, EOFError, OSError) as e:
-            raise ConfigError(f"project bundle is corrupt: {e}") from e
+            except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+                raise ConfigError(f"project bundle is corrupt: {e}") from e
+            files[name] = digest.hexdigest()
     total = hashlib.sha256()
     for name in sorted(files):
         total.update(name.encode("utf-8") + b"\0" + files[name].encode("ascii") + b"\n")
     return total.hexdigest()
 
 
-def unpack_project(data: bytes, dest: Path) -> None:
-    """Extract a bundle into `dest` (created if missing), refusing unsafe members.
+def unpack_project(data: bytes, dest: Path, limits: BundleLimits = BundleLimits()) -> int:
+    """Extract a bundle into `dest` (created if missing), refusing unsafe members; returns the
+    bytes of its files.
 
-    Every member is checked before anything is written, so a refused bundle leaves nothing
-    behind; the stdlib "data" filter is applied on top when this Python has it.
+    Every member is checked, the limits included, before anything is written, so a refused
+    bundle leaves nothing behind; the stdlib "data" filter is applied on top when this Python
+    has it.
     """
     dest = Path(dest)
     with _open_bundle(data) as tar:
-        try:
-            members = tar.getmembers()
-        except (tarfile.TarError, EOFError, OSError) as e:
-            raise ConfigError(f"project bundle is corrupt: {e}") from e
-        for member in members:
-            _safe_name(member)
+        members = list(_checked_members(tar, limits))
         dest.mkdir(parents=True, exist_ok=True)
         try:
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(dest, members=members, filter="data")
             else:  # pragma: no cover - Python < 3.11.4; members were checked above
                 tar.extractall(dest, members=members)
-        except (tarfile.TarError, OSError) as e:
+        except (tarfile.TarError, OSError, zlib.error) as e:
             raise ConfigError(f"cannot unpack project bundle into {dest}: {e}") from e
+    return sum(member.size for member in members if member.isfile())

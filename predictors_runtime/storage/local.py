@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import stat as stat_module
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import BinaryIO
 
@@ -27,6 +28,8 @@ def _errors(uri: str) -> Iterator[None]:
         raise AccessDenied(f"{uri}: access denied ({e.strerror})") from e
     except OSError as e:
         raise StorageError(f"{uri}: {e}") from e
+    except ValueError as e:  # a NUL byte, or a lone surrogate the file system cannot encode
+        raise BadStorageUri(f"{uri!r}: not a usable local path ({e})") from e
 
 
 def _info(path: str, st: os.stat_result) -> ObjectInfo:
@@ -136,3 +139,79 @@ class LocalStorage(Storage):
                 except OSError:
                     pass
                 raise
+
+
+# -- confinement at open --------------------------------------------------------------------------
+# Job inputs may name local files only under the operator's roots (SLUICE_LOCAL_INPUT_ROOTS). The
+# API checks that at submission, but a file can be swapped for a link afterwards, so workers
+# check again on the file they actually opened: its path as the kernel reports it for the open
+# descriptor, which no later swap can change.
+
+
+def _inside(path: str, roots: Sequence[str]) -> bool:
+    """Whether the real path `path` is one of the roots (links resolved) or below one."""
+    for root in roots:
+        real_root = os.path.realpath(root)
+        if path == real_root or path.startswith(real_root.rstrip(os.sep) + os.sep):
+            return True
+    return False
+
+
+def _opened_path(fd: int, fallback: str) -> str:
+    """The absolute, link-free path of the file open as `fd`."""
+    if sys.platform.startswith("linux"):
+        return os.readlink(f"/proc/self/fd/{fd}")
+    if sys.platform == "darwin":  # pragma: no cover - Sluice's workers run on Linux
+        import fcntl
+
+        return os.fsdecode(fcntl.fcntl(fd, fcntl.F_GETPATH, bytes(1024)).rstrip(b"\0"))
+    return os.path.realpath(fallback)  # pragma: no cover - best effort elsewhere
+
+
+def open_confined(path: str, roots: Sequence[str]) -> BinaryIO:
+    """Open a local file for reading, refused unless the file opened lies under one of `roots`.
+
+    On Linux the path is first opened with `O_PATH` (nothing is read, no device is woken), the
+    opened file's real path and type are checked, and only then is that same file opened for
+    reading through its descriptor. Refusals are `AccessDenied` naming `path` as the job gave it
+    and the allowed roots, never where a link pointed.
+    """
+    if not roots:
+        raise AccessDenied(
+            f"{path}: local paths are not allowed here; the operator can allow folders with "
+            "SLUICE_LOCAL_INPUT_ROOTS (on the workers as on the API)"
+        )
+    o_path = getattr(os, "O_PATH", 0)
+    flags = (o_path or (os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))) | os.O_CLOEXEC
+    with _errors(path):
+        fd = os.open(path, flags)
+    try:
+        with _errors(path):
+            st = os.fstat(fd)
+            real = _opened_path(fd, path)
+        if not _inside(real, roots):
+            raise AccessDenied(
+                f"{path}: refused, it leads outside the allowed local roots ({os.pathsep.join(roots)}); "
+                "a link inside a root may only point inside a root"
+            )
+        if not stat_module.S_ISREG(st.st_mode):
+            raise AccessDenied(f"{path}: refused, not a regular file")
+        if o_path:
+            with _errors(path):
+                readable = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+            os.close(fd)
+            fd = readable
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_range_confined(path: str, start: int, end: int, roots: Sequence[str]) -> bytes:
+    """Bytes `[start, end)` of a local file, opened with `open_confined`."""
+    if start < 0 or end < start:
+        raise ValueError(f"bad byte range [{start}, {end})")
+    with open_confined(path, roots) as f:
+        with _errors(path):
+            f.seek(start)
+            return f.read(end - start)

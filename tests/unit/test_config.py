@@ -254,11 +254,12 @@ def test_cortex_fields_without_meaning_here_are_accepted_and_listed_as_ignored()
         "{path: p.py, image: 'quay.io/x', tensorflow_serving_image: y, shm_size: 1G, "
         "dependencies: {pip: requirements.txt}}",
         extra="  autoscaling: {min_replicas: 1}\n  networking: {endpoint: /x}\n"
-        "  update_strategy: {max_surge: 1}\n",
+        "  update_strategy: {max_surge: 1}\n  monitoring: {model_type: classification}\n",
     )
     [cfg] = parse(text)
     assert sorted(cfg.ignored_fields) == [
         "autoscaling",
+        "monitoring",
         "networking",
         "predictor.dependencies",
         "predictor.image",
