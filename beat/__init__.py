@@ -1,1 +1,1 @@
-"""Periodic work of Sluice, run by `celery -A jobs beat` and executed by any worker node."""
+"""Periodic work of Sluice, run inside `celery -A jobs beat`'s own process (never on a worker node)."""

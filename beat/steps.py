@@ -1,38 +1,56 @@
-"""Single steps of the periodic loops; each takes `now`, so tests drive them with fixed times."""
+"""Single steps of the periodic loops; each takes `now`, so tests drive them with fixed times.
+
+A step judges the active jobs one by one: a record that cannot be judged (unreadable, or holding
+a value that breaks the arithmetic) is logged and skipped, so one bad job never switches a step
+off for all the others. Redis failing ends the step; the loop runs it again next time.
+"""
 
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+from typing import Callable
+
+import redis
 
 from jobs.job import JobStatus
 from jobs.services import Services
 from jobs.store import JobState, JobStore
+from predictors_runtime.errors import JobNotFound
 
 log = logging.getLogger(__name__)
 
 
-def _active_jobs(store: JobStore) -> Iterator[JobState]:
+def judge_each(store: JobStore, step: str, judge: Callable[[JobState], bool]) -> list[str]:
+    """Run `judge` on every active job in turn; returns the ids of the jobs it acted on (it returned True)."""
+    acted: list[str] = []
     for job_id in store.active_ids():
         try:
-            yield store.state(job_id)
-        except Exception:  # expired between listing and reading
+            if judge(store.state(job_id)):
+                acted.append(job_id)
+        except JobNotFound:  # ended and expired between listing and reading
             continue
+        except redis.RedisError:
+            raise
+        except Exception:  # this job's record is bad: the others are still judged
+            log.exception("%s: skipping job %s, whose record could not be judged", step, job_id)
+    return acted
 
 
 def check_timeouts(services: Services, now: float) -> list[str]:
     """Move every active job past its `timeout` to `status_timed_out`; returns their ids."""
-    timed_out: list[str] = []
     store = services.store
-    for state in _active_jobs(store):
-        job, job_id = state.job, state.job.job_id
+
+    def judge(state: JobState) -> bool:
+        job = state.job
         if job.timeout is None or now < job.start_time + job.timeout:
-            continue
-        if store.transition(job_id, JobStatus.TIMED_OUT, message=f"job exceeded its timeout of {job.timeout}s", now=now):
-            log.warning("job %s timed out after %ss", job_id, job.timeout)
-            services.placement.release(job)
-            timed_out.append(job_id)
-    return timed_out
+            return False
+        if not store.transition(job.job_id, JobStatus.TIMED_OUT, message=f"job exceeded its timeout of {job.timeout}s", now=now):
+            return False
+        log.warning("job %s timed out after %ss", job.job_id, job.timeout)
+        services.placement.release(job)
+        return True
+
+    return judge_each(store, "check_timeouts", judge)
 
 
 def fail_stalled_enqueues(services: Services, now: float, stale_after_s: float) -> list[str]:
@@ -41,20 +59,27 @@ def fail_stalled_enqueues(services: Services, now: float, stale_after_s: float) 
     Batches are cut and published by a thread of the API process that took the submission; if
     that process dies (killed, redeployed), the job would stay `status_enqueuing` forever.
     """
-    failed: list[str] = []
     store = services.store
-    for state in _active_jobs(store):
+
+    def judge(state: JobState) -> bool:
         job_id = state.job.job_id
         if state.status is not JobStatus.ENQUEUING:
-            continue
+            return False
         seen = store.enqueue_seen(job_id)
         silent = now - (seen if seen is not None else state.job.start_time)
         if silent <= stale_after_s:
-            continue
+            return False
         message = (f"enqueueing stopped: the API process cutting this job's input made no progress "
                    f"for {silent:.0f}s (it died or was restarted); submit the job again")
-        if store.transition(job_id, JobStatus.ENQUEUE_FAILED, allowed_from=[JobStatus.ENQUEUING], message=message, now=now):
-            log.warning("job %s: %s", job_id, message)
-            services.placement.release(state.job)
-            failed.append(job_id)
-    return failed
+        if not store.transition(job_id, JobStatus.ENQUEUE_FAILED, allowed_from=[JobStatus.ENQUEUING], message=message, now=now):
+            return False
+        log.warning("job %s: %s", job_id, message)
+        services.placement.release(state.job)
+        return True
+
+    return judge_each(store, "fail_stalled_enqueues", judge)
+
+
+def reconcile_placement(services: Services, now: float) -> None:
+    """Give back dead nodes' batches and keep every active job on live, free nodes (`jobs/placement.py`)."""
+    services.placement.reconcile(now)

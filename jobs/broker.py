@@ -8,14 +8,18 @@ on the critical path between two batches (profiled with `bench/onnx_batch.py`). 
 here builds that client once and keeps it; it uses the channel's connection pool as before, and
 a `redis.Redis` on a pool is safe to share between threads.
 
+It also reads and acknowledges unacknowledged messages by task id, for a node settling the
+deliveries it held when its connection broke (`jobs/settle.py`).
+
 Only plain `redis://` URLs use it; other schemes (`rediss://`, whose TLS defaults kombu derives
 from the scheme name, `redis+socket://`, `sentinel://`) keep kombu's own transport.
 """
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 from urllib.parse import urlparse
 
 from kombu.transport import redis as kombu_redis
@@ -45,3 +49,40 @@ class Transport(kombu_redis.Transport):
 def transport_for(broker_url: str) -> str | None:
     """The transport to configure for `broker_url`: Sluice's for redis://, else kombu's choice (None)."""
     return TRANSPORT_PATH if urlparse(broker_url).scheme == "redis" else None
+
+
+def unacked_tags(channel: Any, task_ids: Iterable[str]) -> dict[str, str]:
+    """Celery task id -> kombu's delivery tag, for those of `task_ids` whose message is unacknowledged.
+
+    kombu's Redis transport keeps each unacknowledged message in a hash (tag -> JSON of the
+    message, exchange and routing key) until it is acknowledged; Celery does not tell a task its
+    tag, so the messages are found by the task id in their headers. The hash holds one entry per
+    task running anywhere, so it stays small.
+    """
+    wanted = set(task_ids)
+    tags: dict[str, str] = {}
+    if not wanted:
+        return tags
+    with channel.conn_or_acquire() as client:
+        unacked = client.hgetall(channel.unacked_key)
+    for tag, raw in unacked.items():
+        try:
+            task_id = (json.loads(raw)[0].get("headers") or {}).get("id")
+        except (ValueError, IndexError, TypeError, AttributeError):
+            continue
+        if task_id in wanted:
+            tags[task_id] = tag.decode() if isinstance(tag, bytes) else tag
+    return tags
+
+
+def acknowledge_tags(channel: Any, tags: Iterable[str]) -> None:
+    """Acknowledge messages by tag from any process: off kombu's unacknowledged hash and its index,
+    never to be redelivered (what `Message.ack` does in the process that received them)."""
+    tags = list(tags)
+    if not tags:
+        return
+    with channel.conn_or_acquire() as client:
+        pipe = client.pipeline()
+        pipe.zrem(channel.unacked_index_key, *tags)
+        pipe.hdel(channel.unacked_key, *tags)
+        pipe.execute()

@@ -5,8 +5,9 @@
   parent and child (the gap between two batches fell from 2.6 to 1.8 ms in
   `bench/onnx_batch.py`), sets CUDA up in the process that uses it, and is Cortex's
   one-process worker.
-- `task_acks_late`: a node killed mid-batch leaves the message unacknowledged; the node's
-  in-flight hash lets beat (or the node's next life) give it back at once (`jobs/placement.py`).
+- `task_acks_late`: a node killed mid-batch (or ended by its batch time limit,
+  `jobs/time_limit.py`) leaves the message unacknowledged; the node's in-flight hash lets beat
+  (or the node's next life) give it back at once (`jobs/placement.py`).
   `task_reject_on_worker_lost` covers anyone who runs a node with `--pool prefork` anyway.
 - `worker_prefetch_multiplier` (`SLUICE_WORKER_PREFETCH`, default 1): a node holds one batch at a
   time, so nothing waits behind a slow batch on a busy node (2 measured slower).
@@ -15,6 +16,9 @@
   `jobs/placement.py`) only starts on it when its current wait ends (1 s by kombu's default,
   half a second of every job's start on average).
 - The transport is kombu's Redis one with a reused client (`jobs/broker.py`).
+- `beat_scheduler`: `celery -A jobs beat` runs Sluice's maintenance steps (timeouts, placement)
+  in its own process (`beat/scheduler.py`); no periodic task goes to the nodes, whose predictors
+  may hang. Named, not imported: only beat's process loads it.
 """
 
 from __future__ import annotations
@@ -27,14 +31,13 @@ from .settings import Settings
 
 _lock = threading.Lock()
 _runtime = None
+MAINTENANCE_SCHEDULER = "beat.scheduler:MaintenanceScheduler"
 
 
 def create_celery(settings: Settings) -> Celery:
-    """A configured app with Sluice's tasks, beat schedule and worker-node hooks registered."""
-    from beat.schedule import beat_schedule
-
+    """A configured app with Sluice's tasks, beat scheduler and worker-node hooks registered."""
     from .broker import transport_for
-    from .placement import MAINTENANCE_QUEUE
+    from .placement import install_resume_on_start
     from .tasks import register_tasks
     from .worker_node import install_worker_hooks
 
@@ -59,11 +62,7 @@ def create_celery(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
-        task_routes={
-            "sluice.check_timeouts": {"queue": MAINTENANCE_QUEUE},
-            "sluice.reconcile_placement": {"queue": MAINTENANCE_QUEUE},
-        },
-        beat_schedule=beat_schedule(settings),
+        beat_scheduler=MAINTENANCE_SCHEDULER,
     )
 
     def runtime_factory():  # one runtime per process, made on first task
@@ -78,4 +77,5 @@ def create_celery(settings: Settings) -> Celery:
 
     register_tasks(app, runtime_factory)
     install_worker_hooks(app, settings)
+    install_resume_on_start(app, settings)
     return app

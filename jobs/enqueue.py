@@ -16,15 +16,19 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
-from predictors_runtime.errors import BadRequest, Conflict
-from predictors_runtime.loader import error_text
+import redis
+from kombu.exceptions import OperationalError
+
+from predictors_runtime.errors import BadRequest, Conflict, SluiceError
 from predictors_runtime.storage import ObjectInfo, split_uri
 
 from .inputs import check_local_path, cut_ranges, is_local, match_files
 from .job import Job, JobStatus, new_job_id
 from .services import Services
 from .submission import JobRequest, split_items
+from .time_limit import batch_time_limit
 from .publish import BatchPublisher, send_completion
+from .redis_retry import one_line
 
 log = logging.getLogger(__name__)
 
@@ -116,32 +120,38 @@ def _batches(plan: JobPlan) -> Iterator[Batch]:
 
 
 def _enqueue(services: Services, job: Job, plan: JobPlan) -> None:
-    """Publish batches as they are cut, then seal the job's batch count.
+    """The enqueuer's whole work: whatever fails, the job ends `status_enqueue_failed` with a
+    one-line message saying what happened, and nothing is left enqueueing for good.
+
+    Redis stalling or restarting is ridden out, not a failure: the store's client repeats its
+    calls for up to `Settings.redis_retry_s`, and kombu's publishing waits for a stalled Redis.
+    """
+    try:
+        _publish_and_start(services, job, plan)
+    except Exception as e:  # the thread's last word: any failure must end the job, not the thread
+        _fail_enqueue(services, job, e)
+
+
+def _publish_and_start(services: Services, job: Job, plan: JobPlan) -> None:
+    """Publish batches as they are cut, then start the job and seal its batch count.
 
     Input read from files is validated while it is cut, so its job's workers are told to start
     only once all of it is queued: a malformed line then means nothing of the job has run.
     """
     store = services.store
     touched = time.monotonic()
-    try:
-        with BatchPublisher(services.celery, job.job_id, job.queue) as publisher:
-            for index, (payload, ref) in enumerate(_batches(plan)):
-                if index % 1000 == 0 and store.status(job.job_id) is not JobStatus.ENQUEUING:
-                    break  # stopped or timed out while enqueueing
-                if time.monotonic() - touched >= ENQUEUE_TOUCH_S:
-                    store.touch_enqueue(job.job_id, time.time())
-                    touched = time.monotonic()
-                publisher.batch(index, payload, ref)
-        total = publisher.published
-        if job.total_batch_count != total:
-            job = replace(job, total_batch_count=total)
-            store.update_record(job)
-    except Exception as e:
-        message = getattr(e, "message", None) or error_text(e)
-        log.warning("enqueueing job %s failed: %s", job.job_id, message)
-        if store.transition(job.job_id, JobStatus.ENQUEUE_FAILED, message=f"enqueueing failed: {message}"):
-            services.placement.release(job)
-        return
+    with BatchPublisher(services.celery, job.job_id, job.queue, store) as publisher:
+        for index, (payload, ref) in enumerate(_batches(plan)):
+            if index % 1000 == 0 and store.status(job.job_id) is not JobStatus.ENQUEUING:
+                break  # stopped or timed out while enqueueing
+            if time.monotonic() - touched >= ENQUEUE_TOUCH_S:
+                store.touch_enqueue(job.job_id, time.time())
+                touched = time.monotonic()
+            publisher.batch(index, payload, ref)
+    total = publisher.published
+    if job.total_batch_count != total:
+        job = replace(job, total_batch_count=total)
+        store.update_record(job)
     if not store.transition(job.job_id, JobStatus.RUNNING, allowed_from=[JobStatus.ENQUEUING]):
         # Stopped (or timed out) while enqueueing: what was published after the stop goes too.
         services.placement.drop_queue(job.queue)
@@ -149,7 +159,20 @@ def _enqueue(services: Services, job: Job, plan: JobPlan) -> None:
     if job.source == "delimited_files":
         services.placement.assign(job, time.time())
     if store.seal(job.job_id, total):
-        send_completion(services.celery, job.job_id, job.queue)
+        try:
+            send_completion(services.celery, job.job_id, job.queue)
+        except (OperationalError, redis.RedisError) as e:  # the seal stands: beat sends the completion again
+            log.warning("sending the completion of job %s failed (%s); beat sends it again", job.job_id, one_line(e))
+
+
+def _fail_enqueue(services: Services, job: Job, error: Exception) -> None:
+    message = f"enqueueing failed: {one_line(error)}"
+    log.warning("job %s: %s", job.job_id, message, exc_info=not isinstance(error, SluiceError))
+    try:
+        if services.store.transition(job.job_id, JobStatus.ENQUEUE_FAILED, message=message):
+            services.placement.release(job)
+    except (OperationalError, redis.RedisError) as e:  # beat fails it once its enqueuer has been silent long enough
+        log.error("job %s could not be marked as failed: %s", job.job_id, one_line(e))
 
 
 def submit_job(
@@ -185,6 +208,7 @@ def submit_job(
         retry_of=retry_of.job_id if retry_of else None,
         source=request.source,
         output=plan.output,
+        batch_timeout=batch_time_limit(request.batch_timeout, api_spec, services.settings),
     )
     services.store.create(job, JobStatus.ENQUEUING)
     if job.source != "delimited_files":  # those wait for their input to be validated (see _enqueue)

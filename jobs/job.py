@@ -67,6 +67,8 @@ class Job:
     retry_of: str | None = None
     source: str = "item_list"
     output: dict[str, Any] | None = None
+    # Seconds one try of a batch may run (jobs/time_limit.py); None: no limit.
+    batch_timeout: float | None = None
 
     kind: str = "BatchAPI"
 
@@ -86,13 +88,14 @@ class Job:
             "total_batch_count": self.total_batch_count,
             "start_time": iso_time(self.start_time),
             **({"output": self.output} if self.output else {}),
+            **({"batch_timeout": self.batch_timeout} if self.batch_timeout is not None else {}),
             **({"retry_failed_of": self.retry_of} if self.retry_of else {}),
         }
 
     def predictor_job_spec(self) -> dict[str, Any]:
         """The `job_spec` argument handed to a predictor's constructor."""
         spec = self.spec()
-        for internal in ("kind", "timeout", "output", "retry_failed_of"):
+        for internal in ("kind", "timeout", "output", "retry_failed_of", "batch_timeout"):
             spec.pop(internal, None)
         return spec
 

@@ -21,13 +21,14 @@ from predictors_runtime.errors import PredictorError
 from predictors_runtime.loader import error_text
 from predictors_runtime.log import labelled
 
+from .completion import finish_job
 from .inputs import read_range
 from .job import ACTIVE_STATUSES, Job, JobStatus
-from .outputs import write_manifest, write_part
+from .outputs import write_part
 from .publish import send_completion
 from .services import Services
-from .status import job_status_view
 from .store import Delivery, Recorded
+from .time_limit import BatchWatchdog, timed_out_message
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class WorkerRuntime:
         self._predictors: dict[str, BatchPredictor] = {}
         self._last_sweep = 0.0
         self._open_delivery: Delivery | None = None
+        self.time_limit = BatchWatchdog(services)
 
     # -- predictors -------------------------------------------------------------------------
     def _job(self, job_id: str) -> Job:
@@ -77,10 +79,12 @@ class WorkerRuntime:
 
     def forget(self, job_id: str) -> None:
         predictor = self._predictors.pop(job_id, None)
-        self._jobs.pop(job_id, None)
+        job = self._jobs.pop(job_id, None)
         if predictor is not None:
             predictor.close()
             shutil.rmtree(Path(self.services.settings.cache_dir).expanduser() / "models" / job_id, ignore_errors=True)
+            if job is not None:  # its bundle folder may now be evicted from this host's cache
+                self.services.bundles.release(job.bundle)
 
     def sweep(self, current_job_id: str, now: float) -> None:
         """Drop the predictors of jobs that have ended elsewhere (stopped, timed out, finished)."""
@@ -140,13 +144,14 @@ class WorkerRuntime:
             ))
             return
         try:
-            predictor = self.predictor_for(job)
+            with self.time_limit.while_active(job, index):
+                predictor = self.predictor_for(job)
         except PredictorError as e:
             self._fail_job(job, JobStatus.WORKER_ERROR, e.message)
             return
         if payload_ref is not None:
             try:
-                payload = read_range(payload_ref)
+                payload = read_range(payload_ref, self.services.settings.local_input_roots)
             except Exception as e:  # storage went away or changed under the job
                 self._completes(job, store.record_failure(
                     job_id, index, 0.0, f"reading the batch's input failed: {error_text(e)}", 1, None, payload_ref,
@@ -154,14 +159,22 @@ class WorkerRuntime:
                 ))
                 return
         batch_id = batch_id_of(job_id, index)
+        timed_out = self.time_limit.tries_timed_out(job, index)  # tries its earlier deliveries used up
+        if timed_out >= job.tries:
+            self._completes(job, store.record_failure(
+                job_id, index, 0.0, timed_out_message(job.batch_timeout), job.tries, payload, payload_ref,
+                delivery=delivery,
+            ))
+            return
         began = time.perf_counter()
         error = ""
-        for attempt in range(1, job.tries + 1):
+        for attempt in range(timed_out + 1, job.tries + 1):
             try:
-                result = predictor.predict(payload, batch_id)
-                if job.output is not None and isinstance(result, list):
-                    rows = write_part(job.output, job_id, index, result)
-                    store.record_part(job_id, index, rows)
+                with self.time_limit.running(job, index, attempt, payload, payload_ref):
+                    result = predictor.predict(payload, batch_id)
+                    if job.output is not None and isinstance(result, list):
+                        rows = write_part(job.output, job_id, index, result)
+                        store.record_part(job_id, index, rows)
             except Exception as e:  # the user's code failed: retry, then keep the batch as failed
                 error = error_text(e)
                 log.warning("job %s batch %d try %d/%d failed: %s", job_id, index, attempt, job.tries, e)
@@ -178,50 +191,8 @@ class WorkerRuntime:
         if recorded is Recorded.COMPLETED_JOB:
             send_completion(self.services.celery, job.job_id, job.queue)
 
-    def finish_job(self, job_id: str) -> None:
-        """The completion task: run `on_job_complete` once, then settle the job's final status."""
+    def finish_job(self, job_id: str, delivery: Delivery | None = None) -> None:
+        """The completion task: run `on_job_complete` once, then settle the job's final status
+        (`jobs/completion.py`: it rides out Redis errors and duplicate copies of the task)."""
         with labelled(job_id=job_id):
-            self._finish_job(job_id)
-
-    def _finish_job(self, job_id: str) -> None:
-        store = self.services.store
-        try:
-            state = store.state(job_id)
-        except Exception:
-            log.warning("job %s vanished before completion", job_id)
-            return
-        job = state.job
-        if state.status not in ACTIVE_STATUSES:
-            self.forget(job_id)
-            return
-        if not store.claim_completion(job_id):
-            self._fail_job(job, JobStatus.WORKER_ERROR,
-                           "a worker died while running on_job_complete; it was not run again")
-            return
-        try:
-            predictor = self.predictor_for(job)
-        except PredictorError as e:
-            self._fail_job(job, JobStatus.WORKER_ERROR, e.message)
-            return
-        message = ""
-        try:
-            predictor.on_job_complete(job_status_view(state))
-        except Exception as e:
-            message = f"on_job_complete raised: {error_text(e)}"
-            log.error("job %s: %s", job_id, message)
-        if job.output is not None:
-            try:
-                write_manifest(job.output, job_id, job.total_batch_count, store.parts(job_id),
-                               store.failed_batches(job_id))
-            except Exception as e:
-                message = "; ".join(filter(None, [message, f"writing the output manifest failed: {error_text(e)}"]))
-                log.error("job %s: %s", job_id, message)
-        final = store.state(job_id)
-        succeeded = final.failed == 0 and not message
-        store.transition(
-            job_id,
-            JobStatus.SUCCEEDED if succeeded else JobStatus.COMPLETED_WITH_FAILURES,
-            message=message,
-        )
-        self.services.placement.release(job, final.nodes)
-        self.forget(job_id)
+            finish_job(self, job_id, delivery)

@@ -8,8 +8,10 @@ import redis
 from celery import Celery
 
 from predictors_runtime.bundles import BundleStore
+from predictors_runtime.project import BundleLimits
 
 from .placement import Placement
+from .redis_retry import connect
 from .settings import Settings
 from .store import JobStore
 
@@ -26,7 +28,7 @@ class Services:
     @classmethod
     def connect(cls, settings: Settings, celery: Celery) -> "Services":
         """Build the clients; Redis is contacted lazily, on first use."""
-        client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+        client = connect(settings.redis_url, settings.redis_retry_s, health_check_interval=30)  # rides out stalls
         store = JobStore(client, job_ttl_s=settings.job_ttl_s)
         return cls(
             settings=settings,
@@ -34,5 +36,8 @@ class Services:
             redis=client,
             store=store,
             placement=Placement(celery, store, client, node_ttl_s=settings.node_ttl_s),
-            bundles=BundleStore(settings.storage, settings.cache_dir),
+            bundles=BundleStore(
+                settings.storage, settings.cache_dir, cache_bytes=settings.bundle_cache_bytes,
+                limits=BundleLimits(settings.max_unpacked_bundle_bytes, settings.max_bundle_files),
+            ),
         )

@@ -3,31 +3,47 @@
 Batch outcomes are recorded idempotently (a batch index is counted once, whichever worker
 reports it, however often its message is delivered), and status changes are guarded so that a
 terminal status is never overwritten: both are small Lua scripts, so each is one round trip.
+
+Every call may reach Redis more than once: the client sends a command again when its reply did
+not come (`jobs/redis_retry.py`), and a stalled Redis runs the first copy too when it wakes up.
+So each script that answers something only one caller may hear (this transition moved the job,
+this record completed it, this caller may run `on_job_complete`) takes a token made once per
+call, remembers it with the change, and answers a repeat carrying the same token as it answered
+the first run, not as if it were someone else.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
+import uuid
 from dataclasses import dataclass
-from enum import IntEnum
-from typing import Any, Iterable
+from enum import Enum, IntEnum
+from typing import Any, Callable, Iterable, TypeVar
 
 import redis
 
 from predictors_runtime.errors import JobNotFound
 
 from .job import ACTIVE_STATUSES, Job, JobStatus
+from .redis_retry import TRANSIENT_ERRORS
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+UNTIL_ANSWERED_PAUSE_S = 1.0
 
 _PREFIX = "sluice"
 
-# KEYS: job hash. ARGV: new status, end time ('' for none), message, allowed current statuses...
+# KEYS: job hash. ARGV: new status, end time ('' for none), message, token, allowed current statuses...
 _TRANSITION = """
 local current = redis.call('HGET', KEYS[1], 'status')
 if not current then return 0 end
-for i = 4, #ARGV do
+if current == ARGV[1] and redis.call('HGET', KEYS[1], 'moved_by') == ARGV[4] then return 1 end
+for i = 5, #ARGV do
   if ARGV[i] == current then
-    redis.call('HSET', KEYS[1], 'status', ARGV[1])
+    redis.call('HSET', KEYS[1], 'status', ARGV[1], 'moved_by', ARGV[4])
     if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'end_time', ARGV[2]) end
     if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'message', ARGV[3]) end
     return 1
@@ -37,30 +53,44 @@ return 0
 """
 
 # KEYS: job hash, done set, starts hash, the node's in-flight hash.
-# ARGV: batch index, task id ('' for none), in-flight entry, active statuses...
+# ARGV: batch index, task id ('' for none), in-flight entry, token, active statuses...
 # Returns {status, already recorded (0/1), deliveries of this batch so far}; deliveries are
-# counted only while the job is active, so an ended job gains no key. A batch that will run is
-# entered in its node's in-flight hash under its task id (see `jobs/placement.py`).
+# counted only while the job is active, so an ended job gains no key, and a repeat of the same
+# call is not counted again. A batch that will run is entered in its node's in-flight hash under
+# its task id (see `jobs/placement.py`).
 _BEGIN_BATCH = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'', 0, 0} end
 local done = redis.call('SISMEMBER', KEYS[2], ARGV[1])
 local starts = 0
-for i = 4, #ARGV do
-  if ARGV[i] == status then starts = redis.call('HINCRBY', KEYS[3], ARGV[1], 1) end
+for i = 5, #ARGV do
+  if ARGV[i] == status then
+    local token_field = ARGV[1] .. ':by'
+    if redis.call('HGET', KEYS[3], token_field) == ARGV[4] then
+      starts = tonumber(redis.call('HGET', KEYS[3], ARGV[1]))
+    else
+      starts = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+      redis.call('HSET', KEYS[3], token_field, ARGV[4])
+    end
+  end
 end
 if starts > 0 and done == 0 and ARGV[2] ~= '' then redis.call('HSET', KEYS[4], ARGV[2], ARGV[3]) end
 return {status, done, starts}
 """
 
-# KEYS: job hash, done set, failed hash, the node's in-flight hash.
-# ARGV: index, 'ok'|'failed', seconds, failure json, task id ('' for none).
+# KEYS: job hash, done set, failed hash, the node's in-flight hash, the job's kept payloads.
+# ARGV: index, 'ok'|'failed', seconds, failure json, task id ('' for none), token, now.
 # Returns 0 for a batch already recorded, 1 once recorded, 2 when this record was the last one of
-# a sealed job: the caller alone then sends the job's completion task.
+# a sealed job: the caller alone then sends the job's completion task (a repeat of that very call,
+# same token, is told 2 again: its first reply may never have reached it).
 _RECORD_BATCH = """
 if ARGV[5] ~= '' then redis.call('HDEL', KEYS[4], ARGV[5]) end
 if redis.call('HEXISTS', KEYS[1], 'record') == 0 then return 0 end
-if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
+if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then
+  if redis.call('HGET', KEYS[1], 'finishing') == ARGV[6] then return 2 end
+  return 0
+end
+redis.call('HDEL', KEYS[5], ARGV[1])
 if ARGV[2] == 'ok' then
   redis.call('HINCRBY', KEYS[1], 'succeeded', 1)
 else
@@ -76,22 +106,64 @@ if ttl > 0 then
 end
 local total = redis.call('HGET', KEYS[1], 'sealed_total')
 if total and redis.call('SCARD', KEYS[2]) >= tonumber(total) then
-  if redis.call('HSETNX', KEYS[1], 'finishing', 1) == 1 then return 2 end
+  if redis.call('HSETNX', KEYS[1], 'finishing', ARGV[6]) == 1 then
+    redis.call('HSET', KEYS[1], 'finishing_at', ARGV[7])
+    return 2
+  end
 end
 return 1
 """
 
-# KEYS: job hash, done set. ARGV: total batch count.
+# KEYS: job hash, done set. ARGV: total batch count, token, now.
 # Seals the job's batch count once enqueueing is over; returns 1 when every batch is already
 # recorded (then the caller sends the completion task), else 0.
 _SEAL = """
 if redis.call('HEXISTS', KEYS[1], 'record') == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'sealed_total', ARGV[1])
 if redis.call('SCARD', KEYS[2]) >= tonumber(ARGV[1]) then
-  if redis.call('HSETNX', KEYS[1], 'finishing', 1) == 1 then return 1 end
+  if redis.call('HSETNX', KEYS[1], 'finishing', ARGV[2]) == 1 then
+    redis.call('HSET', KEYS[1], 'finishing_at', ARGV[3])
+    return 1
+  end
+  if redis.call('HGET', KEYS[1], 'finishing') == ARGV[2] then return 1 end
 end
 return 0
 """
+
+# KEYS: job hash. ARGV: claim token ("<task id>/<nonce>"), task id ('' for none).
+# Who may run a job's `on_job_complete`: the first claimant, and a repeat of its own call. Later
+# claimants learn whether the hook already ran ('ran': settle the job's status), whether an
+# earlier delivery of their very task claimed it and died ('died': it may or may not have run,
+# and it is never run twice), or whether someone else holds it now ('busy').
+_CLAIM_COMPLETION = """
+if redis.call('HEXISTS', KEYS[1], 'record') == 0 then return 'gone' end
+local current = redis.call('HGET', KEYS[1], 'completing')
+if not current then
+  redis.call('HSET', KEYS[1], 'completing', ARGV[1])
+  return 'claimed'
+end
+if redis.call('HEXISTS', KEYS[1], 'hook_done') == 1 then return 'ran' end
+if current == ARGV[1] then return 'claimed' end
+if ARGV[2] ~= '' and string.sub(current, 1, #ARGV[2] + 1) == ARGV[2] .. '/' then return 'died' end
+return 'busy'
+"""
+
+
+def _until_answered(what: str, call: Callable[[], T]) -> T:
+    """`call()` until Redis answers, however long it is away.
+
+    For a node holding a delivery (starting or recording a batch): giving up would let Celery
+    acknowledge the message (it acknowledges failed tasks) and lose the batch, or throw away the
+    outcome of work done; the node can do nothing else without Redis anyway. Each wait lasts the
+    client's own retry window (`jobs/redis_retry.py`); `call` carries one token throughout, so a
+    repeat is answered as the first run was.
+    """
+    while True:
+        try:
+            return call()
+        except TRANSIENT_ERRORS as e:
+            log.error("%s: Redis is still away (%s: %s); waiting for it", what, type(e).__name__, e)
+            time.sleep(UNTIL_ANSWERED_PAUSE_S)
 
 
 class Recorded(IntEnum):
@@ -103,6 +175,21 @@ class Recorded(IntEnum):
 
     def __bool__(self) -> bool:
         return self is not Recorded.DUPLICATE
+
+
+class Claim(str, Enum):
+    """What asking to run a job's `on_job_complete` got (see `_CLAIM_COMPLETION`)."""
+
+    CLAIMED = "claimed"  # run it
+    RAN = "ran"  # it has run: only the job's final status is left to settle
+    DIED = "died"  # an earlier delivery of this same task claimed it and died: never run it again
+    BUSY = "busy"  # another delivery holds it now
+    GONE = "gone"  # the job's record is gone
+
+
+def new_token() -> str:
+    """A token for one call: a repeat of that call carries it, no other call does."""
+    return uuid.uuid4().hex
 
 
 @dataclass(frozen=True)
@@ -119,6 +206,19 @@ def inflight_key(node: str) -> str:
 
 
 INFLIGHT_PATTERN = f"{_PREFIX}:inflight:*"
+# The in-flight entry of a job's completion task, in place of a batch index.
+COMPLETION_ENTRY = "complete"
+
+
+def inflight_entry(job_id: str, index: int | str) -> str:
+    """What a node's in-flight hash holds for a task: "<job id>:<batch index>" or "<job id>:complete"."""
+    return f"{job_id}:{index}"
+
+
+def parse_inflight_entry(entry: str) -> tuple[str, int | None]:
+    """(job id, batch index), the index None for a completion task."""
+    job_id, _, what = entry.rpartition(":")
+    return job_id, None if what == COMPLETION_ENTRY else int(what)
 
 
 @dataclass(frozen=True)
@@ -142,6 +242,18 @@ class JobState:
     end_time: float | None
     message: str
     nodes: list[str]
+    # When every batch was recorded (the completion task was then due); None before.
+    finishing_at: float | None = None
+    completion_claimed: bool = False
+    # `on_job_complete` has run; its problem, if it raised ('' if not), else None.
+    hook_message: str | None = None
+    completion_resent_at: float | None = None
+    # How many batches the job has, fixed once all were published (None while enqueueing).
+    sealed_total: int | None = None
+
+    @property
+    def all_recorded(self) -> bool:
+        return self.finishing_at is not None
 
     @property
     def batches_in_queue(self) -> int:
@@ -165,6 +277,7 @@ class JobStore:
         self._begin_batch = client.register_script(_BEGIN_BATCH)
         self._record_batch = client.register_script(_RECORD_BATCH)
         self._seal = client.register_script(_SEAL)
+        self._claim_completion = client.register_script(_CLAIM_COMPLETION)
 
     # -- keys -------------------------------------------------------------------------------
     @staticmethod
@@ -176,7 +289,7 @@ class JobStore:
         base = cls._job_key(job_id)
         return {
             "job": base, "done": f"{base}:done", "failed": f"{base}:failed", "starts": f"{base}:starts",
-            "parts": f"{base}:parts",
+            "parts": f"{base}:parts", "payloads": f"{base}:payloads",
         }
 
     @staticmethod
@@ -223,6 +336,8 @@ class JobStore:
         if api_name is not None and job.api_name != api_name:
             raise JobNotFound(f"job {job_id} not found for api {api_name}")
         end_time = fields.get("end_time")
+        finishing_at, resent_at = fields.get("finishing_at"), fields.get("completion_resent_at")
+        sealed_total = fields.get("sealed_total")
         return JobState(
             job=job,
             status=JobStatus(fields["status"]),
@@ -232,6 +347,11 @@ class JobStore:
             end_time=float(end_time) if end_time else None,
             message=fields.get("message", ""),
             nodes=json.loads(fields.get("nodes", "[]")),
+            finishing_at=float(finishing_at) if finishing_at else None,
+            completion_claimed="completing" in fields,
+            hook_message=fields.get("hook_done"),
+            completion_resent_at=float(resent_at) if resent_at else None,
+            sealed_total=int(sealed_total) if sealed_total else None,
         )
 
     def status(self, job_id: str) -> JobStatus | None:
@@ -274,7 +394,7 @@ class JobStore:
         moved = bool(
             self._transition(
                 keys=[keys["job"]],
-                args=[new_status.value, end_time, message, *[s.value for s in allowed_from]],
+                args=[new_status.value, end_time, message, new_token(), *[s.value for s in allowed_from]],
             )
         )
         if moved and new_status.is_terminal:
@@ -300,37 +420,97 @@ class JobStore:
     def set_nodes(self, job_id: str, nodes: list[str]) -> None:
         self._redis.hset(self._job_key(job_id), "nodes", json.dumps(nodes))
 
-    def claim_completion(self, job_id: str) -> bool:
-        """True for the first caller only: `on_job_complete` runs at most once per job."""
-        return bool(self._redis.hsetnx(self._job_key(job_id), "completing", 1))
+    def claim_completion(self, job_id: str, token: str, task_id: str = "") -> Claim:
+        """Ask to run the job's `on_job_complete`, which runs at most once per job.
+
+        `token` is "<task id>/<something unique to this run of the task>"; asking again with the
+        same token (a repeat after a lost reply) is answered `CLAIMED` again until the hook is done.
+        """
+        raw = self._claim_completion(keys=[self._job_key(job_id)], args=[token, task_id])
+        return Claim(raw.decode() if isinstance(raw, bytes) else raw)
+
+    def mark_hook_done(self, job_id: str, message: str = "") -> None:
+        """`on_job_complete` has run (`message`: how it failed, '' if it did not): it never runs again."""
+        self._redis.hset(self._job_key(job_id), "hook_done", message)
+
+    def mark_completion_resent(self, job_id: str, now: float) -> None:
+        self._redis.hset(self._job_key(job_id), "completion_resent_at", repr(now))
 
     # -- batches ----------------------------------------------------------------------------
     def begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> BatchStart:
         """Check and count a delivery of a batch; one that will run is entered in its node's in-flight hash."""
         keys = self._keys_of(job_id)
-        raw_status, done, deliveries = self._begin_batch(
-            keys=[keys["job"], keys["done"], keys["starts"], inflight_key(delivery.node if delivery else "")],
-            args=[index, delivery.task_id if delivery else "", f"{job_id}:{index}", *[s.value for s in ACTIVE_STATUSES]],
+        args = [index, delivery.task_id if delivery else "", inflight_entry(job_id, index), new_token(),
+                *[s.value for s in ACTIVE_STATUSES]]
+        node_key = inflight_key(delivery.node if delivery else "")
+        raw_status, done, deliveries = _until_answered(
+            f"starting batch {index} of job {job_id}",
+            lambda: self._begin_batch(keys=[keys["job"], keys["done"], keys["starts"], node_key], args=args),
         )
         status = JobStatus(raw_status.decode()) if raw_status else None
         return BatchStart(status=status, already_recorded=bool(done), deliveries=int(deliveries))
 
-    def seal(self, job_id: str, total_batch_count: int) -> bool:
+    def seal(self, job_id: str, total_batch_count: int, now: float | None = None) -> bool:
         """Fix the job's batch count once all are enqueued; True if they are all recorded already.
 
         Exactly one caller of `seal` and the `record_*` methods is ever told that a job is complete.
         """
         keys = self._keys_of(job_id)
-        return bool(self._seal(keys=[keys["job"], keys["done"]], args=[total_batch_count]))
+        now = time.time() if now is None else now
+        return bool(self._seal(keys=[keys["job"], keys["done"]], args=[total_batch_count, new_token(), repr(now)]))
 
     def _record(
         self, job_id: str, index: int, outcome: str, seconds: float, failure: str, delivery: Delivery | None
     ) -> Recorded:
         keys = self._keys_of(job_id)
-        return Recorded(self._record_batch(
-            keys=[keys["job"], keys["done"], keys["failed"], inflight_key(delivery.node if delivery else "")],
-            args=[index, outcome, seconds, failure, delivery.task_id if delivery else ""],
+        args = [index, outcome, seconds, failure, delivery.task_id if delivery else "", new_token(), repr(time.time())]
+        node_key = inflight_key(delivery.node if delivery else "")
+        return Recorded(_until_answered(
+            f"recording batch {index} of job {job_id}",
+            lambda: self._record_batch(
+                keys=[keys["job"], keys["done"], keys["failed"], node_key, keys["payloads"]], args=args,
+            ),
         ))
+
+    def recorded_indexes(self, job_id: str) -> set[int]:
+        """The indexes of every batch of the job whose outcome is recorded."""
+        return {int(raw) for raw in self._redis.smembers(self._keys_of(job_id)["done"])}
+
+    def keep_payloads(self, job_id: str, payloads: dict[int, tuple[Any, dict[str, Any] | None]]) -> None:
+        """Keep what each of these batches carries (items, or where they live) until its outcome is recorded.
+
+        The broker can lose a batch's message outright (kombu's Redis transport pops it with BRPOP and
+        only then records it as unacknowledged: a node killed in between takes it along); beat then
+        publishes the batch again from here (`beat/lost_batches.py`). Recording a batch drops its copy.
+        """
+        if not payloads:
+            return
+        key = self._keys_of(job_id)["payloads"]
+        self._redis.hset(key, mapping={str(index): json.dumps(list(batch)) for index, batch in payloads.items()})
+        ttl = self._redis.ttl(self._job_key(job_id))
+        if ttl > 0:  # the job already ended: expire with it
+            self._redis.expire(key, ttl)
+
+    def kept_payloads(self, job_id: str, indexes: Iterable[int]) -> dict[int, tuple[Any, dict[str, Any] | None]]:
+        """(payload, payload reference) of those of `indexes` whose copy is kept (see `keep_payloads`)."""
+        indexes = list(indexes)
+        if not indexes:
+            return {}
+        raws = self._redis.hmget(self._keys_of(job_id)["payloads"], [str(i) for i in indexes])
+        kept = {}
+        for index, raw in zip(indexes, raws):
+            if raw is not None:
+                payload, ref = json.loads(raw)
+                kept[index] = (payload, ref)
+        return kept
+
+    def recorded(self, job_id: str, indexes: Iterable[int]) -> dict[int, bool]:
+        """Whether each of these batches of the job has its outcome recorded."""
+        indexes = list(indexes)
+        if not indexes:
+            return {}
+        flags = self._redis.smismember(self._keys_of(job_id)["done"], indexes)
+        return {index: bool(flag) for index, flag in zip(indexes, flags)}
 
     def record_success(self, job_id: str, index: int, seconds: float, delivery: Delivery | None = None) -> Recorded:
         """Count a finished batch once (and take it off its node's in-flight hash)."""
@@ -345,6 +525,10 @@ class JobStore:
         if payload_ref is not None:
             record["payload_ref"] = payload_ref
         return self._record(job_id, index, "failed", seconds, json.dumps(record, default=str), delivery)
+
+    def begin_delivery(self, delivery: Delivery, entry: str) -> None:
+        """Enter a task other than a batch (a job's completion) in its node's in-flight hash."""
+        self._redis.hset(inflight_key(delivery.node), delivery.task_id, entry)
 
     def end_delivery(self, delivery: Delivery) -> None:
         """Take a batch that will not be recorded (its job ended) off its node's in-flight hash."""

@@ -1,22 +1,22 @@
-"""Thin Celery task wrappers over `jobs.runner` and `beat.steps`.
+"""Thin Celery task wrappers over `jobs.runner`: the only tasks worker nodes run.
 
 No task stores a result (`ignore_result`): batches report to the job store, which also decides
-when a job is complete (see `jobs/publish.py`).
+when a job is complete (see `jobs/publish.py`). Periodic maintenance is no task: it runs in beat's
+own process (`beat/scheduler.py`), so a node whose predictor hangs cannot hold it up.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from celery import Celery, Task
+from celery.exceptions import Reject
 
+from .redis_retry import TRANSIENT_ERRORS
 from .store import Delivery
 
 RUN_BATCH = "sluice.run_batch"
 FINISH_JOB = "sluice.finish_job"
-CHECK_TIMEOUTS = "sluice.check_timeouts"
-RECONCILE_PLACEMENT = "sluice.reconcile_placement"
 
 
 def register_tasks(app: Celery, runtime_factory: Any) -> None:
@@ -28,21 +28,15 @@ def register_tasks(app: Celery, runtime_factory: Any) -> None:
     ) -> None:
         request = task.request
         delivery = Delivery(request.hostname, request.id) if request.hostname and request.id else None
-        runtime_factory().run_batch(job_id, index, payload, payload_ref, delivery)
+        try:
+            runtime_factory().run_batch(job_id, index, payload, payload_ref, delivery)
+        except TRANSIENT_ERRORS as e:  # Redis away past its retry window: not the batch's failure, and
+            # Celery acknowledges (loses) a failed task's message; back to its queue instead, or, if
+            # Redis is still away, settled by this node when it reconnects (jobs/settle.py).
+            raise Reject(f"Redis failed while the batch ran: {e}", requeue=True) from e
 
-    @app.task(name=FINISH_JOB, ignore_result=True, acks_late=True)
-    def finish_job(job_id: str) -> None:
-        runtime_factory().finish_job(job_id)
-
-    @app.task(name=CHECK_TIMEOUTS, ignore_result=True)
-    def check_timeouts() -> None:
-        from beat.steps import check_timeouts as step, fail_stalled_enqueues
-
-        services = runtime_factory().services
-        now = time.time()
-        step(services, now)
-        fail_stalled_enqueues(services, now, services.settings.enqueue_stale_s)
-
-    @app.task(name=RECONCILE_PLACEMENT, ignore_result=True)
-    def reconcile_placement() -> None:
-        runtime_factory().services.placement.reconcile(time.time())
+    @app.task(name=FINISH_JOB, ignore_result=True, acks_late=True, bind=True)
+    def finish_job(task: Task, job_id: str) -> None:
+        request = task.request
+        delivery = Delivery(request.hostname, request.id) if request.hostname and request.id else None
+        runtime_factory().finish_job(job_id, delivery)

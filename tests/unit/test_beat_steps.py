@@ -163,3 +163,55 @@ def test_only_enqueueing_jobs_are_judged_by_their_enqueuer(services: SimpleNames
 
     assert fail_stalled_enqueues(services, now=T0 + 2 * STALE_S, stale_after_s=STALE_S) == ["never-touched"]
     assert services.store.status("running") is JobStatus.RUNNING
+
+
+# -- one bad record is skipped, never fatal to the step -----------------------------------------
+def test_a_job_whose_timeout_overflows_is_skipped_and_the_others_still_time_out(services: SimpleNamespace) -> None:
+    submit(services, "a-huge", timeout=10**401)  # accepted before the submission's bounds existed
+    submit(services, "b-due", timeout=60)
+
+    assert check_timeouts(services, now=T0 + 61) == ["b-due"]
+
+    assert services.store.status("b-due") is JobStatus.TIMED_OUT
+    assert services.store.status("a-huge") is JobStatus.RUNNING
+
+
+def test_a_corrupt_job_record_is_skipped_and_the_others_still_time_out(
+    services: SimpleNamespace, redis_client: redis.Redis
+) -> None:
+    submit(services, "a-corrupt", timeout=1)
+    submit(services, "b-broken-fields", timeout=1)
+    submit(services, "c-due", timeout=60)
+    redis_client.hset("sluice:job:a-corrupt", "record", "{not json")
+    redis_client.hset("sluice:job:b-broken-fields", "record", '{"job_id": "b-broken-fields", "timeout": "soon"}')
+
+    assert check_timeouts(services, now=T0 + 61) == ["c-due"]
+    assert services.store.status("c-due") is JobStatus.TIMED_OUT
+
+
+def test_a_job_whose_release_fails_does_not_keep_the_next_from_timing_out(services: SimpleNamespace) -> None:
+    class FailingOnce(RecordingPlacement):
+        def release(self, job: Job) -> None:
+            if not self.released:
+                self.released.append(job)
+                raise ValueError("a bug releasing the first job")
+            super().release(job)
+
+    services.placement = FailingOnce()
+    submit(services, "a-first", timeout=1)
+    submit(services, "b-second", timeout=1)
+
+    assert check_timeouts(services, now=T0 + 5) == ["b-second"]
+    assert services.store.statuses(["a-first", "b-second"]) == {
+        "a-first": JobStatus.TIMED_OUT, "b-second": JobStatus.TIMED_OUT,
+    }
+
+
+def test_a_stalled_enqueue_is_failed_even_beside_a_corrupt_record(
+    services: SimpleNamespace, redis_client: redis.Redis
+) -> None:
+    submit(services, "a-corrupt", timeout=None, status=JobStatus.ENQUEUING)
+    submit(services, "b-orphan", timeout=None, status=JobStatus.ENQUEUING)
+    redis_client.hset("sluice:job:a-corrupt", "enqueue_seen", "not a time")
+
+    assert fail_stalled_enqueues(services, now=T0 + 2 * STALE_S, stale_after_s=STALE_S) == ["b-orphan"]

@@ -10,7 +10,7 @@ import redis
 
 from jobs.job import Job, JobStatus
 from jobs.placement import NODES_KEY, Placement, write_heartbeat
-from jobs.store import JobStore
+from jobs.store import Delivery, JobStore
 
 T0 = 1_700_000_000.0
 NODE_TTL_S = 15.0
@@ -348,3 +348,94 @@ def test_a_node_that_stops_serving_the_jobs_hardware_queue_is_replaced(
     placement.reconcile(T0 + 1)
 
     assert store.state("j1").nodes == ["celery@b"]
+
+
+# -- nodes held by ended jobs -------------------------------------------------------------------
+def hang_a_batch_on(store: JobStore, node: str, job_id: str) -> None:
+    """`node` runs batch 0 of `job_id` and has not finished it (its in-flight hash says so)."""
+    store.begin_batch(job_id, 0, Delivery(node, f"task-{job_id}-0"))
+
+
+def test_a_node_still_running_a_batch_of_an_ended_job_is_not_chosen_while_another_is_free(
+    placement: Placement, store: JobStore
+) -> None:
+    placement.heartbeat("celery@a", ["cpu"], now=T0)
+    placement.heartbeat("celery@b", ["cpu"], now=T0)
+    hung = submit(store, "hung")
+    assert placement.assign(hung, now=T0) == ["celery@a"]
+    hang_a_batch_on(store, "celery@a", "hung")
+    store.transition("hung", JobStatus.TIMED_OUT, now=T0 + 1)  # its predictor never returned
+
+    assert placement.assign(submit(store, "next"), now=T0 + 2) == ["celery@b"]
+
+
+def test_a_job_waits_while_its_only_node_is_held_by_an_ended_job_and_gets_it_once_freed(
+    placement: Placement, store: JobStore, celery: FakeCelery
+) -> None:
+    placement.heartbeat("celery@a", ["cpu"], now=T0)
+    placement.assign(submit(store, "hung"), now=T0)
+    hang_a_batch_on(store, "celery@a", "hung")
+    store.transition("hung", JobStatus.STOPPED, now=T0 + 1)
+
+    assert placement.assign(submit(store, "next"), now=T0 + 2) == []
+    placement.reconcile(now=T0 + 3)
+    assert store.state("next").nodes == []
+
+    store.forget_inflight("celery@a", store.inflight("celery@a"))  # its watchdog ended it; the new process gave it back
+    placement.heartbeat("celery@a", ["cpu"], now=T0 + 4)
+    placement.reconcile(now=T0 + 4)
+
+    assert store.state("next").nodes == ["celery@a"]
+    assert calls(celery)[-1] == ("add", "job.next", ["celery@a"])
+
+
+def test_a_node_running_a_batch_of_an_active_job_is_only_loaded_not_held(
+    placement: Placement, store: JobStore
+) -> None:
+    placement.heartbeat("celery@a", ["cpu"], now=T0)
+    running = submit(store, "running")
+    placement.assign(running, now=T0)
+    hang_a_batch_on(store, "celery@a", "running")
+
+    assert placement.held_by_ended_jobs(["celery@a"]) == set()
+    assert placement.assign(submit(store, "next"), now=T0 + 1) == ["celery@a"]
+
+
+# -- one bad record never stops a step ----------------------------------------------------------
+def test_a_job_whose_record_breaks_placement_does_not_keep_the_others_from_their_nodes(
+    placement: Placement, store: JobStore, redis_client: redis.Redis
+) -> None:
+    placement.heartbeat("celery@a", ["cpu"], now=T0)
+    submit(store, "a-bad")
+    submit(store, "b-good")
+    bad = json.loads(redis_client.hget("sluice:job:a-bad", "record"))
+    redis_client.hset("sluice:job:a-bad", "record", json.dumps({**bad, "workers": "two"}))
+    redis_client.hset("sluice:job:c-corrupt", mapping={"record": "{not json", "status": "status_running"})
+    redis_client.sadd("sluice:jobs:active", "c-corrupt")
+
+    placement.reconcile(now=T0)
+
+    assert store.state("b-good").nodes == ["celery@a"]
+
+
+def test_an_unreadable_heartbeat_is_ignored_and_the_other_nodes_stay_live(
+    placement: Placement, redis_client: redis.Redis
+) -> None:
+    placement.heartbeat("celery@a", ["cpu"], now=T0)
+    redis_client.hset(NODES_KEY, "celery@garbled", "{not json")
+    redis_client.hset(NODES_KEY, "celery@no-time", json.dumps({"queues": ["cpu"], "seen": "yesterday"}))
+
+    assert placement.live_nodes(T0) == {"celery@a": ["cpu"]}
+    placement.reconcile(now=T0)
+
+
+def test_a_restarting_node_finds_the_queues_of_the_active_jobs_placed_on_it(
+    placement: Placement, store: JobStore
+) -> None:
+    store.set_nodes(submit(store, "mine").job_id, ["celery@a", "celery@b"])
+    store.set_nodes(submit(store, "theirs").job_id, ["celery@b"])
+    ended = submit(store, "ended")
+    store.set_nodes(ended.job_id, ["celery@a"])
+    store.transition("ended", JobStatus.STOPPED, now=T0)
+
+    assert placement.assigned_queues("celery@a") == ["job.mine"]

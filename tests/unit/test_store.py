@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from jobs.job import Job, JobStatus, job_queue_name, new_job_id
-from jobs.store import JobStore, Recorded
+from jobs.store import Claim, JobStore, Recorded
 from predictors_runtime.errors import JobNotFound
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
@@ -314,9 +314,105 @@ def test_an_ended_job_has_no_batches_in_queue(store: JobStore, running: Job) -> 
 
 
 def test_only_the_first_caller_may_run_a_jobs_completion(store: JobStore, running: Job) -> None:
-    assert store.claim_completion(running.job_id) is True
-    assert store.claim_completion(running.job_id) is False
-    assert store.claim_completion(running.job_id) is False
+    assert store.claim_completion(running.job_id, "task-1/a", "task-1") is Claim.CLAIMED
+    assert store.claim_completion(running.job_id, "task-2/b", "task-2") is Claim.BUSY
+    assert store.claim_completion(running.job_id, "task-3/c", "task-3") is Claim.BUSY
+
+
+def test_a_repeat_of_the_claiming_call_is_still_the_claimant(store: JobStore, running: Job) -> None:
+    assert store.claim_completion(running.job_id, "task-1/a", "task-1") is Claim.CLAIMED
+
+    assert store.claim_completion(running.job_id, "task-1/a", "task-1") is Claim.CLAIMED
+
+
+def test_a_redelivery_of_a_claimant_that_died_before_its_hook_was_done_learns_it_died(
+    store: JobStore, running: Job
+) -> None:
+    assert store.claim_completion(running.job_id, "task-1/first-life", "task-1") is Claim.CLAIMED
+
+    assert store.claim_completion(running.job_id, "task-1/second-life", "task-1") is Claim.DIED
+
+
+def test_once_the_hook_ran_every_later_claimant_only_settles_the_job(store: JobStore, running: Job) -> None:
+    store.claim_completion(running.job_id, "task-1/a", "task-1")
+    store.mark_hook_done(running.job_id, "on_job_complete raised: ValueError: no")
+
+    assert store.claim_completion(running.job_id, "task-1/b", "task-1") is Claim.RAN
+    assert store.claim_completion(running.job_id, "task-2/c", "task-2") is Claim.RAN
+    assert store.state(running.job_id).hook_message == "on_job_complete raised: ValueError: no"
+
+
+def test_the_completion_of_a_job_whose_record_is_gone_is_told_so(store: JobStore) -> None:
+    assert store.claim_completion("gone", "task-1/a", "task-1") is Claim.GONE
+
+
+# -- repeats of a call whose reply was lost ---------------------------------------------------------
+@pytest.fixture
+def one_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every call gets the same token: each call looks like a repeat of the one before (its reply lost)."""
+    monkeypatch.setattr("jobs.store.new_token", lambda: "the-same-call")
+
+
+def test_a_repeat_of_the_recording_that_completed_the_job_is_told_so_again(
+    store: JobStore, running: Job, one_token: None
+) -> None:
+    store.seal(running.job_id, 1)
+
+    assert store.record_success(running.job_id, 0, 0.1) is Recorded.COMPLETED_JOB
+    assert store.record_success(running.job_id, 0, 0.1) is Recorded.COMPLETED_JOB
+    assert store.state(running.job_id).succeeded == 1
+
+
+def test_a_repeat_of_a_seal_that_completed_the_job_is_told_so_again(store: JobStore, running: Job) -> None:
+    store.record_success(running.job_id, 0, 0.1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("jobs.store.new_token", lambda: "the-same-call")
+        assert store.seal(running.job_id, 1) is True
+        assert store.seal(running.job_id, 1) is True
+
+    assert store.seal(running.job_id, 1) is False  # a call of its own
+
+
+def test_a_repeat_of_a_transition_that_moved_the_job_is_told_it_moved(
+    store: JobStore, running: Job, one_token: None
+) -> None:
+    assert store.transition(running.job_id, JobStatus.STOPPED) is True
+
+    assert store.transition(running.job_id, JobStatus.STOPPED) is True
+    assert store.state(running.job_id).status is JobStatus.STOPPED
+
+
+def test_another_transition_to_the_status_the_job_already_has_did_not_move_it(store: JobStore, running: Job) -> None:
+    assert store.transition(running.job_id, JobStatus.STOPPED) is True
+
+    assert store.transition(running.job_id, JobStatus.STOPPED) is False
+
+
+def test_a_repeat_of_a_batchs_start_counts_one_delivery(store: JobStore, running: Job, one_token: None) -> None:
+    assert store.begin_batch(running.job_id, 0).deliveries == 1
+    assert store.begin_batch(running.job_id, 0).deliveries == 1
+
+
+def test_every_delivery_of_a_batch_is_counted(store: JobStore, running: Job) -> None:
+    assert [store.begin_batch(running.job_id, 0).deliveries for _ in range(3)] == [1, 2, 3]
+
+
+def test_the_time_every_batch_was_recorded_is_kept_for_beat(store: JobStore, running: Job) -> None:
+    store.record_success(running.job_id, 0, 0.1)
+    assert store.state(running.job_id).finishing_at is None
+
+    store.seal(running.job_id, 1, now=T0 + 7)
+
+    state = store.state(running.job_id)
+    assert state.finishing_at == T0 + 7 and state.all_recorded
+
+
+def test_which_batches_are_recorded_is_read_at_once(store: JobStore, running: Job) -> None:
+    store.record_success(running.job_id, 1, 0.1)
+    store.record_failure(running.job_id, 3, 0.1, "boom", 1, [])
+
+    assert store.recorded(running.job_id, [0, 1, 2, 3]) == {0: False, 1: True, 2: False, 3: True}
+    assert store.recorded(running.job_id, []) == {}
 
 
 # -- the job itself -----------------------------------------------------------------------------

@@ -1,0 +1,254 @@
+"""The batch time limit (`batch_timeout`), and the end of batches whose job has ended.
+
+A node runs its batches in its main thread (Celery's solo pool), and Python cannot stop a thread
+stuck in user code: a C call, a lock, a socket read without a timeout. So a node stops such a
+batch by ending its own process, from a watchdog thread: past the limit it records the try as
+failed ("timed out after N s"; on the batch's last try the batch itself is recorded as failed, so
+the job goes on), then calls `os._exit`. The process's supervisor (the embedded stack, docker's
+restart policy) starts the node again, and the new process first gives back what the old one
+held (`jobs/placement.py`): the batch returns to its job's queue for its next try, counted from
+the tries recorded here. The watchdog also watches the job itself while a batch runs: a job that
+times out or is stopped ends its in-flight batches the same way, so a hung predictor never keeps
+a node from the next job.
+
+A predictor that holds the GIL (a C extension looping without releasing it) starves the watchdog
+thread too; for that case the kernel ends the process: SIGALRM, left at its default action, is
+armed for `HARD_STOP_GRACE_S` past the limit. Such a try is not recorded as timed out; the batch's
+next delivery counts it as a lost one (see `LOST_DELIVERY_ALLOWANCE` in `jobs/runner.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import redis
+
+from .job import Job, JobStatus
+from .publish import send_completion
+from .services import Services
+from .settings import Settings
+from .store import Recorded
+
+log = logging.getLogger(__name__)
+
+# Exit status of a node ended by its watchdog ("temporary failure, try again": restart it).
+EXIT_STOPPED_BATCH = 75
+# How often a running batch's job status is read: a stopped or timed-out job frees its nodes
+# within this. Batches shorter than this never read it.
+STATUS_POLL_S = 0.5
+# How long past the limit the kernel ends a process whose watchdog could not run.
+HARD_STOP_GRACE_S = 5.0
+
+
+def batch_time_limit(requested: float | None, api_spec: dict[str, Any], settings: Settings) -> float | None:
+    """The limit a new job's batches run under: the job's own, else its API's, else Sluice's default."""
+    if requested is not None:
+        return float(requested)
+    api_default = (api_spec.get("predictor") or {}).get("batch_timeout")
+    if api_default is not None:
+        return float(api_default)
+    return settings.batch_timeout_s
+
+
+def timed_out_message(limit: float | None) -> str:
+    return f"timed out after {limit:g} s" if limit is not None else "timed out"
+
+
+def _timed_out_key(job_id: str) -> str:
+    """Hash of a job's batches that ran past the limit: batch index -> tries used up so far."""
+    return f"sluice:job:{job_id}:timed_out"
+
+
+class TimedOutTries:
+    """Tries of a batch that ended by the time limit, kept across the node restarts they cause."""
+
+    def __init__(self, client: redis.Redis, ttl_s: float) -> None:
+        self._redis = client
+        self._ttl_s = int(ttl_s)
+
+    def used(self, job_id: str, index: int) -> int:
+        raw = self._redis.hget(_timed_out_key(job_id), str(index))
+        return int(raw) if raw is not None else 0
+
+    def mark(self, job_id: str, index: int, tries_used: int) -> None:
+        pipe = self._redis.pipeline()
+        pipe.hset(_timed_out_key(job_id), str(index), tries_used)
+        pipe.expire(_timed_out_key(job_id), self._ttl_s)
+        pipe.execute()
+
+
+@dataclass(frozen=True)
+class _Watch:
+    """What the node's main thread is running now."""
+
+    job: Job
+    index: int
+    attempt: int  # 0 while the job's predictor is being built
+    payload: Any
+    payload_ref: dict[str, Any] | None
+    deadline: float | None  # time.monotonic(); None: no limit, only the job's status is watched
+    limit: float | None
+
+
+class BatchWatchdog:
+    """One per node process: ends the process when the batch it runs must stop."""
+
+    def __init__(
+        self, services: Services, status_poll_s: float = STATUS_POLL_S,
+        end_process: Callable[[int], Any] = os._exit, hard_stop_grace_s: float | None = HARD_STOP_GRACE_S,
+    ) -> None:
+        self._services = services
+        self._status_poll_s = status_poll_s
+        self._end_process = end_process
+        self._hard_stop_grace_s = hard_stop_grace_s
+        self.tries = TimedOutTries(services.redis, services.settings.job_ttl_s)
+        self._cond = threading.Condition()
+        self._watch: _Watch | None = None
+        self._thread: threading.Thread | None = None
+
+    def tries_timed_out(self, job: Job, index: int) -> int:
+        """Tries of this batch used up by the time limit in earlier deliveries."""
+        return self.tries.used(job.job_id, index) if job.batch_timeout is not None else 0
+
+    @contextmanager
+    def running(
+        self, job: Job, index: int, attempt: int, payload: Any, payload_ref: dict[str, Any] | None = None
+    ) -> Iterator[None]:
+        """Try `attempt` of a batch runs inside: under the job's limit, and only while the job is active."""
+        limit = job.batch_timeout
+        deadline = time.monotonic() + limit if limit is not None else None
+        hard_stop = self._arm_hard_stop(limit)
+        try:
+            with self._watching(_Watch(job, index, attempt, payload, payload_ref, deadline, limit)):
+                yield
+        finally:
+            if hard_stop:
+                signal.alarm(0)
+
+    @contextmanager
+    def while_active(self, job: Job, index: int) -> Iterator[None]:
+        """Work for a batch without a time limit (building the job's predictor): ended if the job ends."""
+        with self._watching(_Watch(job, index, 0, None, None, None, None)):
+            yield
+
+    # -- the watchdog thread ----------------------------------------------------------------
+    @contextmanager
+    def _watching(self, watch: _Watch) -> Iterator[None]:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="sluice-batch-watchdog", daemon=True)
+                self._thread.start()
+            self._watch = watch
+            self._cond.notify()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._watch = None
+                self._cond.notify()
+
+    def _arm_hard_stop(self, limit: float | None) -> bool:
+        """SIGALRM's default action ends the process; armed only in the main thread, and only if
+        nobody installed a handler for it."""
+        if limit is None or self._hard_stop_grace_s is None:
+            return False
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        if signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, None):
+            return False
+        signal.alarm(math.ceil(limit + self._hard_stop_grace_s))
+        return True
+
+    def _run(self) -> None:
+        try:
+            self._watch_batches()
+        finally:  # only reached where ending the process was stubbed out (tests): watch again on the next batch
+            with self._cond:
+                self._thread = None
+
+    def _watch_batches(self) -> None:
+        watch: _Watch | None = None
+        next_poll = 0.0
+        while True:
+            with self._cond:
+                if self._watch is not watch:  # a new batch (or none): its first status read comes later
+                    watch = self._watch
+                    next_poll = time.monotonic() + self._status_poll_s
+                if watch is None:
+                    self._cond.wait()
+                    continue
+                now = time.monotonic()
+                if watch.deadline is not None and now >= watch.deadline:
+                    self._time_out(watch)  # holding the lock: the batch cannot be recorded meanwhile
+                    return
+                wait = next_poll - now if watch.deadline is None else min(next_poll, watch.deadline) - now
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+            status = self._job_status(watch)
+            next_poll = time.monotonic() + self._status_poll_s
+            if status is not None and not status.is_terminal:
+                continue
+            with self._cond:
+                if self._watch is watch:
+                    self._job_ended(watch, status)
+                    return
+
+    def _job_status(self, watch: _Watch) -> JobStatus | None:
+        try:
+            return self._services.store.status(watch.job.job_id)
+        except redis.RedisError as e:  # Redis away for a moment: the job is read again next poll
+            log.warning("reading the status of job %s failed: %s", watch.job.job_id, e)
+            return JobStatus.RUNNING
+
+    def _time_out(self, watch: _Watch) -> None:
+        job, index, message = watch.job, watch.index, timed_out_message(watch.limit)
+        last = watch.attempt >= job.tries
+        log.error(
+            "job %s batch %d try %d/%d %s; ending this node's process to stop it%s",
+            job.job_id, index, watch.attempt, job.tries, message, "" if last else " (the batch will be tried again)",
+        )
+        try:
+            self.tries.mark(job.job_id, index, watch.attempt)
+            if last:
+                self._record_failure(watch, message)
+        except redis.RedisError as e:  # the batch's next delivery sees its tries as they were
+            log.error("recording the timed-out try of job %s batch %d failed: %s", job.job_id, index, e)
+        self._exit()
+
+    def _record_failure(self, watch: _Watch, message: str) -> None:
+        """The batch's last try timed out: it is failed now, so its job goes on while this node restarts.
+
+        Recorded without the delivery: the node's in-flight entry stays, so the new process gives the
+        message back and its next delivery, seeing the batch recorded, is acknowledged.
+        """
+        job = watch.job
+        recorded = self._services.store.record_failure(
+            job.job_id, watch.index, watch.limit or 0.0, message, job.tries, watch.payload, watch.payload_ref,
+        )
+        if recorded is Recorded.COMPLETED_JOB:
+            send_completion(self._services.celery, job.job_id, job.queue)
+
+    def _job_ended(self, watch: _Watch, status: JobStatus | None) -> None:
+        job = watch.job
+        log.warning(
+            "job %s is %s while its batch %d runs here; ending this node's process to stop it",
+            job.job_id, status.value if status else "gone", watch.index,
+        )
+        self._exit()
+
+    def _exit(self) -> None:
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        self._end_process(EXIT_STOPPED_BATCH)

@@ -1,0 +1,233 @@
+"""A hung predictor never holds a node for good: batches have a time limit, and a job that times out
+or is stopped ends its in-flight batches; beat, in its own process, keeps timing jobs out meanwhile.
+
+Each test runs on a stack of its module (real redis-server, worker nodes, beat and the API); the
+predictor below hangs forever on the item "hang", as a predictor stuck in a C call or a dead socket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import redis
+import yaml
+
+from jobs.store import JobStore
+from sluice.client import Client
+from sluice.embedded import Stack, free_port
+
+pytestmark = pytest.mark.integration
+
+FAST_LOOPS = {
+    "SLUICE_BEAT_INTERVAL": "1",
+    "SLUICE_HEARTBEAT_INTERVAL": "0.5",
+    "SLUICE_NODE_TTL": "4",
+    "SLUICE_MODEL_POLL_INTERVAL": "0.5",
+    "SLUICE_ENQUEUE_STALE_AFTER": "3",
+}
+
+HANGING_PREDICTOR = '''
+import ctypes, json, os, time
+
+
+class PythonPredictor:
+    def __init__(self, config, job_spec):
+        self.events = config["events"]
+        self.job_id = job_spec["job_id"]
+
+    def _log(self, event, **fields):
+        record = {"event": event, "pid": os.getpid(), "job_id": self.job_id, "t": time.time(), **fields}
+        with open(self.events, "a") as f:
+            f.write(json.dumps(record) + "\\n")
+
+    def predict(self, payload, batch_id):
+        self._log("predict", items=payload)
+        if "hang" in payload:
+            while True:  # never returns, never raises
+                time.sleep(3600)
+        if "gil" in payload:
+            ctypes.PyDLL(None).sleep(3600)  # a C call that keeps the GIL: no other thread of the process runs
+
+    def on_job_complete(self):
+        self._log("complete")
+'''
+
+
+def _stack(tmp_path_factory: pytest.TempPathFactory, workers: int) -> Iterator[Stack]:
+    data_dir = tmp_path_factory.mktemp(f"stack-{workers}-nodes")
+    with Stack(port=free_port(), workers=workers, data_dir=data_dir, env=FAST_LOOPS) as running:
+        yield running
+        print(running.logs())
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    yield from _stack(tmp_path_factory, workers=1)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    yield from _stack(tmp_path_factory, workers=2)
+
+
+def _deploy(stack: Stack, folder: Path) -> tuple[Client, str]:
+    api_name = f"hang-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "predictor.py").write_text(HANGING_PREDICTOR)
+    api = {"name": api_name, "kind": "BatchAPI", "predictor": {"type": "python", "path": "predictor.py"}}
+    (folder / "cortex.yaml").write_text(yaml.safe_dump([api], sort_keys=False))
+    client = Client(stack.url)
+    client.deploy(folder / "cortex.yaml")
+    return client, api_name
+
+
+def _submit(client: Client, api: str, events: Path, items: list[Any], **fields: Any) -> str:
+    body = {"workers": 1, "item_list": {"items": items, "batch_size": 1}, "config": {"events": str(events)}, **fields}
+    return client.submit_raw(api, body)["job_id"]
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _hung(events: Path, job_id: str, count: int = 1) -> list[dict[str, Any]]:
+    """The first `count` tries of the hanging batch, once that many have started."""
+    hangs = [e for e in _events(events) if e["job_id"] == job_id and e["event"] == "predict" and "hang" in e["items"]]
+    return hangs if len(hangs) >= count else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def _nodes_of(stack: Stack, job_id: str) -> list[str]:
+    return JobStore(redis.Redis.from_url(stack.redis_url or "")).state(job_id).nodes
+
+
+def _worker_names(stack: Stack) -> set[str]:
+    return {c.name for c in stack.children if c.is_worker}
+
+
+def test_a_hung_batch_is_stopped_at_its_time_limit_retried_then_failed_and_the_job_completes(
+    one_node: Stack, tmp_path: Path
+) -> None:
+    client, api = _deploy(one_node, tmp_path / "project")
+    events = tmp_path / "events.jsonl"
+    job_id = _submit(client, api, events, [0, 1, "hang", 3], batch_timeout=2,
+                     sqs_dead_letter_queue={"arn": "", "max_receive_count": 2})
+
+    final = client.wait(api, job_id, timeout=120)
+
+    assert final["status"] == "status_completed_with_failures", final
+    assert final["batch_metrics"]["succeeded"] == 3 and final["batch_metrics"]["failed"] == 1
+    assert final["batch_timeout"] == 2
+    [failed] = client.failed_batches(api, job_id)
+    assert (failed["index"], failed["tries"], failed["error"], failed["payload"]) == (2, 2, "timed out after 2 s", ["hang"])
+    seen = _events(events)
+    tries = [e for e in seen if e["event"] == "predict" and e["items"] == ["hang"]]
+    assert len(tries) == 2 and tries[0]["pid"] != tries[1]["pid"]  # each try ended its node's process
+    assert sorted(str(i) for e in seen if e["event"] == "predict" for i in e["items"]) == ["0", "1", "3", "hang", "hang"]
+    assert [e["event"] for e in seen].count("complete") == 1
+    after_first_limit = min(e["t"] for e in seen if e["t"] > tries[0]["t"] + 2 and e["event"] == "predict")
+    print(f"\nFIGURE batch time limit 2 s: the node ran its next batch {after_first_limit - tries[0]['t'] - 2:.1f} s "
+          "after the limit expired")
+
+    # The node came back and serves the next job.
+    next_job = _submit(client, api, events, [10, 11])
+    assert client.wait(api, next_job, timeout=60)["status"] == "status_succeeded"
+    assert not any(_alive(e["pid"]) for e in tries)
+
+
+def test_a_job_timeout_ends_its_hung_batch_and_frees_the_only_node_for_the_next_job(
+    one_node: Stack, tmp_path: Path
+) -> None:
+    client, api = _deploy(one_node, tmp_path / "project")
+    events = tmp_path / "events.jsonl"
+    hung_job = _submit(client, api, events, ["hang", 1, 2], timeout=3)
+    [hang] = _wait_for(lambda: _hung(events, hung_job), 60, "the hanging batch")
+    waiting_job = _submit(client, api, events, [10, 11])  # queued behind the hung batch, on the same node
+
+    hung = client.wait(api, hung_job, timeout=60)  # beat times it out, though its only node is hung
+
+    assert hung["status"] == "status_timed_out"
+    assert client.wait(api, waiting_job, timeout=60)["status"] == "status_succeeded"
+    assert not _alive(hang["pid"])
+    served = min(e["t"] for e in _events(events) if e["job_id"] == waiting_job and e["event"] == "predict")
+    print(f"\nFIGURE job timeout with a hung predictor: the node served the next job {served - _epoch(hung['start_time']) - 3:.1f} s "
+          "after the job's timeout")
+
+
+def test_stopping_a_job_ends_its_in_flight_batch(one_node: Stack, tmp_path: Path) -> None:
+    client, api = _deploy(one_node, tmp_path / "project")
+    events = tmp_path / "events.jsonl"
+    job_id = _submit(client, api, events, ["hang", 1, 2])
+    [hang] = _wait_for(lambda: _hung(events, job_id), 60, "the hanging batch")
+
+    client.stop(api, job_id)
+
+    _wait_for(lambda: not _alive(hang["pid"]), 30, "the hung batch's process to end")
+    next_job = _submit(client, api, events, [10])
+    assert client.wait(api, next_job, timeout=60)["status"] == "status_succeeded"
+    assert [e["items"] for e in _events(events) if e["job_id"] == job_id] == [["hang"]]
+
+
+def test_with_two_nodes_the_next_job_goes_to_the_node_not_hung_on_a_timed_out_job(
+    two_nodes: Stack, tmp_path: Path
+) -> None:
+    client, api = _deploy(two_nodes, tmp_path / "project")
+    events = tmp_path / "events.jsonl"
+    hung_job = _submit(client, api, events, ["hang"], timeout=2)
+    [hang] = _wait_for(lambda: _hung(events, hung_job), 60, "the hanging batch")
+    [hung_node] = _nodes_of(two_nodes, hung_job)
+    assert client.wait(api, hung_job, timeout=60)["status"] == "status_timed_out"
+
+    next_job = _submit(client, api, events, [10, 11, 12])
+
+    [chosen] = _nodes_of(two_nodes, next_job)
+    assert chosen != hung_node
+    assert client.wait(api, next_job, timeout=60)["status"] == "status_succeeded"
+    assert {e["pid"] for e in _events(events) if e["job_id"] == next_job} != {hang["pid"]}
+
+
+def test_a_predictor_holding_the_gil_past_its_time_limit_is_ended_by_the_kernel(one_node: Stack, tmp_path: Path) -> None:
+    client, api = _deploy(one_node, tmp_path / "project")
+    events = tmp_path / "events.jsonl"
+    job_id = _submit(client, api, events, [0, "gil"], batch_timeout=1)
+
+    final = client.wait(api, job_id, timeout=150)
+
+    assert final["status"] == "status_completed_with_failures", final
+    [failed] = client.failed_batches(api, job_id)
+    assert failed["index"] == 1 and "died" in failed["error"]  # counted as lost deliveries: its tries, plus two
+    tries = [e for e in _events(events) if e["event"] == "predict" and e["items"] == ["gil"]]
+    assert len(tries) == 3 and len({e["pid"] for e in tries}) == 3
+    assert not any(_alive(e["pid"]) for e in tries)
+    next_job = _submit(client, api, events, [10])
+    assert client.wait(api, next_job, timeout=60)["status"] == "status_succeeded"

@@ -1,0 +1,157 @@
+"""The batch time limit: a try past `batch_timeout`, or a batch whose job ended, ends the node's process."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import redis
+
+from jobs.job import Job, JobStatus
+from jobs.settings import Settings
+from jobs.store import JobStore
+from jobs.time_limit import EXIT_STOPPED_BATCH, BatchWatchdog, batch_time_limit
+
+T0 = 1_700_000_000.0
+
+
+class FakeCelery:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, tuple[Any, ...], str]] = []
+
+    def send_task(self, name: str, args: tuple[Any, ...], queue: str, **_: Any) -> None:
+        self.sent.append((name, args, queue))
+
+
+class Ending:
+    """Stands in for `os._exit`: remembers the exit status and lets the test go on."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.event = threading.Event()
+
+    def __call__(self, status: int) -> None:
+        self.status = status
+        self.event.set()
+
+
+@pytest.fixture
+def services(redis_client: redis.Redis) -> SimpleNamespace:
+    return SimpleNamespace(store=JobStore(redis_client), redis=redis_client, settings=Settings(), celery=FakeCelery())
+
+
+@pytest.fixture
+def ending() -> Ending:
+    return Ending()
+
+
+@pytest.fixture
+def watchdog(services: SimpleNamespace, ending: Ending) -> BatchWatchdog:
+    # No SIGALRM hard stop inside the test runner's process.
+    return BatchWatchdog(services, status_poll_s=0.05, end_process=ending, hard_stop_grace_s=None)  # type: ignore[arg-type]
+
+
+def submit(services: SimpleNamespace, job_id: str, batch_timeout: float | None, tries: int = 1,
+           total: int = 2) -> Job:
+    job = Job(job_id=job_id, api_name="iris", workers=1, config={}, timeout=None, total_batch_count=total,
+              start_time=T0, tries=tries, batch_timeout=batch_timeout)
+    services.store.create(job, JobStatus.RUNNING)
+    return job
+
+
+def test_a_try_past_the_limit_is_counted_and_the_process_ended_so_the_batch_is_tried_again(
+    services: SimpleNamespace, watchdog: BatchWatchdog, ending: Ending
+) -> None:
+    job = submit(services, "hung", batch_timeout=0.2, tries=2)
+
+    with watchdog.running(job, 0, attempt=1, payload=[1, 2]):
+        assert ending.event.wait(10), "the watchdog never ended the hung batch"
+
+    assert ending.status == EXIT_STOPPED_BATCH
+    assert watchdog.tries_timed_out(job, 0) == 1
+    assert services.store.failed_batches("hung") == []  # one try left: given back, not failed
+
+
+def test_the_last_try_past_the_limit_fails_the_batch_and_the_job_goes_on(
+    services: SimpleNamespace, watchdog: BatchWatchdog, ending: Ending
+) -> None:
+    job = submit(services, "hung", batch_timeout=0.2, tries=2, total=1)
+    services.store.seal("hung", 1)
+
+    with watchdog.running(job, 0, attempt=2, payload=[1, 2]):
+        assert ending.event.wait(10)
+
+    failed = services.store.failed_batches("hung")
+    assert [(f["index"], f["tries"], f["error"], f["payload"]) for f in failed] == [(0, 2, "timed out after 0.2 s", [1, 2])]
+    assert services.celery.sent == [("sluice.finish_job", ("hung",), "job.hung")]  # its last batch: completion
+
+
+def test_a_batch_whose_job_is_stopped_is_ended(
+    services: SimpleNamespace, watchdog: BatchWatchdog, ending: Ending
+) -> None:
+    job = submit(services, "stopped", batch_timeout=None)
+
+    with watchdog.running(job, 3, attempt=1, payload=[7]):
+        services.store.transition("stopped", JobStatus.STOPPED)
+        assert ending.event.wait(10)
+
+    assert ending.status == EXIT_STOPPED_BATCH
+    assert services.store.failed_batches("stopped") == []
+
+
+def test_building_a_predictor_for_a_job_that_times_out_is_ended(
+    services: SimpleNamespace, watchdog: BatchWatchdog, ending: Ending
+) -> None:
+    job = submit(services, "slow-build", batch_timeout=None)
+
+    with watchdog.while_active(job, 0):
+        services.store.transition("slow-build", JobStatus.TIMED_OUT)
+        assert ending.event.wait(10)
+
+
+def test_batches_that_finish_in_time_are_left_alone(
+    services: SimpleNamespace, watchdog: BatchWatchdog, ending: Ending
+) -> None:
+    job = submit(services, "quick", batch_timeout=0.3)
+    for index in range(20):
+        with watchdog.running(job, index, attempt=1, payload=[index]):
+            pass
+    with watchdog.running(job, 20, attempt=1, payload=[20]):
+        ending.event.wait(0.15)  # a batch a little slower than the status poll, still in time
+
+    assert not ending.event.wait(0.5)  # between batches nothing is watched, however long
+    assert watchdog.tries_timed_out(job, 0) == 0
+
+
+def test_the_limit_is_the_jobs_else_the_apis_else_sluices() -> None:
+    api = {"predictor": {"batch_timeout": 30}}
+
+    assert batch_time_limit(5, api, Settings(batch_timeout_s=60)) == 5
+    assert batch_time_limit(None, api, Settings(batch_timeout_s=60)) == 30
+    assert batch_time_limit(None, {"predictor": {}}, Settings(batch_timeout_s=60)) == 60
+    assert batch_time_limit(None, {"predictor": {}}, Settings()) is None
+
+
+def test_batch_timeout_is_bounded_wherever_it_is_given() -> None:
+    from jobs.submission import parse_job_request
+    from predictors_runtime.config import parse_api_configs
+    from predictors_runtime.errors import BadRequest, ConfigError
+
+    job = {"item_list": {"items": [1], "batch_size": 1}}
+    assert parse_job_request({**job, "batch_timeout": 2.5}).batch_timeout == 2.5
+    for bad in (0, -1, 86_401, 10**401, 1e400):
+        with pytest.raises(BadRequest, match="batch_timeout"):
+            parse_job_request({**job, "batch_timeout": bad})
+
+    api = "- name: iris\n  kind: BatchAPI\n  predictor: {{path: predictor.py, batch_timeout: {}}}\n"
+    assert parse_api_configs(api.format(30))[0].predictor.batch_timeout == 30
+    with pytest.raises(ConfigError, match="predictor.batch_timeout"):
+        parse_api_configs(api.format(86_401))
+
+    assert Settings.from_env({"SLUICE_BATCH_TIMEOUT": "90"}).batch_timeout_s == 90
+    assert Settings.from_env({}).batch_timeout_s is None
+    for bad in ("0", "1e400", "soon"):
+        with pytest.raises(ConfigError, match="SLUICE_BATCH_TIMEOUT"):
+            Settings.from_env({"SLUICE_BATCH_TIMEOUT": bad})
