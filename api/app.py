@@ -9,7 +9,7 @@ from jobs.services import Services
 from jobs.settings import Settings
 from predictors_runtime.project import MAX_BUNDLE_BYTES
 
-from . import apis, batch, fallback, health
+from . import apis, auth, batch, fallback, health
 from .errors import register_error_handlers
 from .metrics import HTTP_RESPONSES
 from .registry import ApiRegistry
@@ -22,6 +22,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     services = Services.connect(settings, create_celery(settings))
     app.extensions["sluice"] = services
     app.extensions["sluice.registry"] = ApiRegistry(services.redis)
+
+    # API keys first: an unauthenticated request gets no further (a no-op without keys).
+    app.before_request(auth.request_guard(settings))
 
     @app.before_request
     def _limit_body() -> None:

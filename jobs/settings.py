@@ -7,11 +7,14 @@ module reads the environment on its own.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from predictors_runtime.config import MAX_BATCH_TIMEOUT_S
+from predictors_runtime.bundles import DEFAULT_CACHE_BYTES
 from predictors_runtime.errors import ConfigError
+from predictors_runtime.project import MAX_BUNDLE_FILES, MAX_UNPACKED_BYTES
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -26,6 +29,16 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
         raise ConfigError(f"{name}: expected a number, got {raw!r}") from e
     if value <= 0:
         raise ConfigError(f"{name}: must be greater than 0, got {raw!r}")
+    return value
+
+
+def _time_limit(env: Mapping[str, str], name: str) -> float | None:
+    """Seconds, or None when unset; bounded like the job field it is the default of."""
+    if not env.get(name):
+        return None
+    value = _number(env, name, 0.0)
+    if value > MAX_BATCH_TIMEOUT_S:
+        raise ConfigError(f"{name}: must be at most {MAX_BATCH_TIMEOUT_S} seconds, got {env[name]!r}")
     return value
 
 
@@ -54,14 +67,31 @@ class Settings:
     # A job still enqueueing whose enqueuer (a thread of an API process) has shown no progress for
     # this long is failed by beat: its API process died, and nothing else would ever finish it.
     enqueue_stale_s: float = 60.0
+    # How long a Redis call is repeated (with backoff) while Redis stalls or restarts, before the
+    # caller gives up (jobs/redis_retry.py).
+    redis_retry_s: float = 30.0
     # How often live reloading looks for changed models.
     model_poll_interval_s: float = 10.0
+    # Seconds one try of a batch may run when neither the job nor its API says (None: no limit).
+    batch_timeout_s: float | None = None
     # Local folders that job inputs and outputs may name; none by default.
     local_input_roots: tuple[str, ...] = ()
+    # What one deployed project may unpack to, and the unpacked bundles a host's cache keeps.
+    max_unpacked_bundle_bytes: int = MAX_UNPACKED_BYTES
+    max_bundle_files: int = MAX_BUNDLE_FILES
+    bundle_cache_bytes: int = DEFAULT_CACHE_BYTES
+    # API keys callers must present (api/auth.py); none: anonymous. Kept out of repr and logs.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # The proxy asks realtime APIs' callers for a key too (only with keys set).
+    protect_realtime: bool = False
+    # Listening beyond loopback without keys is allowed (otherwise refused at start).
+    allow_anonymous: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         """Read `SLUICE_*` variables; anything unset keeps its default."""
+        from api import auth  # here, not at the top: the api package imports this module
+
         env = os.environ if env is None else env
         defaults = cls()
         return cls(
@@ -78,7 +108,17 @@ class Settings:
             broker_poll_interval_s=_number(env, "SLUICE_BROKER_POLL_INTERVAL", defaults.broker_poll_interval_s),
             enqueue_stale_s=_number(env, "SLUICE_ENQUEUE_STALE_AFTER", defaults.enqueue_stale_s),
             model_poll_interval_s=_number(env, "SLUICE_MODEL_POLL_INTERVAL", defaults.model_poll_interval_s),
+            redis_retry_s=_number(env, "SLUICE_REDIS_RETRY_S", defaults.redis_retry_s),
+            batch_timeout_s=_time_limit(env, "SLUICE_BATCH_TIMEOUT"),
             local_input_roots=tuple(
                 root for root in (env.get("SLUICE_LOCAL_INPUT_ROOTS") or "").split(os.pathsep) if root
             ),
+            max_unpacked_bundle_bytes=int(
+                _number(env, "SLUICE_MAX_UNPACKED_BUNDLE_BYTES", defaults.max_unpacked_bundle_bytes)
+            ),
+            max_bundle_files=int(_number(env, "SLUICE_MAX_BUNDLE_FILES", defaults.max_bundle_files)),
+            bundle_cache_bytes=int(_number(env, "SLUICE_BUNDLE_CACHE_BYTES", defaults.bundle_cache_bytes)),
+            api_keys=auth.load_api_keys(env),
+            protect_realtime=auth.flag(env, auth.PROTECT_REALTIME_VARIABLE),
+            allow_anonymous=auth.flag(env, auth.ALLOW_ANONYMOUS_VARIABLE),
         )

@@ -36,9 +36,11 @@ from typing import Any
 
 import redis
 
+from api.auth import KEYS_VARIABLE, PROTECT_REALTIME_VARIABLE, header_values, refuse_open_bind
 from api.registry import ApiRegistry
 from api.replicas import ReplicaDirectory
-from predictors_runtime.errors import NotReady
+from jobs.settings import Settings
+from predictors_runtime.errors import ConfigError, NotReady
 
 from .proxy_config import Route, plan_routes, render_config, tag_of
 
@@ -295,6 +297,8 @@ class ProxyController:
     proxy_id: str | None = None
     executable: str | None = None
     forget_every_s: float = FORGET_EVERY_S
+    # API keys and whether realtime APIs want them (default: Settings.from_env()).
+    settings: Settings | None = None
     restarts: int = 0
     reloads: int = 0
     _haproxy: HAProxy | None = None
@@ -315,6 +319,7 @@ class ProxyController:
         self.state_dir = Path(self.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.proxy_id = self.proxy_id or f"{socket.gethostname()}:{self.port}"
+        self.settings = self.settings or Settings.from_env()
         self._registry = ApiRegistry(self.redis_client)
         self._replicas = ReplicaDirectory(self.redis_client)
         self._haproxy = HAProxy(self.state_dir, self.executable)
@@ -344,9 +349,30 @@ class ProxyController:
         return self._settled
 
     # rendering
+    @property
+    def keys_file(self) -> Path | None:
+        """The accepted `Authorization` values, one a line, when realtime APIs are protected."""
+        assert self.settings is not None and self.state_dir is not None
+        return self.state_dir / "realtime-keys.lst" if self.settings.protect_realtime else None
+
+    def _write_keys_file(self) -> None:
+        """Written once at start (keys are read once per process), readable by this user only."""
+        path = self.keys_file
+        if path is None:
+            return
+        assert self.settings is not None
+        staging = path.with_name(path.name + ".tmp")
+        staging.unlink(missing_ok=True)
+        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("".join(f"{value}\n" for value in header_values(self.settings.api_keys)))
+        os.replace(staging, path)
+
     def _render(self, now: float) -> tuple[str, list[Route]]:
         routes = plan_routes(self._registry.all(), self._replicas.routable(now))
-        return render_config(routes, bind=self.bind, port=self.port, management=self.management), routes
+        keys_file = str(self.keys_file) if self.keys_file is not None else None
+        return render_config(routes, bind=self.bind, port=self.port, management=self.management,
+                             keys_file=keys_file), routes
 
     def _apply(self, text: str, routes: list[Route]) -> None:
         self.haproxy.check(text)
@@ -358,6 +384,12 @@ class ProxyController:
     def start(self, now: float | None = None, timeout: float = 15.0) -> "ProxyController":
         """Start haproxy on the current routes and wait until it serves them."""
         now = time.time() if now is None else now
+        assert self.settings is not None
+        refuse_open_bind(self.bind, self.settings, what="the proxy")
+        if self.settings.protect_realtime and not self.settings.api_keys:
+            raise ConfigError(f"{PROTECT_REALTIME_VARIABLE}=1 needs API keys: set {KEYS_VARIABLE} "
+                              "(or SLUICE_API_KEYS_FILE)")
+        self._write_keys_file()
         text, routes = self._render(now)
         self._apply(text, routes)
         self._start_haproxy(now)

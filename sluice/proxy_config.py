@@ -230,7 +230,21 @@ def _management_backend(management: str) -> list[str]:
     ]
 
 
-def _realtime_backend(route: Route) -> list[str]:
+def _key_check(keys_file: str) -> list[str]:
+    """A realtime backend's key check: the `Authorization` value must be one of the file's lines.
+
+    haproxy matches plain strings (a tree lookup), not in constant time as the management API's
+    `hmac.compare_digest` does; the key is removed before the request reaches the predictor's code.
+    """
+    return [
+        "    http-request return status 401 content-type application/json lf-string "
+        + _json_body("unauthorized", "this API needs an API key: send Authorization: Bearer KEY")
+        + f" hdr WWW-Authenticate Bearer unless {{ req.fhdr(authorization) -m str -f {_quoted(keys_file)} }}",
+        "    http-request del-header Authorization",
+    ]
+
+
+def _realtime_backend(route: Route, keys_file: str | None = None) -> list[str]:
     name = route.api
     if route.request_timeout_s is not None:
         wait_limit = run_limit = f"its request_timeout of {route.request_timeout_s:g} s"
@@ -244,6 +258,8 @@ def _realtime_backend(route: Route) -> list[str]:
         "    option abortonclose",
         f"    timeout queue {_ms(route.queue_timeout_s)}",
         f"    timeout server {_ms(route.server_timeout_s)}",
+        # With protection on, a caller without a key learns nothing else (not even readiness).
+        *(_key_check(keys_file) if keys_file else []),
         # Every server unusable (an address that does not resolve, one disabled by hand): say so
         # at once. Not `nbsrv eq 0`: an old worker finishing its keep-alive connections after a
         # reload counts no server at all in its stopped backends.
@@ -280,8 +296,12 @@ def config_tag(body: str) -> str:
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
-def render_config(routes: Sequence[Route], *, bind: str, port: int, management: str) -> str:
-    """The whole haproxy.cfg; the same routes give the same text (so unchanged means no reload)."""
+def render_config(routes: Sequence[Route], *, bind: str, port: int, management: str,
+                  keys_file: str | None = None) -> str:
+    """The whole haproxy.cfg; the same routes give the same text (so unchanged means no reload).
+
+    `keys_file`: realtime APIs want `Authorization` to be one of this file's lines (see `_key_check`).
+    """
     longest = max([MANAGEMENT_TIMEOUT_S] + [r.queue_timeout_s + r.server_timeout_s for r in routes])
     sections = [
         [
@@ -306,7 +326,7 @@ def render_config(routes: Sequence[Route], *, bind: str, port: int, management: 
         ],
         _frontend(routes, bind, port),
         _management_backend(management),
-        *(_realtime_backend(route) for route in routes),
+        *(_realtime_backend(route, keys_file) for route in routes),
     ]
     body = "\n\n".join("\n".join(section) for section in sections) + "\n"
     head = [

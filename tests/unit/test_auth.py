@@ -1,0 +1,231 @@
+"""API keys: the management API asks for one when keys are set, the proxy asks realtime callers
+for one when the operator says so, and nothing listens beyond loopback anonymously by accident.
+
+The management app is the real one (Flask's test client) on a real redis-server.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from api.app import create_app
+from api.auth import (
+    InsecureBind,
+    header_values,
+    key_matches,
+    load_api_keys,
+    parse_keys_file,
+    presented_key,
+    refuse_open_bind,
+)
+from api.registry import DeployedApi
+from api.replicas import ReplicaRecord
+from jobs.settings import Settings
+from predictors_runtime.config import ApiConfig
+from predictors_runtime.errors import ConfigError
+from sluice.client import Client
+from sluice.proxy import ProxyController, find_haproxy
+from sluice.proxy_config import plan_routes, render_config
+
+KEY = "k-3f9a1c27e8b44d0f"
+OTHER_KEY = "k-second-7b21"
+
+
+@pytest.fixture
+def make_client(redis_server: str, tmp_path: Path):
+    """A test client of the management app on database 3 of the session's Redis."""
+    url = redis_server.rsplit("/", 1)[0] + "/3"
+    redis.Redis.from_url(url).flushdb()
+
+    def make(**settings: Any):
+        base = Settings(redis_url=url, storage=str(tmp_path / "storage"), cache_dir=str(tmp_path / "cache"))
+        return create_app(Settings(**{**base.__dict__, **settings})).test_client()
+
+    yield make
+    redis.Redis.from_url(url).flushdb()
+
+
+# -- the management API ------------------------------------------------------------------------------
+def test_without_keys_every_endpoint_is_open_as_before(make_client):
+    client = make_client()
+    assert client.get("/apis").status_code == 200
+    assert client.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("authorization", [None, "", "Bearer", "Bearer wrong-key", f"Basic {KEY}",
+                                           f"Bearer {KEY}x", f"Bearer {KEY[:-1]}"])
+def test_with_keys_a_request_without_the_right_key_is_refused(make_client, authorization):
+    client = make_client(api_keys=(KEY, OTHER_KEY))
+    headers = {} if authorization is None else {"Authorization": authorization}
+    for method, path in [("GET", "/apis"), ("POST", "/apis"), ("GET", "/batch/x"), ("GET", "/metrics"),
+                         ("GET", "/openapi.json"), ("DELETE", "/apis/x"), ("GET", "/no/such/path")]:
+        answer = client.open(path, method=method, headers=headers)
+        assert answer.status_code == 401, (method, path)
+        assert answer.get_json()["kind"] == "unauthorized"
+        assert answer.get_json()["message"]
+        assert answer.headers["WWW-Authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize("authorization", [f"Bearer {KEY}", f"bearer {KEY}", f"Bearer {OTHER_KEY}"])
+def test_with_keys_a_request_with_a_right_key_is_served(make_client, authorization):
+    client = make_client(api_keys=(KEY, OTHER_KEY))
+    answer = client.get("/apis", headers={"Authorization": authorization})
+    assert answer.status_code == 200, answer.get_json()
+
+
+def test_healthz_stays_open_for_probes(make_client):
+    client = make_client(api_keys=(KEY,))
+    assert client.get("/healthz").status_code == 200
+
+
+def test_realtime_fallback_answers_are_protected_exactly_when_realtime_apis_are(make_client):
+    # `/<name>` with no replica is answered by the management API on the realtime API's behalf.
+    assert make_client(api_keys=(KEY,)).get("/iris").status_code == 404
+    protected = make_client(api_keys=(KEY,), protect_realtime=True)
+    assert protected.get("/iris").status_code == 401
+    assert protected.get("/iris", headers={"Authorization": f"Bearer {KEY}"}).status_code == 404
+
+
+def test_the_client_sends_its_key(monkeypatch):
+    monkeypatch.setenv("SLUICE_API_KEY", KEY)
+    assert Client("http://127.0.0.1:1")._session.headers["Authorization"] == f"Bearer {KEY}"
+    assert Client("http://127.0.0.1:1", api_key=OTHER_KEY)._session.headers["Authorization"] == f"Bearer {OTHER_KEY}"
+    monkeypatch.delenv("SLUICE_API_KEY")
+    assert "Authorization" not in Client("http://127.0.0.1:1")._session.headers
+
+
+# -- reading keys ------------------------------------------------------------------------------------
+def test_keys_come_from_the_variable_and_the_file_without_blanks_comments_or_repeats(tmp_path):
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(f"# operators\n\n  {OTHER_KEY}  \n#{KEY}-commented-out\n{KEY}\n")
+    env = {"SLUICE_API_KEYS": f" {KEY}, ,k-third", "SLUICE_API_KEYS_FILE": str(keys_file)}
+    assert load_api_keys(env) == (KEY, "k-third", OTHER_KEY)
+    assert Settings.from_env(env).api_keys == (KEY, "k-third", OTHER_KEY)
+    assert Settings.from_env({}).api_keys == ()
+
+
+def test_keys_never_appear_in_the_settings_repr():
+    assert KEY not in repr(Settings.from_env({"SLUICE_API_KEYS": KEY}))
+
+
+def test_an_unreadable_keys_file_stops_the_start_rather_than_opening_sluice(tmp_path):
+    with pytest.raises(ConfigError, match="SLUICE_API_KEYS_FILE"):
+        load_api_keys({"SLUICE_API_KEYS_FILE": str(tmp_path / "missing")})
+
+
+@pytest.mark.parametrize("bad", ["two words", "tab\tkey", "caf\u00e9", "nul\x00key"])
+def test_a_key_haproxy_or_http_could_not_carry_is_refused(bad):
+    with pytest.raises(ConfigError):
+        parse_keys_file(bad)
+    with pytest.raises(ConfigError):
+        load_api_keys({"SLUICE_API_KEYS": bad})
+
+
+def test_the_bearer_scheme_is_read_in_any_case_and_keys_compare_whole():
+    assert presented_key(f"Bearer {KEY}") == presented_key(f"BEARER  {KEY}") == KEY
+    assert presented_key(f"Basic {KEY}") is None and presented_key("Bearer ") is None
+    assert key_matches(KEY, [OTHER_KEY, KEY]) and not key_matches(KEY[:-1], [KEY])
+    assert not key_matches(KEY, [])
+
+
+# -- listening beyond loopback -----------------------------------------------------------------------
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::", "10.0.0.7", "sluice-host"])
+def test_a_public_bind_without_keys_is_refused_naming_the_variables(bind):
+    with pytest.raises(InsecureBind) as refused:
+        refuse_open_bind(bind, Settings())
+    for variable in ("SLUICE_API_KEYS", "SLUICE_API_KEYS_FILE", "SLUICE_ALLOW_ANONYMOUS"):
+        assert variable in str(refused.value)
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::", "10.0.0.7"])
+def test_a_public_bind_is_allowed_with_keys_or_when_anonymous_callers_are_accepted(bind):
+    refuse_open_bind(bind, Settings(api_keys=(KEY,)))
+    refuse_open_bind(bind, Settings.from_env({"SLUICE_ALLOW_ANONYMOUS": "1"}))
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_loopback_needs_no_keys(bind):
+    refuse_open_bind(bind, Settings())
+
+
+def test_the_proxy_refuses_to_start_on_a_public_address_without_keys(redis_client, tmp_path):
+    controller = ProxyController(redis_client, port=1, bind="0.0.0.0", management="127.0.0.1:2",
+                                 state_dir=tmp_path / "proxy", settings=Settings())
+    try:
+        with pytest.raises(InsecureBind, match="SLUICE_ALLOW_ANONYMOUS"):
+            controller.start()
+        assert not controller.haproxy.alive()
+    finally:
+        controller.stop(grace=0)
+
+
+def test_the_proxy_refuses_to_protect_realtime_apis_without_keys(redis_client, tmp_path):
+    controller = ProxyController(redis_client, port=1, management="127.0.0.1:2", state_dir=tmp_path / "proxy",
+                                 settings=Settings(protect_realtime=True))
+    try:
+        with pytest.raises(ConfigError, match="SLUICE_API_KEYS"):
+            controller.start()
+    finally:
+        controller.stop(grace=0)
+
+
+# -- the proxy's configuration -----------------------------------------------------------------------
+def _render(keys_file: str | None) -> str:
+    config = ApiConfig.from_dict({"name": "iris", "kind": "RealtimeAPI", "predictor": {"path": "predictor.py"}})
+    api = DeployedApi(name="iris", kind="RealtimeAPI", spec=config.to_dict(), bundle="b1", queue=config.queue,
+                      deployed_at=0.0, ignored_fields=[])
+    record = ReplicaRecord(replica_id="iris-1", api="iris", bundle="b1", host="127.0.0.1", port=9001, processes=1,
+                           ready=True, draining=False, seen=1000.0)
+    return render_config(plan_routes([api], [record]), bind="127.0.0.1", port=8888, management="127.0.0.1:9100",
+                         keys_file=keys_file)
+
+
+def _backend(config: str, header: str) -> list[str]:
+    lines, inside = [], False
+    for line in config.splitlines():
+        if not line.startswith(" "):
+            inside = line.strip() == header
+        elif inside:
+            lines.append(line.strip())
+    return lines
+
+
+def test_with_realtime_protection_each_realtime_backend_checks_the_key_first_and_drops_it(tmp_path):
+    keys_file = tmp_path / "realtime-keys.lst"
+    keys_file.write_text("".join(f"{value}\n" for value in header_values([KEY])))
+    config = _render(str(keys_file))
+    checked = tmp_path / "haproxy.cfg"
+    checked.write_text(config)
+    result = subprocess.run([find_haproxy(), "-c", "-q", "-f", str(checked)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr + result.stdout
+
+    backend = _backend(config, "backend rt_iris")
+    rules = [line for line in backend if line.startswith("http-request ")]
+    assert rules[0].startswith("http-request return status 401 content-type application/json ")
+    assert 'kind\\": \\"unauthorized' in rules[0]
+    assert "hdr WWW-Authenticate Bearer" in rules[0]
+    assert rules[0].endswith(f'unless {{ req.fhdr(authorization) -m str -f "{keys_file}" }}')
+    assert rules[1] == "http-request del-header Authorization"  # predictors never see the key
+    # The management API checks keys itself: nothing of the kind in its path.
+    assert "authorization" not in "\n".join(_backend(config, "backend management")).lower()
+    assert "authorization" not in "\n".join(_backend(config, "frontend public")).lower()
+
+
+def test_without_realtime_protection_realtime_backends_check_nothing():
+    assert "authorization" not in _render(None).lower()
+
+
+def test_the_proxy_writes_the_accepted_headers_readable_by_its_user_only(redis_client, tmp_path):
+    controller = ProxyController(redis_client, port=1, management="127.0.0.1:2", state_dir=tmp_path / "proxy",
+                                 settings=Settings(api_keys=(KEY, OTHER_KEY), protect_realtime=True))
+    controller._write_keys_file()
+    assert controller.keys_file is not None
+    assert controller.keys_file.read_text().splitlines() == [
+        f"Bearer {KEY}", f"bearer {KEY}", f"Bearer {OTHER_KEY}", f"bearer {OTHER_KEY}"]
+    assert controller.keys_file.stat().st_mode & 0o077 == 0
+    controller.haproxy.close()
