@@ -1,5 +1,13 @@
 """Sluice's user-facing surface: the `sluice` command and `sluice.client()`."""
 
-from .client import Client, ClientError, client
+from .client import (
+    ApiNotFound, BadRequest, Client, ClientError, Conflict, InvalidConfig, InvalidModelInput, JobNotFound,
+    ModelNotFound, NotFound, NotReady, Overloaded, PredictorError, RequestTimeout, ServerError, Unreachable,
+    client,
+)
 
-__all__ = ["Client", "ClientError", "client"]
+__all__ = [
+    "ApiNotFound", "BadRequest", "Client", "ClientError", "Conflict", "InvalidConfig", "InvalidModelInput",
+    "JobNotFound", "ModelNotFound", "NotFound", "NotReady", "Overloaded", "PredictorError", "RequestTimeout",
+    "ServerError", "Unreachable", "client",
+]

@@ -1,4 +1,9 @@
-"""The `sluice` command."""
+"""The `sluice` command: Cortex's verbs (deploy, get, submit, wait, stop, predict, delete) for Sluice.
+
+Read commands print tables (rich) or, with `-o json`, one JSON document for scripts. Every
+failure exits non-zero with one line on stderr (`error: 404 api_not_found: ...`), never a
+traceback; `--url` / SLUICE_URL names a remote Sluice.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,73 @@ import json
 import signal
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
 from predictors_runtime.errors import SluiceError
 
-from .client import Client
+from .client import ACTIVE_STATUSES, Client
+
+OUTPUT_FORMATS = ("table", "json")
+
+
+class SluiceGroup(click.Group):
+    """A group whose failures are one line on stderr and a non-zero exit code, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SluiceError as e:
+            raise Failure(str(e)) from e
+        except TimeoutError as e:
+            raise Failure(f"timed out: {e}") from e
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as e:
+            click.echo(f"error: {one_line(e.format_message())}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+class Failure(click.ClickException):
+    """A failure already worded for the user."""
+
+    exit_code = 1
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {one_line(self.format_message())}", err=True)
+
+
+TRACEBACK = "Traceback (most recent call last):"
+
+
+def one_line(message: str) -> str:
+    """A message on one line: a predictor's traceback is cut down to the exception it ended with."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return "failed"
+    for index, line in enumerate(lines):
+        if TRACEBACK in line:
+            before = line.split(TRACEBACK, 1)[0]
+            after = [rest for rest in lines[index + 1:] if not rest.startswith(("File ", "^", "~"))]
+            return before + (after[-1] if after else "(traceback)")
+    return lines[0] + (" (...)" if len(lines) > 1 else "")
+
+
+def output_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("-o", "--output", type=click.Choice(OUTPUT_FORMATS), default="table", show_default=True,
+                        help="table for people, json for scripts.")(command)
 
 
 def _client(ctx: click.Context) -> Client:
@@ -24,7 +88,71 @@ def _print(data: Any) -> None:
     click.echo(json.dumps(data, indent=2))
 
 
+def _console():
+    """A console for tables: the terminal's width, or unbounded when piped (no folded cells)."""
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    return console if console.is_terminal else Console(highlight=False, width=1000)
+
+
+def _table(title: str | None, columns: list[str], rows: list[list[str]]) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, box=None, header_style="bold", title_justify="left", pad_edge=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    _console().print(table)
+
+
+def _epoch(value: Any) -> float | None:
+    """An epoch from a float or an RFC 3339 string (job specs carry the latter)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _ago(epoch: float | None, now: float) -> str:
+    if epoch is None:
+        return "-"
+    return f"{_duration(now - epoch)} ago"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(int(seconds), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def _job_duration(job: dict[str, Any], now: float) -> float | None:
+    start = _epoch(job.get("start_time"))
+    if start is None:
+        return None
+    end = _epoch(job.get("end_time")) or now
+    return end - start
+
+
+def _progress(job: dict[str, Any]) -> str:
+    metrics = job["batch_metrics"]
+    return f"{metrics['succeeded']}/{metrics['failed']}/{job['total_batch_count']}"
+
+
 def progress_line(status: dict[str, Any]) -> str:
+    """A one-line text progress bar (used where no live display is wanted, e.g. examples/demo.py)."""
     metrics = status["batch_metrics"]
     done = metrics["succeeded"] + metrics["failed"]
     total = status["total_batch_count"] or 1
@@ -36,14 +164,408 @@ def progress_line(status: dict[str, Any]) -> str:
     )
 
 
-@click.group()
-@click.option("--url", envvar="SLUICE_URL", default=None, help="Sluice API URL (default http://127.0.0.1:8888).")
+def _replica_counts(api: dict[str, Any]) -> tuple[int, int]:
+    """(ready, wanted): every live, non-draining replica is wanted (one per serving host)."""
+    live = [r for r in api.get("replicas", []) if not r.get("draining")]
+    return sum(1 for r in live if r.get("ready")), len(live)
+
+
+def _realtime_status(api: dict[str, Any]) -> str:
+    ready, wanted = _replica_counts(api)
+    if any(r.get("message") for r in api.get("replicas", [])):
+        return "error" if not ready else "live (with errors)"
+    if wanted == 0:
+        return "no replicas"
+    if any(r.get("bundle") != api["bundle"] for r in api.get("replicas", [])):
+        return "updating"
+    return "live" if ready else "starting"
+
+
+@click.group(cls=SluiceGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--url", envvar="SLUICE_URL", default=None,
+              help="Sluice's URL (default: $SLUICE_URL, else http://127.0.0.1:8888).")
 @click.pass_context
 def main(ctx: click.Context, url: str | None) -> None:
-    """Run Cortex-style batch projects on Celery and Redis."""
+    """Run Cortex-style batch and realtime projects on Celery and Redis."""
     ctx.obj = {"url": url}
 
 
+@main.command()
+@output_option
+@click.pass_context
+def version(ctx: click.Context, output: str) -> None:
+    """The version of this sluice command."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        mine = package_version("sluice")
+    except PackageNotFoundError:
+        mine = "unknown"
+    if output == "json":
+        _print({"client_version": mine})
+    else:
+        click.echo(f"sluice {mine}")
+
+
+@main.command()
+@click.argument("config", default="cortex.yaml", type=click.Path(exists=True, path_type=Path))
+@output_option
+@click.pass_context
+def deploy(ctx: click.Context, config: Path, output: str) -> None:
+    """Deploy the APIs of a cortex.yaml (its folder is the project)."""
+    deployed = _client(ctx).deploy(config)
+    if output == "json":
+        _print(deployed)
+        return
+    for api in deployed:
+        where = f"at /{api['name']}" if api["kind"] == "RealtimeAPI" else f"queue {api['queue']}"
+        click.echo(f"deployed {api['name']} ({api['kind']}, {where}, bundle {api['bundle'][:12]})")
+        for ignored in api["ignored_fields"]:
+            click.echo(f"  note: {ignored} means nothing to Sluice and was ignored", err=True)
+
+
+@main.command()
+@click.argument("api", required=False)
+@click.argument("job_id", required=False)
+@output_option
+@click.pass_context
+def get(ctx: click.Context, api: str | None, job_id: str | None, output: str) -> None:
+    """Every API; one API (realtime: replicas and models; batch: its jobs); or one job of a batch API.
+
+    \b
+    sluice get                  # name, kind, status, replicas or running jobs, last deployed
+    sluice get API              # realtime: endpoint, replicas, models; batch: jobs and progress
+    sluice get API JOB_ID       # batch metrics, workers, failed batches, output location
+    """
+    client = _client(ctx)
+    if api is None:
+        _get_all(client, output)
+    elif job_id is None:
+        _get_api(client, api, output)
+    else:
+        _get_job(client, api, job_id, output)
+
+
+def _get_all(client: Client, output: str) -> None:
+    now = time.time()
+    rows = []
+    for summary in client.apis():
+        row: dict[str, Any] = {"name": summary["name"], "kind": summary["kind"], "deployed_at": summary["deployed_at"]}
+        if summary["kind"] == "RealtimeAPI":
+            detail = client.api(summary["name"])
+            ready, wanted = _replica_counts(detail)
+            row.update(status=_realtime_status(detail), replicas_ready=ready, replicas_wanted=wanted)
+        else:
+            running = sum(1 for job in client.jobs(summary["name"]) if job["status"] in ACTIVE_STATUSES)
+            row.update(status="live", jobs_running=running)
+        rows.append(row)
+    if output == "json":
+        _print(rows)
+        return
+    if not rows:
+        click.echo("no apis are deployed")
+        return
+    _table(None, ["name", "kind", "status", "replicas / jobs running", "last deployed"], [
+        [r["name"], r["kind"], r["status"],
+         f"{r['replicas_ready']}/{r['replicas_wanted']} ready" if "replicas_ready" in r else f"{r['jobs_running']} running",
+         _ago(r["deployed_at"], now)]
+        for r in rows
+    ])
+
+
+def _get_api(client: Client, name: str, output: str) -> None:
+    from .client import ClientError
+
+    now = time.time()
+    api = client.api(name)
+    if api["kind"] == "RealtimeAPI":
+        ready, wanted = _replica_counts(api)
+        try:
+            readiness: dict[str, Any] = client.readiness(name)
+        except ClientError as e:
+            readiness = {"ready": False, "kind": e.kind, "message": e.server_message}
+        view = {**api, "url": f"{client.url}/{name}", "status": _realtime_status(api),
+                "replicas_ready": ready, "replicas_wanted": wanted, "readiness": readiness}
+        if output == "json":
+            _print(view)
+            return
+        click.echo(f"{name}  RealtimeAPI  {view['status']}  deployed {_ago(api['deployed_at'], now)}")
+        click.echo(f"endpoint: {view['url']}")
+        click.echo(f"replicas: {ready}/{wanted} ready")
+        for replica in api.get("replicas", []):
+            state = "draining" if replica["draining"] else "ready" if replica["ready"] else "starting"
+            note = f"  {one_line(replica['message'])}" if replica.get("message") else ""
+            click.echo(f"  {replica['id']}  {replica['address']}  {state}  bundle {replica['bundle'][:12]}{note}")
+        models = readiness.get("models")
+        if models:
+            _table("models", ["model", "versions"], [[str(m), _versions(v)] for m, v in _model_items(models)])
+        elif not readiness.get("ready"):
+            click.echo(f"not ready: {one_line(readiness.get('message') or '')}")
+        return
+    jobs = client.jobs(name)
+    if output == "json":
+        _print({**api, "jobs": jobs})
+        return
+    click.echo(f"{name}  {api['kind']}  queue {api['queue']}  deployed {_ago(api['deployed_at'], now)}")
+    click.echo(f"endpoint: {client.url}/batch/{name}")
+    if not jobs:
+        click.echo("no jobs")
+        return
+    _table("jobs", ["job id", "status", "succeeded/failed/total", "start", "duration"], [
+        [job["job_id"], job["status"].removeprefix("status_"), _progress(job), str(job.get("start_time", "-")),
+         _duration(_job_duration(job, now))]
+        for job in jobs
+    ])
+
+
+def _model_items(models: Any) -> list[tuple[str, Any]]:
+    """The models of a readiness answer, whether a mapping of name -> info or a list of entries."""
+    if isinstance(models, dict):
+        return list(models.items())
+    if isinstance(models, list):
+        return [(m.get("name", "?"), m) if isinstance(m, dict) else (str(m), None) for m in models]
+    return [(str(models), None)]
+
+
+def _versions(info: Any) -> str:
+    if isinstance(info, dict):
+        versions = info.get("versions")
+        if versions is not None:
+            return ", ".join(str(v) for v in versions) or "-"
+        return ", ".join(f"{k}={v}" for k, v in info.items() if k != "name") or "-"
+    if isinstance(info, list):
+        return ", ".join(str(v) for v in info) or "-"
+    return "-" if info is None else str(info)
+
+
+def _get_job(client: Client, api: str, job_id: str, output: str) -> None:
+    now = time.time()
+    job = client.job(api, job_id)
+    failed = client.failed_batches(api, job_id)
+    location = None
+    if job.get("output"):
+        from predictors_runtime.storage import join_uri
+
+        location = join_uri(job["output"]["path"], job_id)
+    if output == "json":
+        _print({**job, "failed_batches": failed, "output_location": location})
+        return
+    metrics = job["batch_metrics"]
+    workers = job["worker_counts"]
+    average = metrics.get("average_time_per_batch")
+    lines = [
+        f"job {job_id} of {api}: {job['status']}",
+        f"start: {job.get('start_time', '-')}  end: {job.get('end_time') or '-'}  duration: {_duration(_job_duration(job, now))}",
+        f"batches: {metrics['succeeded']} succeeded, {metrics['failed']} failed, {job['total_batch_count']} total, "
+        f"{job.get('batches_in_queue', 0)} in queue; average {average if average is not None else '-'} s per batch",
+        f"workers: {job['workers']} requested; " + ", ".join(f"{k} {v}" for k, v in workers.items()),
+        f"output: {location or 'none (the predictor writes its own results)'}",
+    ]
+    if job.get("message"):
+        lines.append(f"message: {job['message']}")
+    click.echo("\n".join(lines))
+    if failed:
+        _table("failed batches", ["batch", "tries", "error"], [
+            [str(b.get("index", b.get("batch_id", "?"))), str(b.get("tries", "-")), one_line(str(b.get("error", "")))]
+            for b in failed
+        ])
+
+
+@main.command()
+@click.argument("api")
+@click.argument("submission", required=False, type=click.File("r"))
+@click.option("--items", "items_file", type=click.File("r"), help="JSON file holding a list of items.")
+@click.option("--body", "body_file", type=click.File("r"),
+              help="Same as the SUBMISSION argument: a JSON file holding a whole job submission.")
+@click.option("--batch-size", type=int, help="Items per batch, with --items.")
+@click.option("--workers", default=None, type=int, help="Workers (default 1; overrides the submission's).")
+@click.option("--config", "config_json", default=None, help="Job config as JSON; merged over the API's.")
+@click.option("--timeout", default=None, type=int, help="Seconds before the job is timed out.")
+@click.option("--tries", default=None, type=int, help="Tries per batch (default 1).")
+@click.option("--wait", is_flag=True, help="Wait for the job to end, showing progress; non-zero unless it succeeds.")
+@click.pass_context
+def submit(ctx: click.Context, api: str, submission, items_file, body_file, batch_size: int | None,
+           workers: int | None, config_json: str | None, timeout: int | None, tries: int | None, wait: bool) -> None:
+    """Submit a job to a BatchAPI and print its spec (JSON).
+
+    \b
+    sluice submit API job.json                       # any submission body (item_list, file_path_lister, ...)
+    sluice submit API --items items.json --batch-size 10 [--workers 2] [--config '{...}']
+    """
+    if submission is not None and body_file is not None:
+        raise click.UsageError("give the submission file once (SUBMISSION or --body)")
+    body_file = body_file or submission
+    if (items_file is None) == (body_file is None):
+        raise click.UsageError("give a SUBMISSION file (or --body), or --items with --batch-size")
+    if items_file is not None and batch_size is None:
+        raise click.UsageError("--items needs --batch-size")
+    client = _client(ctx)
+    try:
+        config = json.loads(config_json) if config_json else None
+        if body_file is not None:
+            body = json.load(body_file)
+            if not isinstance(body, dict):
+                raise click.BadParameter("a job submission is a JSON object")
+            if workers is not None:
+                body["workers"] = workers
+            body.setdefault("workers", 1)
+            if config:
+                body["config"] = config
+            if timeout is not None:
+                body["timeout"] = timeout
+            if tries is not None:
+                body["sqs_dead_letter_queue"] = {"arn": "", "max_receive_count": tries}
+            spec = client.submit_raw(api, body)
+        else:
+            spec = client.submit(api, json.load(items_file), batch_size, workers=workers or 1, config=config,
+                                 timeout=timeout, tries=tries)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not valid JSON: {e}") from e
+    _print(spec)
+    if wait:
+        final = _wait_with_progress(client, api, spec["job_id"], timeout=None)
+        _print(final)
+        _exit_for(final)
+
+
+def _wait_with_progress(client: Client, api: str, job_id: str, timeout: float | None) -> dict[str, Any]:
+    """Poll the job with a live progress bar on stderr (batches done/total, rate, ETA); its final status."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text(f"{speed:.2f} batches/s" if speed else "- batches/s")
+
+    console = Console(stderr=True, highlight=False)
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("batches"), RateColumn(),
+        TextColumn("eta"), TimeRemainingColumn(), TimeElapsedColumn(),
+        # Only on a terminal: piped stderr keeps to the one-line reason scripts read.
+        console=console, transient=False, disable=not console.is_terminal,
+    )
+    with progress:
+        task = progress.add_task(job_id, total=None)
+
+        def show(status: dict[str, Any]) -> None:
+            metrics = status["batch_metrics"]
+            failed = f", {metrics['failed']} failed" if metrics["failed"] else ""
+            progress.update(task, completed=metrics["succeeded"] + metrics["failed"],
+                            total=status["total_batch_count"] or None,
+                            description=f"{job_id} {status['status'].removeprefix('status_')}{failed}")
+
+        return client.wait(api, job_id, timeout=timeout, on_progress=show)
+
+
+def _exit_for(final: dict[str, Any]) -> None:
+    if final["status"] != "status_succeeded":
+        message = f": {one_line(final['message'])}" if final.get("message") else ""
+        raise Failure(f"job {final['job_id']} ended {final['status']}{message}")
+
+
+@main.command()
+@click.argument("api")
+@click.argument("job_id")
+@click.option("--timeout", type=float, default=None, help="Give up (non-zero) after this many seconds.")
+@output_option
+@click.pass_context
+def wait(ctx: click.Context, api: str, job_id: str, timeout: float | None, output: str) -> None:
+    """Follow a job with a live progress bar until it ends; exit 0 only if it succeeded."""
+    final = _wait_with_progress(_client(ctx), api, job_id, timeout)
+    if output == "json":
+        _print(final)
+    else:
+        metrics = final["batch_metrics"]
+        click.echo(f"job {job_id}: {final['status']} ({metrics['succeeded']} succeeded, {metrics['failed']} failed "
+                   f"of {final['total_batch_count']} batches)")
+    _exit_for(final)
+
+
+@main.command()
+@click.argument("api")
+@click.argument("job_id")
+@output_option
+@click.pass_context
+def stop(ctx: click.Context, api: str, job_id: str, output: str) -> None:
+    """Stop a running job (its queued batches are dropped)."""
+    answer = _client(ctx).stop(api, job_id)
+    _print(answer) if output == "json" else click.echo(answer["message"])
+
+
+@main.command()
+@click.argument("api")
+@click.option("--json", "json_file", type=click.File("rb"), help="File holding the JSON request body ('-': stdin).")
+@click.option("--data", "data", default=None, help="The request body; sent as JSON when it parses as JSON, else as text.")
+@click.pass_context
+def predict(ctx: click.Context, api: str, json_file, data: str | None) -> None:
+    """Send one request to a RealtimeAPI and print its answer."""
+    if (json_file is None) == (data is None):
+        raise click.UsageError("give exactly one of --json FILE or --data TEXT")
+    if json_file is not None:
+        body = json_file.read()
+        try:
+            json.loads(body)
+        except ValueError as e:
+            raise click.BadParameter(f"--json: not valid JSON: {e}") from e
+        content_type = "application/json"
+    else:
+        body = data.encode()
+        try:
+            json.loads(data)
+            content_type = "application/json"
+        except ValueError:
+            content_type = "text/plain"
+    answer = _client(ctx).predict_raw(api, body, content_type)
+    if isinstance(answer, (dict, list, int, float, bool)) or answer is None:
+        _print(answer)
+    elif isinstance(answer, bytes):
+        sys.stdout.buffer.write(answer)
+    else:
+        click.echo(answer)
+
+
+@main.command()
+@click.argument("api")
+@click.option("--force", is_flag=True, help="Stop the API's running jobs first.")
+@output_option
+@click.pass_context
+def delete(ctx: click.Context, api: str, force: bool, output: str) -> None:
+    """Delete an API (refused while it has running jobs, unless --force)."""
+    answer = _client(ctx).delete_api(api, force=force)
+    _print(answer) if output == "json" else click.echo(answer["message"])
+
+
+# -- the first CLI's commands, kept for scripts and docs that use them ---------------------
+@main.command(hidden=True)
+@click.argument("api")
+@click.argument("job_id")
+@click.pass_context
+def status(ctx: click.Context, api: str, job_id: str) -> None:
+    """A job's status as JSON (`sluice get API JOB_ID -o json` shows more)."""
+    _print(_client(ctx).job(api, job_id))
+
+
+@main.command(hidden=True)
+@click.argument("api")
+@click.pass_context
+def jobs(ctx: click.Context, api: str) -> None:
+    """An API's jobs, newest first (`sluice get API`)."""
+    for job in _client(ctx).jobs(api):
+        click.echo(f"{job['job_id']}  {job['status']:<32} {job['batch_metrics']['succeeded']}/{job['total_batch_count']}")
+
+
+@main.command(hidden=True)
+@click.pass_context
+def apis(ctx: click.Context) -> None:
+    """Deployed APIs (`sluice get`)."""
+    for api in _client(ctx).apis():
+        click.echo(f"{api['name']:<30} {api['kind']:<12} queue={api['queue']} bundle={api['bundle'][:12]}")
+
+
+# -- running Sluice ------------------------------------------------------------------------
 @main.command()
 @click.option("--port", default=8888, show_default=True)
 @click.option("--workers", default=1, show_default=True, help="Worker nodes (one predictor process each).")
@@ -128,104 +650,6 @@ def replicas(hardware: str | None, host: str, advertise: str | None, api_url: st
 
 
 @main.command()
-@click.argument("config", default="cortex.yaml", type=click.Path(exists=True, path_type=Path))
-@click.pass_context
-def deploy(ctx: click.Context, config: Path) -> None:
-    """Deploy the APIs of a cortex.yaml (its folder is the project)."""
-    for api in _client(ctx).deploy(config):
-        where = f"at /{api['name']}" if api["kind"] == "RealtimeAPI" else f"queue {api['queue']}"
-        click.echo(f"deployed {api['name']} ({api['kind']}, {where}, bundle {api['bundle'][:12]})")
-        for ignored in api["ignored_fields"]:
-            click.echo(f"  note: {ignored} means nothing to Sluice and was ignored", err=True)
-
-
-@main.command()
-@click.argument("api")
-@click.option("--items", "items_file", type=click.File("r"), help="JSON file holding a list of items.")
-@click.option("--body", "body_file", type=click.File("r"),
-              help="JSON file holding a whole job submission (file_path_lister, delimited_files, output, ...).")
-@click.option("--batch-size", type=int, help="Items per batch, with --items.")
-@click.option("--workers", default=1, show_default=True)
-@click.option("--config", "config_json", default=None, help="Job config as JSON; merged over the API's.")
-@click.option("--timeout", default=None, type=int, help="Seconds before the job is timed out.")
-@click.option("--tries", default=None, type=int, help="Tries per batch (default 1).")
-@click.option("--wait", is_flag=True, help="Wait for the job to end, showing progress.")
-@click.pass_context
-def submit(ctx: click.Context, api: str, items_file, body_file, batch_size: int | None, workers: int,
-           config_json: str | None, timeout: int | None, tries: int | None, wait: bool) -> None:
-    """Submit a job: inline items (--items, --batch-size) or a whole submission (--body)."""
-    if (items_file is None) == (body_file is None):
-        raise click.UsageError("give exactly one of --items or --body")
-    if items_file is not None and batch_size is None:
-        raise click.UsageError("--items needs --batch-size")
-    try:
-        config = json.loads(config_json) if config_json else None
-        client = _client(ctx)
-        if body_file is not None:
-            body = json.load(body_file)
-            body.setdefault("workers", workers)
-            if config:
-                body["config"] = config
-            spec = client.submit_raw(api, body)
-        else:
-            spec = client.submit(api, json.load(items_file), batch_size, workers=workers, config=config,
-                                 timeout=timeout, tries=tries)
-    except json.JSONDecodeError as e:
-        raise click.BadParameter(f"not valid JSON: {e}") from e
-    _print(spec)
-    if wait:
-        final = client.wait(api, spec["job_id"], on_progress=lambda s: click.echo("\r" + progress_line(s), nl=False, err=True))
-        click.echo("", err=True)
-        _print(final)
-        if final["status"] != "status_succeeded":
-            sys.exit(1)
-
-
-@main.command()
-@click.argument("api")
-@click.argument("job_id")
-@click.pass_context
-def status(ctx: click.Context, api: str, job_id: str) -> None:
-    """A job's status."""
-    _print(_client(ctx).job(api, job_id))
-
-
-@main.command()
-@click.argument("api")
-@click.pass_context
-def jobs(ctx: click.Context, api: str) -> None:
-    """An API's jobs, newest first."""
-    for job in _client(ctx).jobs(api):
-        click.echo(f"{job['job_id']}  {job['status']:<32} {job['batch_metrics']['succeeded']}/{job['total_batch_count']}")
-
-
-@main.command()
-@click.argument("api")
-@click.argument("job_id")
-@click.pass_context
-def stop(ctx: click.Context, api: str, job_id: str) -> None:
-    """Stop a job."""
-    click.echo(_client(ctx).stop(api, job_id)["message"])
-
-
-@main.command()
-@click.pass_context
-def apis(ctx: click.Context) -> None:
-    """Deployed APIs."""
-    for api in _client(ctx).apis():
-        click.echo(f"{api['name']:<30} {api['kind']:<12} queue={api['queue']} bundle={api['bundle'][:12]}")
-
-
-@main.command()
-@click.argument("api")
-@click.option("--force", is_flag=True, help="Stop the API's running jobs first.")
-@click.pass_context
-def delete(ctx: click.Context, api: str, force: bool) -> None:
-    """Delete an API."""
-    click.echo(_client(ctx).delete_api(api, force=force)["message"])
-
-
-@main.command()
 @click.option("--port", default=8888, show_default=True, help="The public port.")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address the public port listens on.")
 @click.option("--management", required=True, help="host:port of the management API (gunicorn 'api:create_app()').")
@@ -264,11 +688,8 @@ def proxy(port: int, bind: str, management: str, state_dir: Path | None) -> None
 
 
 def run() -> None:
-    try:
-        main(standalone_mode=True)
-    except SluiceError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+    """The console script's entry point."""
+    main()
 
 
 if __name__ == "__main__":

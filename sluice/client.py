@@ -1,4 +1,9 @@
-"""A small Python client of Sluice's HTTP API (`sluice.client()`)."""
+"""A small Python client of Sluice's HTTP API (`sluice.client()`).
+
+Errors come back typed: the server's `{"kind", "message"}` body becomes the `ClientError`
+subclass registered for that kind (`ApiNotFound`, `JobNotFound`, `Conflict`, ...), so callers
+catch what they mean instead of parsing messages.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import requests
+import yaml
 
 from predictors_runtime.errors import SluiceError
 from predictors_runtime.project import pack_project
@@ -18,36 +24,155 @@ TERMINAL_STATUSES = {
     "status_enqueue_failed", "status_completed_with_failures", "status_succeeded", "status_unexpected_error",
     "status_worker_error", "status_worker_oom", "status_timed_out", "status_stopped",
 }
+ACTIVE_STATUSES = {"status_enqueuing", "status_running"}
 
 
 class ClientError(SluiceError):
-    """The server answered with an error; `status` and `kind` are what it said."""
+    """The server answered with an error (or could not be reached: status 0).
+
+    `http_status`, `kind` and `server_message` are what it said; the subclass is chosen by `kind`.
+    """
 
     def __init__(self, status: int, kind: str, message: str) -> None:
-        super().__init__(f"{status} {kind}: {message}")
+        text = f"{status} {kind}: {message}" if status else f"{kind}: {message}"
+        super().__init__(text)
         self.http_status = status
         self.kind = kind
         self.server_message = message
 
 
+class NotFound(ClientError):
+    """404: the named thing does not exist."""
+
+
+class ApiNotFound(NotFound):
+    """404 api_not_found: no API of that name is deployed."""
+
+
+class JobNotFound(NotFound):
+    """404 job_not_found: no job of that id exists for that API."""
+
+
+class ModelNotFound(NotFound):
+    """404 model_not_found: the realtime API serves no such model or version."""
+
+
+class BadRequest(ClientError):
+    """400: the request (body, parameter, submission) is malformed or breaks a rule."""
+
+
+class InvalidConfig(BadRequest):
+    """400 invalid_config: the API configuration or project folder is invalid."""
+
+
+class InvalidModelInput(BadRequest):
+    """400 invalid_model_input: the payload does not fit the model's input signature."""
+
+
+class Conflict(ClientError):
+    """409: the thing is in the wrong state (a job already ended, an API with running jobs)."""
+
+
+class PayloadTooLarge(ClientError):
+    """413: the request body is larger than Sluice accepts."""
+
+
+class NotReady(ClientError):
+    """503 not_ready: the API (or a dependency) is not ready yet."""
+
+
+class Overloaded(NotReady):
+    """503 overloaded: the realtime API's queue is full; retry later."""
+
+
+class RequestTimeout(ClientError):
+    """504 request_timeout: the realtime API did not answer by its deadline."""
+
+
+class PredictorError(ClientError):
+    """500 predictor_error: the predictor raised."""
+
+
+class ServerError(ClientError):
+    """5xx of any other kind."""
+
+
+class Unreachable(ClientError):
+    """Sluice could not be reached at all (status 0)."""
+
+
+class Unsupported(ClientError):
+    """A Cortex client argument Sluice has no equivalent for (refused here, never sent)."""
+
+
+ERRORS_BY_KIND: dict[str, type[ClientError]] = {
+    "not_found": NotFound, "api_not_found": ApiNotFound, "job_not_found": JobNotFound,
+    "model_not_found": ModelNotFound, "storage_not_found": NotFound,
+    "bad_request": BadRequest, "invalid_config": InvalidConfig, "invalid_model_input": InvalidModelInput,
+    "bad_storage_uri": BadRequest, "conflict": Conflict, "payload_too_large": PayloadTooLarge,
+    "not_ready": NotReady, "overloaded": Overloaded, "request_timeout": RequestTimeout,
+    "predictor_error": PredictorError, "unreachable": Unreachable, "unsupported": Unsupported,
+}
+_ERRORS_BY_STATUS: dict[int, type[ClientError]] = {
+    400: BadRequest, 404: NotFound, 409: Conflict, 413: PayloadTooLarge, 503: NotReady, 504: RequestTimeout,
+}
+
+
+def error_for(status: int, kind: str, message: str) -> ClientError:
+    """The typed error for a server answer: by its kind, else by its status."""
+    cls = ERRORS_BY_KIND.get(kind) or _ERRORS_BY_STATUS.get(status)
+    if cls is None:
+        cls = ServerError if status >= 500 else ClientError
+    return cls(status, kind, message)
+
+
+def default_url(env: dict[str, str] | os._Environ[str] | None = None) -> str:
+    """Where the Sluice is: SLUICE_URL, else SLUICE_API_URL (set for predictors), else the local default.
+
+    Inside a predictor this is the Sluice that runs it: replicas get SLUICE_API_URL from their
+    launcher and batch workers get SLUICE_URL from the stack that started them.
+    """
+    env = os.environ if env is None else env
+    return (env.get("SLUICE_URL") or env.get("SLUICE_API_URL") or DEFAULT_URL).rstrip("/")
+
+
+def _error_of(response: requests.Response) -> ClientError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        body = {"kind": "error", "message": response.text[:500]}
+    return error_for(response.status_code, str(body.get("kind", "error")), str(body.get("message", "")))
+
+
 class Client:
-    def __init__(self, url: str | None = None, timeout: float = 60.0) -> None:
-        self.url = (url or os.environ.get("SLUICE_URL") or DEFAULT_URL).rstrip("/")
+    def __init__(self, url: str | None = None, timeout: float = 60.0, api_key: str | None = None) -> None:
+        self.url = (url or default_url()).rstrip("/")
         self.timeout = timeout
         self._session = requests.Session()
+        # Sluice with API keys (api/auth.py) wants one on every call but /healthz.
+        api_key = api_key or os.environ.get("SLUICE_API_KEY")
+        if api_key:
+            self._session.headers["Authorization"] = f"Bearer {api_key}"
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         try:
             response = self._session.request(method, f"{self.url}{path}", timeout=self.timeout, **kwargs)
         except requests.ConnectionError as e:
-            raise ClientError(0, "unreachable", f"cannot reach Sluice at {self.url} (is `sluice up` running?)") from e
-        try:
-            body = response.json()
-        except ValueError:
-            body = {"kind": "bad_response", "message": response.text[:500]}
+            raise Unreachable(0, "unreachable", f"cannot reach Sluice at {self.url} (is `sluice up` running?)") from e
+        except requests.Timeout as e:
+            raise Unreachable(0, "unreachable", f"no answer from Sluice at {self.url} within {self.timeout:g}s") from e
         if not response.ok:
-            raise ClientError(response.status_code, body.get("kind", "error"), body.get("message", ""))
-        return body
+            raise _error_of(response)
+        return response
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._request(method, path, **kwargs)
+        try:
+            return response.json()
+        except ValueError as e:
+            raise ServerError(response.status_code, "bad_response", response.text[:500]) from e
 
     # -- APIs -------------------------------------------------------------------------------
     def deploy(self, config_path: str | Path = "cortex.yaml") -> list[dict[str, Any]]:
@@ -56,20 +181,66 @@ class Client:
         if config_path.is_dir():
             config_path = config_path / "cortex.yaml"
         project = pack_project(config_path.parent, config_path)
+        return self._deploy(config_path.name, config_path.read_bytes(), project)
+
+    def _deploy(self, config_name: str, config_text: bytes, project: bytes) -> list[dict[str, Any]]:
         files = {
-            "config": (config_path.name, config_path.read_bytes(), "application/yaml"),
+            "config": (config_name, config_text, "application/yaml"),
             "project": ("project.tar.gz", project, "application/gzip"),
         }
         return self._call("POST", "/apis", files=files)["apis"]
 
+    def create_api(
+        self, api_spec: dict[str, Any] | list[dict[str, Any]], predictor: Any = None, task: Any = None,
+        requirements: list[str] | None = None, conda_packages: list[str] | None = None,
+        project_dir: str | Path | None = None, force: bool = True, wait: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Deploy APIs from their cortex.yaml entries and a project folder (Cortex's signature).
+
+        `api_spec` is one API's entry (or a list of them) as cortex.yaml spells it; the project
+        folder (default: the working directory) is packed as `sluice deploy` packs it, and the
+        entries are sent as its cortex.yaml. `wait=True` waits until realtime APIs are ready.
+        Cortex's `predictor=`/`task=` (a pickled class) and `requirements`/`conda_packages`
+        (an image build) have no Sluice equivalent and are refused; `force` is accepted and
+        means nothing (a deploy always replaces).
+        """
+        if predictor is not None or task is not None:
+            raise Unsupported(0, "unsupported", "create_api(predictor=/task=) is not supported; pass project_dir= "
+                              "with the predictor's file named in api_spec['predictor']['path']")
+        if requirements or conda_packages:
+            raise Unsupported(0, "unsupported", "create_api(requirements=/conda_packages=) is not supported; "
+                              "install the packages on the workers")
+        specs = [api_spec] if isinstance(api_spec, dict) else list(api_spec)
+        root = Path(project_dir) if project_dir is not None else Path.cwd()
+        config_text = yaml.safe_dump(specs, sort_keys=False).encode()
+        # An existing cortex.yaml of the folder is left out of the bundle, as `deploy` does.
+        deployed = self._deploy("cortex.yaml", config_text, pack_project(root, root / "cortex.yaml"))
+        if wait:
+            for api in deployed:
+                if api["kind"] == "RealtimeAPI":
+                    self.wait_ready(api["name"])
+        return deployed
+
     def apis(self) -> list[dict[str, Any]]:
         return self._call("GET", "/apis")["apis"]
+
+    def list_apis(self) -> list[dict[str, Any]]:
+        """Every deployed API's summary (name, kind, bundle, queue, deployed_at, spec)."""
+        return self.apis()
 
     def api(self, name: str) -> dict[str, Any]:
         return self._call("GET", f"/apis/{name}")
 
-    def delete_api(self, name: str, force: bool = False) -> dict[str, Any]:
-        return self._call("DELETE", f"/apis/{name}", params={"force": "true"} if force else None)
+    def get_api(self, api_name: str) -> dict[str, Any]:
+        """One API's summary; a realtime API's also has its endpoint and live replicas."""
+        return self.api(api_name)
+
+    def delete_api(self, api_name: str, force: bool = False, keep_cache: bool = False) -> dict[str, Any]:
+        """Delete an API; `force` stops its running jobs first (else a running job is a Conflict).
+
+        `keep_cache` is Cortex's and means nothing here.
+        """
+        return self._call("DELETE", f"/apis/{api_name}", params={"force": "true"} if force else None)
 
     # -- realtime ---------------------------------------------------------------------------
     def predict(
@@ -77,28 +248,24 @@ class Client:
         headers: dict[str, str] | None = None,
     ) -> Any:
         """POST `payload` as JSON to a realtime API; its answer (parsed JSON, else text or bytes)."""
-        try:
-            response = self._session.post(
-                f"{self.url}/{api_name}", data=json.dumps(payload), params=params, timeout=self.timeout,
-                headers={"Content-Type": "application/json", **(headers or {})},
-            )
-        except requests.ConnectionError as e:
-            raise ClientError(0, "unreachable", f"cannot reach Sluice at {self.url} (is `sluice up` running?)") from e
-        content_type = response.headers.get("Content-Type", "")
-        if not response.ok:
-            try:
-                body = response.json()
-            except ValueError:
-                body = {"kind": "error", "message": response.text[:500]}
-            raise ClientError(response.status_code, body.get("kind", "error"), body.get("message", ""))
-        if content_type.startswith("application/json"):
+        return self.predict_raw(api_name, json.dumps(payload).encode(), "application/json", params, headers)
+
+    def predict_raw(
+        self, api_name: str, body: bytes, content_type: str, params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        """POST a body as it is to a realtime API; its answer (parsed JSON, else text or bytes)."""
+        response = self._request("POST", f"/{api_name}", data=body, params=params,
+                                 headers={"Content-Type": content_type, **(headers or {})})
+        answer_type = response.headers.get("Content-Type", "")
+        if answer_type.startswith("application/json"):
             return response.json()
-        if content_type.startswith("text/"):
+        if answer_type.startswith("text/"):
             return response.text
         return response.content
 
     def readiness(self, api_name: str) -> dict[str, Any]:
-        """`GET /<api_name>`: the API's readiness and models; raises ClientError (503) until ready."""
+        """`GET /<api_name>`: the API's readiness and models; raises NotReady (503) until ready."""
         return self._call("GET", f"/{api_name}")
 
     def wait_ready(self, api_name: str, timeout: float = 120.0, poll: float = 0.2) -> dict[str, Any]:
@@ -120,6 +287,10 @@ class Client:
         return self._call("POST", f"/batch/{api_name}", data=json.dumps(body),
                           headers={"Content-Type": "application/json"}, params=params)
 
+    def submit_job(self, api_name: str, job: dict[str, Any]) -> dict[str, Any]:
+        """Submit a job (any submission body Cortex's Batch API takes); returns the job spec."""
+        return self.submit_raw(api_name, job)
+
     def submit(
         self, api_name: str, items: list[Any], batch_size: int, workers: int = 1,
         config: dict[str, Any] | None = None, timeout: int | None = None, tries: int | None = None,
@@ -138,32 +309,44 @@ class Client:
         """The job's `job_status`."""
         return self._call("GET", f"/batch/{api_name}", params={"jobID": job_id})["job_status"]
 
+    def get_job(self, api_name: str, job_id: str) -> dict[str, Any]:
+        """The job's `job_status` (status, batch_metrics, worker_counts, times)."""
+        return self.job(api_name, job_id)
+
     def jobs(self, api_name: str, limit: int = 100) -> list[dict[str, Any]]:
         return self._call("GET", f"/batch/{api_name}", params={"limit": limit})["jobs"]
 
     def stop(self, api_name: str, job_id: str) -> dict[str, Any]:
         return self._call("DELETE", f"/batch/{api_name}", params={"jobID": job_id})
 
+    def stop_job(self, api_name: str, job_id: str, keep_cache: bool = False) -> dict[str, Any]:
+        """Stop a running job; a job that already ended is a Conflict."""
+        return self.stop(api_name, job_id)
+
     def failed_batches(self, api_name: str, job_id: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/batch/{api_name}/failed", params={"jobID": job_id})["failed_batches"]
 
     def wait(
-        self, api_name: str, job_id: str, timeout: float = 600.0, poll: float = 0.25,
+        self, api_name: str, job_id: str, timeout: float | None = 600.0, poll: float = 0.25,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
-        """Poll until the job ends; returns its final `job_status`."""
-        deadline = time.monotonic() + timeout
+        """Poll until the job ends; returns its final `job_status` (TimeoutError past `timeout`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             status = self.job(api_name, job_id)
             if on_progress is not None:
                 on_progress(status)
             if status["status"] in TERMINAL_STATUSES:
                 return status
-            if time.monotonic() > deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {status['status']} after {timeout:.0f}s")
             time.sleep(poll)
 
+    def wait_job(self, api_name: str, job_id: str, timeout: float | None = None) -> dict[str, Any]:
+        """Wait until the job ends (forever unless `timeout` seconds); its final `job_status`."""
+        return self.wait(api_name, job_id, timeout=timeout)
+
 
 def client(url: str | None = None) -> Client:
-    """A client for the Sluice at `url`, else `SLUICE_URL`, else the local default."""
+    """A client for the Sluice at `url`, else SLUICE_URL, else SLUICE_API_URL, else the local default."""
     return Client(url)

@@ -122,6 +122,8 @@ class Stack:
         env["SLUICE_REDIS_URL"] = self.redis_url or ""
         env.setdefault("SLUICE_STORAGE", str(self.data_dir / "storage"))
         env.setdefault("SLUICE_CACHE_DIR", str(self.data_dir / "cache"))
+        # Predictors find the Sluice that runs them (`sluice.client()`, `cortex.client()`).
+        env["SLUICE_URL"] = self.env.get("SLUICE_URL") or self.url
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env

@@ -1,0 +1,227 @@
+"""The `sluice` command as a user runs it: a subprocess against a live stack, its output and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sluice.client import Client
+
+from .conftest import write_project
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+COMMANDS = ["version", "deploy", "get", "submit", "wait", "stop", "predict", "delete", "up", "serve", "replicas",
+            "proxy", "status", "jobs", "apis"]
+
+REALTIME_PREDICTOR = '''
+class PythonPredictor:
+    def __init__(self, config):
+        pass
+
+    def predict(self, payload):
+        return {"echo": payload}
+'''
+
+
+def sluice(*args: str, url: str | None = None, env: dict[str, str] | None = None,
+           timeout: float = 180) -> subprocess.CompletedProcess:
+    """Run `sluice [--url URL] ARGS...` as a user would."""
+    base = {k: v for k, v in os.environ.items() if k != "SLUICE_URL"}
+    argv = [sys.executable, "-m", "sluice.cli", *(["--url", url] if url else []), *args]
+    return subprocess.run(argv, capture_output=True, text=True, env={**base, **(env or {})}, cwd=ROOT,
+                          timeout=timeout)
+
+
+def failed_with_one_line(result: subprocess.CompletedProcess) -> str:
+    """The reason of a failed command: non-zero, one `error: ...` line on stderr, no traceback."""
+    assert result.returncode != 0, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def _name() -> str:
+    return f"cli-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def batch_api(stack, tmp_path, events_file) -> str:
+    name = _name()
+    config = write_project(tmp_path / name, name, {"events": str(events_file)})
+    deployed = sluice("deploy", str(config), url=stack.url)
+    assert deployed.returncode == 0, deployed.stderr
+    assert f"deployed {name} (BatchAPI" in deployed.stdout
+    return name
+
+
+def _submission(tmp_path: Path, items: list, batch_size: int, **extra) -> Path:
+    path = tmp_path / f"job-{uuid.uuid4().hex[:6]}.json"
+    path.write_text(json.dumps({"workers": 1, "item_list": {"items": items, "batch_size": batch_size}, **extra}))
+    return path
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_explains_itself_with_help(command):
+    result = sluice(command, "--help")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Usage: ") and command in result.stdout.splitlines()[0]
+
+
+def test_version_prints_the_version_and_json_for_scripts():
+    assert sluice("version").stdout.startswith("sluice ")
+    assert "client_version" in json.loads(sluice("version", "-o", "json").stdout)
+
+
+def test_a_job_is_submitted_from_a_file_waited_for_and_described(stack, batch_api, tmp_path):
+    submitted = sluice("submit", batch_api, str(_submission(tmp_path, list(range(6)), 2)), url=stack.url)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = json.loads(submitted.stdout)["job_id"]
+
+    waited = sluice("wait", batch_api, job_id, url=stack.url)
+
+    assert waited.returncode == 0, waited.stderr
+    assert f"job {job_id}: status_succeeded (3 succeeded, 0 failed of 3 batches)" in waited.stdout
+    assert waited.stderr == ""  # no progress bar when stderr is not a terminal
+
+    listed = json.loads(sluice("get", "-o", "json", url=stack.url).stdout)
+    [row] = [r for r in listed if r["name"] == batch_api]
+    assert (row["kind"], row["status"], row["jobs_running"]) == ("BatchAPI", "live", 0)
+    table = sluice("get", url=stack.url)
+    assert table.returncode == 0 and batch_api in table.stdout and "0 running" in table.stdout
+
+    api = sluice("get", batch_api, url=stack.url)
+    assert api.returncode == 0 and job_id in api.stdout and "3/0/3" in api.stdout and "succeeded" in api.stdout
+    assert [j["job_id"] for j in json.loads(sluice("get", batch_api, "-o", "json", url=stack.url).stdout)["jobs"]] == [job_id]
+
+    job = json.loads(sluice("get", batch_api, job_id, "-o", "json", url=stack.url).stdout)
+    assert job["status"] == "status_succeeded" and job["batch_metrics"]["succeeded"] == 3
+    assert job["failed_batches"] == [] and job["output_location"] is None
+    described = sluice("get", batch_api, job_id, url=stack.url)
+    assert "3 succeeded, 0 failed, 3 total" in described.stdout
+
+    # The first CLI's spellings still work.
+    assert json.loads(sluice("status", batch_api, job_id, url=stack.url).stdout)["status"] == "status_succeeded"
+    assert job_id in sluice("jobs", batch_api, url=stack.url).stdout
+    assert batch_api in sluice("apis", url=stack.url).stdout
+
+
+def test_wait_on_a_job_with_failed_batches_exits_non_zero_and_get_shows_them(stack, tmp_path, events_file):
+    name = _name()
+    config = write_project(tmp_path / name, name, {"events": str(events_file), "poison": 3})
+    assert sluice("deploy", str(config), "-o", "json", url=stack.url).returncode == 0
+    items = tmp_path / "items.json"
+    items.write_text(json.dumps(list(range(6))))
+    submitted = sluice("submit", name, "--items", str(items), "--batch-size", "2", url=stack.url)
+    job_id = json.loads(submitted.stdout)["job_id"]
+
+    waited = sluice("wait", name, job_id, url=stack.url)
+
+    assert failed_with_one_line(waited).startswith(f"error: job {job_id} ended status_completed_with_failures")
+    assert "status_completed_with_failures" in waited.stdout
+    job = json.loads(sluice("get", name, job_id, "-o", "json", url=stack.url).stdout)
+    assert job["batch_metrics"] == {**job["batch_metrics"], "succeeded": 2, "failed": 1}
+    assert [b["index"] for b in job["failed_batches"]] == [1]
+    described = sluice("get", name, job_id, url=stack.url)
+    assert "failed batches" in described.stdout and "cannot handle item 3" in described.stdout
+
+
+def test_submit_with_wait_exits_non_zero_unless_the_job_succeeds(stack, tmp_path, events_file):
+    name = _name()
+    write_project(tmp_path / name, name, {"events": str(events_file), "fail_init": True})
+    assert sluice("deploy", str(tmp_path / name / "cortex.yaml"), url=stack.url).returncode == 0
+
+    result = sluice("submit", name, "--body", str(_submission(tmp_path, [1, 2], 1)), "--wait", url=stack.url)
+
+    reason = failed_with_one_line(result)
+    assert "ended status_" in reason and "status_succeeded" not in reason
+    assert reason.endswith("RuntimeError: the model file is corrupt"), reason
+    spec, end = json.JSONDecoder().raw_decode(result.stdout)
+    assert json.loads(result.stdout[end:])["job_id"] == spec["job_id"]
+
+
+def test_stop_stops_a_running_job_and_wait_then_fails(stack, tmp_path, events_file):
+    name = _name()
+    config = write_project(tmp_path / name, name, {"events": str(events_file), "sleep": 1})
+    assert sluice("deploy", str(config), url=stack.url).returncode == 0
+    job_id = json.loads(sluice("submit", name, str(_submission(tmp_path, list(range(30)), 1)), url=stack.url).stdout)["job_id"]
+    client = Client(stack.url)
+    deadline = time.monotonic() + 60
+    while client.job(name, job_id)["status"] != "status_running":
+        assert time.monotonic() < deadline, "the job never ran"
+        time.sleep(0.1)
+
+    stopped = sluice("stop", name, job_id, url=stack.url)
+
+    assert stopped.returncode == 0 and stopped.stdout.strip() == f"stopped job {job_id}"
+    assert "ended status_stopped" in failed_with_one_line(sluice("wait", name, job_id, url=stack.url))
+    assert "already ended" in failed_with_one_line(sluice("stop", name, job_id, url=stack.url))
+
+
+def test_failures_are_one_line_reasons_with_a_non_zero_exit(stack, tmp_path):
+    assert failed_with_one_line(sluice("get", "no-such-api", url=stack.url)) == \
+        "error: 404 api_not_found: api no-such-api is not deployed"
+    assert failed_with_one_line(sluice("get", "no-such-api", "123", "-o", "json", url=stack.url)).startswith(
+        "error: 404 api_not_found")
+    assert failed_with_one_line(sluice("delete", "no-such-api", url=stack.url)).startswith("error: 404 api_not_found")
+    assert "cannot reach Sluice at http://127.0.0.1:1" in failed_with_one_line(sluice("get", url="http://127.0.0.1:1"))
+    assert "--batch-size" in failed_with_one_line(sluice("submit", "x", "--items", __file__, url=stack.url))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert "not valid JSON" in failed_with_one_line(sluice("submit", "x", str(bad), url=stack.url))
+    assert failed_with_one_line(sluice("no-such-command"))
+
+
+def test_the_url_comes_from_sluice_url_when_not_given(stack, batch_api):
+    result = sluice("get", "-o", "json", env={"SLUICE_URL": stack.url})
+
+    assert result.returncode == 0, result.stderr
+    assert batch_api in [row["name"] for row in json.loads(result.stdout)]
+
+
+def test_a_realtime_api_is_deployed_described_asked_and_deleted(stack, tmp_path):
+    name = _name()
+    (tmp_path / "predictor.py").write_text(REALTIME_PREDICTOR)
+    (tmp_path / "cortex.yaml").write_text(json.dumps(
+        [{"name": name, "kind": "RealtimeAPI", "predictor": {"type": "python", "path": "predictor.py"}}]))
+    deployed = sluice("deploy", str(tmp_path / "cortex.yaml"), "-o", "json", url=stack.url)
+    assert json.loads(deployed.stdout)[0]["name"] == name
+    Client(stack.url).wait_ready(name, timeout=120)
+
+    answered = sluice("predict", name, "--data", '{"x": 1}', url=stack.url)
+    assert answered.returncode == 0, answered.stderr
+    assert json.loads(answered.stdout) == {"echo": {"x": 1}}
+    body = tmp_path / "body.json"
+    body.write_text(json.dumps([1, 2]))
+    assert json.loads(sluice("predict", name, "--json", str(body), url=stack.url).stdout) == {"echo": [1, 2]}
+
+    described = sluice("get", name, url=stack.url)
+    assert described.returncode == 0, described.stderr
+    assert f"endpoint: {stack.url}/{name}" in described.stdout and "replicas: 1/1 ready" in described.stdout
+    view = json.loads(sluice("get", name, "-o", "json", url=stack.url).stdout)
+    assert (view["replicas_ready"], view["replicas_wanted"], view["readiness"]["ready"]) == (1, 1, True)
+    [row] = [r for r in json.loads(sluice("get", "-o", "json", url=stack.url).stdout) if r["name"] == name]
+    assert (row["kind"], row["status"], row["replicas_ready"]) == ("RealtimeAPI", "live", 1)
+
+    assert sluice("delete", name, url=stack.url).stdout.strip() == f"deleted api {name}"
+    assert "404 api_not_found" in failed_with_one_line(sluice("get", name, url=stack.url))
+
+
+def test_wait_shows_a_live_progress_bar_on_a_terminal(stack, batch_api, tmp_path):
+    job_id = json.loads(sluice("submit", batch_api, str(_submission(tmp_path, list(range(8)), 2)), url=stack.url).stdout)["job_id"]
+
+    waited = sluice("wait", batch_api, job_id, url=stack.url, env={"TTY_COMPATIBLE": "1", "COLUMNS": "160"})
+
+    assert waited.returncode == 0, waited.stderr
+    assert job_id in waited.stderr and "4/4" in waited.stderr and "batches/s" in waited.stderr and "eta" in waited.stderr
