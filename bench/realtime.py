@@ -1,0 +1,247 @@
+"""Realtime serving: Sluice against a bare gunicorn + Flask app and BentoML (`make bench`).
+
+The same ONNX models as `bench/onnx_batch.py` (iris: 4 features; mlp: ~1.1M parameters), the
+same JSON row per request (`{"f0": ..., ...}`), each server answering the model's first output
+for that row as JSON. Systems, all with the same processes (and one thread each, unless said):
+- (a) baseline: gunicorn (sync workers) running a Flask app that calls onnxruntime directly
+  (`bench/realtime_apps.py`);
+- (b) Sluice through its public URL (HAProxy, then a replica of the API);
+- (c) Sluice's replica directly (its gunicorn, no proxy);
+- (d) BentoML serving the same model (`bench/realtime_bento.py`, in its own virtual environment
+  made by `make bench`; skipped with a note when absent);
+- for the mlp at the highest concurrency: (e) Sluice with server-side batching
+  (`max_batch_size` 32, threads 32 per process) against (b).
+Load: wrk (Debian package), one thread, a fixed duration per run, at each concurrency; runs of
+different systems are interleaved so drift on the machine hits all alike. Figures: requests/s,
+p50 and p99 latency from wrk, and ratios to (a) (requests/s; p50 difference in ms).
+Run: `python bench/realtime.py [--duration 10] [--concurrency 1,8,64] [--models iris,mlp]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import requests
+import yaml
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(BENCH))
+
+from onnx_batch import iris_model, mlp_model  # noqa: E402
+
+from sluice.client import Client  # noqa: E402
+from sluice.embedded import Stack, free_port  # noqa: E402
+
+BENTO_VENV = BENCH / ".venv-bentoml"
+PREDICTOR = '''import numpy as np
+
+
+class ONNXPredictor:
+    def __init__(self, onnx_client, config):
+        self.client, self.names = onnx_client, [f"f{i}" for i in range(config["features"])]
+
+    def predict(self, payload):
+        rows = payload if isinstance(payload, list) else [payload]  # a list under server-side batching
+        x = np.array([[row[n] for n in self.names] for row in rows], dtype=np.float32)
+        out = self.client.predict(x)[0].tolist()
+        return out if isinstance(payload, list) else out[0]
+'''
+
+
+@dataclass
+class Figures:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+def _ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[unit]
+
+
+def wrk(url: str, body: str, concurrency: int, duration: float, script_dir: Path) -> Figures:
+    """One wrk run posting `body` as JSON; requests/s, p50, p99 and failed answers."""
+    script = script_dir / "post.lua"
+    script.write_text(f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
+                      'wrk.headers["Content-Type"] = "application/json"\n')
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(duration))}s", "--latency", "-s", str(script), url],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    p50 = _ms(re.search(r"\s50%\s+(\S+)", out).group(1))
+    p99 = _ms(re.search(r"\s99%\s+(\S+)", out).group(1))
+    errors = sum(int(n) for n in re.findall(r"Non-2xx or 3xx responses:\s+(\d+)", out))
+    errors += sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    return Figures(rps, p50, p99, errors)
+
+
+def wait_http(url: str, body: str, log: Path | None = None, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    answer = ""
+    while time.monotonic() < deadline:
+        try:
+            response = requests.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=5)
+            if response.ok:
+                return
+            answer = f"{response.status_code} {response.text[:300]}"
+        except requests.RequestException as e:
+            answer = str(e)
+        time.sleep(0.2)
+    tail = log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else ""
+    raise RuntimeError(f"{url} did not answer within {timeout:.0f}s (last: {answer})\n{tail}")
+
+
+def spawn(argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, env={**os.environ, **env}, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def stop(process: subprocess.Popen | None) -> None:
+    if process is not None and process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def write_project(folder: Path, api: str, model: bytes, features: int, processes: int,
+                  batching: bool) -> Path:
+    (folder / "models" / "1").mkdir(parents=True)
+    (folder / "models" / "1" / "model.onnx").write_bytes(model)
+    (folder / "predictor.py").write_text(PREDICTOR)
+    predictor = {"type": "onnx", "path": "predictor.py", "models": {"path": "models/"},
+                 "config": {"features": features}, "processes_per_replica": processes, "threads_per_process": 1}
+    if batching:
+        predictor.update(threads_per_process=32, server_side_batching={"max_batch_size": 32, "batch_interval": 0.01})
+    (folder / "cortex.yaml").write_text(yaml.safe_dump([{"name": api, "kind": "RealtimeAPI", "predictor": predictor}]))
+    return folder / "cortex.yaml"
+
+
+def replica_url(stack_redis_url: str, api: str) -> str:
+    import redis
+
+    from api.replicas import ReplicaDirectory
+
+    [replica] = ReplicaDirectory(redis.Redis.from_url(stack_redis_url)).routable(time.time(), api)
+    return f"http://{replica.address}/{api}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
+    parser.add_argument("--concurrency", default="1,8,64")
+    parser.add_argument("--models", default="iris,mlp")
+    parser.add_argument("--processes", type=int, default=2)
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is not installed (apt-get install -y wrk; `make bench` does it)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix="sluice-realtime-bench-"))
+    stack = None
+    servers: list[subprocess.Popen] = []
+    rng = np.random.default_rng(0)
+    env_one_thread = {"OMP_NUM_THREADS": "1"}
+    try:
+        stack = Stack(port=free_port(), workers=0, queues=("cpu",), worker_loglevel="WARNING",
+                      env=env_one_thread, data_dir=tmp / "stack").start()
+        client = Client(stack.url)
+        have_bento = (BENTO_VENV / "bin" / "bentoml").exists()
+        if not have_bento:
+            print(f"note: BentoML not installed in {BENTO_VENV} (`make bench` makes it): (d) skipped\n")
+        print(f"{args.processes} processes per system, 1 thread each; wrk 1 thread, {args.duration:g} s per run\n")
+        print(f"{'model':>5} {'conc':>4} {'system':<26} {'req/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+              f"{'err':>4} {'x (a) req/s':>11} {'p50 - (a)':>9}")
+        for name in args.models.split(","):
+            if name == "iris":
+                model, data = iris_model()
+                features, row = 4, data[rng.integers(0, len(data))].round(1).tolist()
+            else:
+                model, features = mlp_model(), 32
+                row = rng.standard_normal(32).round(4).tolist()
+            body = json.dumps({f"f{i}": v for i, v in enumerate(row)})
+            model_path = tmp / f"{name}.onnx"
+            model_path.write_bytes(model)
+            bench_env = {"BENCH_MODEL": str(model_path), "BENCH_FEATURES": str(features),
+                         "BENCH_PROCESSES": str(args.processes), **env_one_thread}
+            systems: dict[str, str] = {}
+            port = free_port()
+            servers.append(spawn([sys.executable, "-m", "gunicorn", "-w", str(args.processes), "-b",
+                                  f"127.0.0.1:{port}", "--no-control-socket", "realtime_apps:baseline_app()"],
+                                 bench_env, BENCH, tmp / f"baseline-{name}.log"))
+            systems["(a) gunicorn+flask"] = f"http://127.0.0.1:{port}/predict"
+            api = f"{name}-rt"
+            client.deploy(write_project(tmp / api, api, model, features, args.processes, batching=False))
+            client.wait_ready(api, timeout=120)
+            systems["(b) sluice via proxy"] = f"{stack.url}/{api}"
+            systems["(c) sluice replica"] = replica_url(stack.redis_url, api)
+            if have_bento:
+                port = free_port()
+                servers.append(spawn([str(BENTO_VENV / "bin" / "bentoml"), "serve", "realtime_bento:OnnxService",
+                                      "--port", str(port), "--host", "127.0.0.1"],
+                                     bench_env, BENCH, tmp / f"bento-{name}.log"))
+                systems["(d) bentoml"] = f"http://127.0.0.1:{port}/predict"
+            batched = None
+            if name == "mlp":
+                batched = f"{name}-rt-batched"
+                client.deploy(write_project(tmp / batched, batched, model, features, args.processes, batching=True))
+                client.wait_ready(batched, timeout=120)
+            bodies = {label: (json.dumps({"row": json.loads(body)}) if "bentoml" in label else body)
+                      for label in systems}
+            for label, url in systems.items():
+                wait_http(url, bodies[label], tmp / f"{'bento' if 'bentoml' in label else 'baseline'}-{name}.log")
+            for concurrency in concurrencies:
+                runs = dict(systems)
+                if batched is not None and concurrency == max(concurrencies):
+                    runs["(e) sluice, batching 32"] = f"{stack.url}/{batched}"
+                    bodies["(e) sluice, batching 32"] = body
+                figures = {}
+                for label, url in runs.items():
+                    wrk(url, bodies[label], concurrency, min(2.0, args.duration), tmp)  # warm up
+                    figures[label] = wrk(url, bodies[label], concurrency, args.duration, tmp)
+                base = figures["(a) gunicorn+flask"]
+                for label, f in figures.items():
+                    print(f"{name:>5} {concurrency:>4} {label:<26} {f.rps:>9,.0f} {f.p50_ms:>7.2f} {f.p99_ms:>7.2f} "
+                          f"{f.errors:>4} {f.rps / base.rps:>11.2f} {f.p50_ms - base.p50_ms:>+9.2f}")
+                b = figures["(b) sluice via proxy"]
+                if "(d) bentoml" in figures:
+                    print(f"{'':>5} {'':>4} (b) / (d) req/s: {b.rps / figures['(d) bentoml'].rps:.2f}")
+                if "(e) sluice, batching 32" in figures:
+                    print(f"{'':>5} {'':>4} (e) / (b) req/s: {figures['(e) sluice, batching 32'].rps / b.rps:.2f}")
+                sys.stdout.flush()
+            for process in servers:
+                stop(process)
+            servers.clear()
+            client.delete_api(api)
+            if batched:
+                client.delete_api(batched)
+    finally:
+        for process in servers:
+            stop(process)
+        if stack is not None:
+            stack.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
