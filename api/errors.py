@@ -18,6 +18,33 @@ def error_response(status: int, kind: str, message: str):
     return response
 
 
+# Largest refused body read to its end before answering; beyond it the connection is just closed.
+DRAIN_LIMIT_BYTES = 256 * 1024 * 1024
+
+
+def _drain_body() -> None:
+    """Read a refused body to its end, so the answer reaches the client.
+
+    A server that answers 413 and closes while the body is still arriving makes the kernel reset
+    the connection, and the proxy (or the client) loses the answer along with it.
+    """
+    length = request.content_length
+    if not length or length > DRAIN_LIMIT_BYTES:
+        return
+    stream = request.environ.get("wsgi.input")
+    if stream is None:
+        return
+    left = length
+    try:
+        while left > 0:
+            chunk = stream.read(min(left, 1024 * 1024))
+            if not chunk:
+                break
+            left -= len(chunk)
+    except OSError:
+        pass
+
+
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(SluiceError)
     def _sluice_error(e: SluiceError):
@@ -33,6 +60,7 @@ def register_error_handlers(app: Flask) -> None:
         if status == 413:
             limit = request.max_content_length
             message = f"request body is larger than the limit of {limit} bytes" if limit else message
+            _drain_body()
         return error_response(status, kinds.get(status, e.name.lower().replace(" ", "_")), message)
 
     @app.errorhandler(Exception)
