@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from flask import Response, request
 
-from predictors_runtime.errors import ConfigError, SluiceError
+from predictors_runtime.errors import ConfigError, InsecureBind, Unauthorized
 
 from .errors import error_response
 
@@ -40,19 +40,6 @@ OPEN_PATHS = frozenset({"/healthz"})
 # header and in haproxy's pattern file, where whitespace or control characters would change it.
 _KEY_RE = re.compile(r"[\x21-\x2b\x2d-\x7e]+")
 _SCHEME = "bearer"
-
-
-class Unauthorized(SluiceError):
-    """The request carries no API key, or one Sluice does not know."""
-
-    http_status = 401
-    kind = "unauthorized"
-
-
-class InsecureBind(SluiceError):
-    """Sluice was asked to listen beyond loopback with no API key to ask for."""
-
-    kind = "insecure_bind"
 
 
 def _checked(key: str, source: str) -> str:

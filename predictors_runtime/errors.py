@@ -122,3 +122,16 @@ class ModelNotFound(NotFound):
     """No model of that name, or no version of that number, is served by the API."""
 
     kind = "model_not_found"
+
+
+class Unauthorized(SluiceError):
+    """The request carries no API key, or one Sluice does not know."""
+
+    http_status = 401
+    kind = "unauthorized"
+
+
+class InsecureBind(SluiceError):
+    """Sluice was asked to listen beyond loopback with no API key to ask for."""
+
+    kind = "insecure_bind"
