@@ -9,10 +9,11 @@ from typing import Any
 
 import redis
 
+from jobs import keys
 from predictors_runtime.config import ApiConfig
 from predictors_runtime.errors import ApiNotFound
 
-_KEY = "sluice:apis"
+_KEY = keys.APIS
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ from typing import Any
 
 import redis
 
-REPLICAS_KEY = "sluice:replicas"
+from jobs import keys
+
+REPLICAS_KEY = keys.REPLICAS
 # A replica silent for this many seconds is dropped from the proxy's routes.
 REPLICA_TTL_S = 5.0
 

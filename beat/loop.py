@@ -33,7 +33,8 @@ class MaintenanceLoop:
             self._due[step.name] = now + step.every_s  # from now, not from when it was due: no catch-up bursts
             try:
                 step.run(self._services, now)
-            except Exception:  # Redis away, a bug in one step: the others run, and it runs again next time
+            except Exception:  # last-resort boundary: Redis away, a bug in one step: the others run, and it
+                # runs again next time
                 log.exception("maintenance step %s failed; it runs again in %ss", step.name, step.every_s)
         if not self._steps:
             return math.inf

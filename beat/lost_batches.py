@@ -32,7 +32,8 @@ from jobs.job import JobStatus, job_queue_name
 from jobs.publish import BatchPublisher, send_completion
 from jobs.services import Services
 from jobs.settings import Settings
-from jobs.store import JobState, Recorded, parse_inflight_entry
+from jobs.nodes import parse_inflight_entry
+from jobs.store import JobState, Recorded
 from jobs.tasks import RUN_BATCH
 
 from .steps import judge_each
@@ -159,8 +160,8 @@ class LostBatchWatch:
     def _inflight_jobs(services: Services) -> set[str]:
         """Jobs with anything in some node's in-flight hash (live nodes, and dead ones not yet given back)."""
         jobs: set[str] = set()
-        for node in services.store.inflight_nodes():
-            for entry in services.store.inflight(node).values():
+        for node in services.nodes.inflight_nodes():
+            for entry in services.nodes.inflight(node).values():
                 jobs.add(parse_inflight_entry(entry)[0])
         return jobs
 

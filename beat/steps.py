@@ -10,9 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-import redis
-
-from jobs.job import JobStatus
+from jobs.job import BAD_RECORD_ERRORS, JobStatus
 from jobs.services import Services
 from jobs.store import JobState, JobStore
 from predictors_runtime.errors import JobNotFound
@@ -29,9 +27,7 @@ def judge_each(store: JobStore, step: str, judge: Callable[[JobState], bool]) ->
                 acted.append(job_id)
         except JobNotFound:  # ended and expired between listing and reading
             continue
-        except redis.RedisError:
-            raise
-        except Exception:  # this job's record is bad: the others are still judged
+        except BAD_RECORD_ERRORS:  # this job's record is bad: the others are still judged
             log.exception("%s: skipping job %s, whose record could not be judged", step, job_id)
     return acted
 

@@ -22,14 +22,15 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from predictors_runtime.batch_predictor import BatchPredictor
-from predictors_runtime.errors import JobNotFound, PredictorError
+from predictors_runtime.errors import JobNotFound, PredictorError, SluiceError
 from predictors_runtime.loader import error_text
 
 from .job import ACTIVE_STATUSES, Job, JobStatus
 from .outputs import write_manifest
 from .redis_retry import TRANSIENT_ERRORS
 from .status import job_status_view
-from .store import COMPLETION_ENTRY, Claim, Delivery, JobState, inflight_entry, new_token
+from .nodes import COMPLETION_ENTRY, Delivery, inflight_entry
+from .store import Claim, JobState, new_token
 
 if TYPE_CHECKING:
     from .runner import WorkerRuntime
@@ -68,7 +69,7 @@ class CompletionRun:
             log.warning("a completion of job %s came before all its batches were recorded; ignored", self.job_id)
             return
         if self.delivery is not None:  # given back if this node dies while completing
-            store.begin_delivery(self.delivery, inflight_entry(self.job_id, COMPLETION_ENTRY))
+            self.services.nodes.begin_delivery(self.delivery, inflight_entry(self.job_id, COMPLETION_ENTRY))
         if self.hook_message is None:
             predictor = None
             if not state.completion_claimed:  # build before claiming: a node dying while it builds costs nothing
@@ -105,7 +106,8 @@ class CompletionRun:
         message = ""
         try:
             predictor.on_job_complete(job_status_view(state))
-        except Exception as e:  # the user's hook failed: the job completes with failures
+        except Exception as e:  # last-resort boundary: the user's hook may raise anything; the job
+            # completes with failures
             message = f"on_job_complete raised: {error_text(e)}"
             log.error("job %s: %s", self.job_id, message)
         self.hook_message = message
@@ -118,7 +120,7 @@ class CompletionRun:
             parts, failed = store.parts(self.job_id), store.failed_batches(self.job_id)
             try:
                 write_manifest(job.output, self.job_id, job.total_batch_count, parts, failed)
-            except Exception as e:  # storage refused it: the job's rows are there, its manifest is not
+            except (SluiceError, OSError) as e:  # storage refused it: the rows are there, the manifest is not
                 problem = f"writing the output manifest failed: {error_text(e)}"
                 message = "; ".join(filter(None, [message, problem]))
                 log.error("job %s: %s", self.job_id, problem)
@@ -154,6 +156,6 @@ def finish_job(
             delay = min(delay * 2, MAX_RETRY_S)
     if delivery is not None:
         try:
-            runtime.services.store.end_delivery(delivery)
+            runtime.services.nodes.end_delivery(delivery)
         except TRANSIENT_ERRORS as e:  # the entry is settled later: the job has ended, so it is acknowledged
             log.warning("taking job %s's completion off node %s failed: %s", job_id, delivery.node, e)

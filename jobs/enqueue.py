@@ -128,7 +128,8 @@ def _enqueue(services: Services, job: Job, plan: JobPlan) -> None:
     """
     try:
         _publish_and_start(services, job, plan)
-    except Exception as e:  # the thread's last word: any failure must end the job, not the thread
+    except Exception as e:  # last-resort boundary, the thread's last word: any failure must end the job
+        # (with a one-line message), never the thread alone
         _fail_enqueue(services, job, e)
 
 

@@ -26,10 +26,19 @@ class JobStatus(str, Enum):
 
     @property
     def is_terminal(self) -> bool:
-        return self not in (JobStatus.ENQUEUING, JobStatus.RUNNING)
+        """An ended job: nothing of it runs any more, and its status never changes again."""
+        return self in TERMINAL_STATUSES
 
 
-ACTIVE_STATUSES = (JobStatus.ENQUEUING, JobStatus.RUNNING)
+# The one definition of which statuses are still moving; every other module (and the Python
+# client, by value) derives from these two.
+ACTIVE_STATUSES: tuple[JobStatus, ...] = (JobStatus.ENQUEUING, JobStatus.RUNNING)
+TERMINAL_STATUSES: frozenset[JobStatus] = frozenset(JobStatus) - frozenset(ACTIVE_STATUSES)
+
+# What reading or judging a damaged job record raises (JSON that does not parse, a field of the
+# wrong type, one missing, a number too large to add a time to): a step that goes over every job
+# logs and skips such a record instead of failing the others (see beat/steps.py).
+BAD_RECORD_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, KeyError, ArithmeticError)
 
 
 def new_job_id(now: float | None = None) -> str:

@@ -9,46 +9,28 @@ to a live one and re-sends the consumer commands, which are idempotent, so a mis
 heals itself. A node still running a batch of a job that has ended (a hung predictor, until its
 watchdog ends the process: `jobs/time_limit.py`) is not chosen for another job.
 
-A node runs its batches in its own process (Celery's solo pool), so a node killed mid-batch
-(out of memory, SIGKILL) takes its unacknowledged message with it until Redis's visibility
-timeout, which is as long as the longest batch allowed. Each node therefore keeps the task ids
-of the batches it runs in an in-flight hash (written by the same Lua calls that begin and
-record a batch), and `give_back` puts a dead node's batches back at the head of their queues:
-a restarted node does it first thing for its previous life, and beat does it for a node silent
-for `GIVE_BACK_AFTER_TTLS` node TTLs (one that never comes back). A node that was only slow runs its batch to the end too; the job store
-counts the batch once.
+Heartbeats, the batches each node holds in flight and giving back a dead node's batches belong
+to `jobs/nodes.py`; the reconcile step here calls it for nodes silent too long.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from typing import AbstractSet, Any, Callable
 
 import redis
 from celery import Celery
+from kombu.exceptions import KombuError
 
 from predictors_runtime.errors import JobNotFound
 
-from .job import ACTIVE_STATUSES, Job, JobStatus, job_queue_name
+from .job import ACTIVE_STATUSES, BAD_RECORD_ERRORS, Job, JobStatus
+from .nodes import Nodes, drop_queue
 from .settings import Settings
 from .store import JobStore
 
 log = logging.getLogger(__name__)
-
-NODES_KEY = "sluice:nodes"
-GIVE_BACK_AFTER_TTLS = 4
-
-
-def is_job_queue(name: str) -> bool:
-    return name.startswith("job.")
-
-
-def write_heartbeat(client: redis.Redis, node: str, queues: list[str], now: float) -> None:
-    """Record that `node` is alive and which hardware queues it serves."""
-    record = {"queues": sorted(q for q in queues if not is_job_queue(q)), "seen": now}
-    client.hset(NODES_KEY, node, json.dumps(record))
 
 
 def install_resume_on_start(app: Celery, settings: Settings) -> None:
@@ -72,103 +54,44 @@ def install_resume_on_start(app: Celery, settings: Settings) -> None:
             log.info("node %s resumes the jobs placed on it: %s", sender, queues)
 
 
-def _unacked_tags_of(channel: Any, task_ids: set[str]) -> list[str]:
-    """kombu's delivery tags of the unacknowledged messages carrying these Celery tasks.
-
-    kombu's Redis transport keeps each unacknowledged message in a hash (tag -> JSON of the
-    message, exchange and routing key) until it is acknowledged; Celery does not tell a task its
-    tag, so the messages are found by the task id in their headers. The hash holds one entry per
-    batch running anywhere, so it stays small.
-    """
-    tags = []
-    with channel.conn_or_acquire() as client:
-        unacked = client.hgetall(channel.unacked_key)
-    for tag, raw in unacked.items():
-        try:
-            message = json.loads(raw)[0]
-        except (ValueError, IndexError, TypeError):
-            continue
-        if (message.get("headers") or {}).get("id") in task_ids:
-            tags.append(tag.decode() if isinstance(tag, bytes) else tag)
-    return tags
-
-
 class Placement:
     """Assigns job queues to worker nodes and takes them back."""
 
     def __init__(
-        self, celery: Celery, store: JobStore, client: redis.Redis, node_ttl_s: float
+        self, celery: Celery, store: JobStore, client: redis.Redis, node_ttl_s: float, nodes: Nodes | None = None,
     ) -> None:
         self._celery = celery
         self._store = store
         self._redis = client
         self._node_ttl_s = node_ttl_s
+        self.nodes = nodes if nodes is not None else Nodes(client, celery, node_ttl_s)
 
-    # -- node registry ----------------------------------------------------------------------
+    # -- nodes (jobs/nodes.py owns them; placement reads them) -------------------------------
     def heartbeat(self, node: str, queues: list[str], now: float) -> None:
-        write_heartbeat(self._redis, node, queues, now)
+        self.nodes.heartbeat(node, queues, now)
 
     def forget_node(self, node: str) -> None:
-        self._redis.hdel(NODES_KEY, node)
+        self.nodes.forget(node)
 
     def give_back(self, node: str) -> int:
-        """Put the batches a dead `node` held back at the head of their job queues; returns how many.
-
-        Batches of jobs that have ended are dropped with their queue instead.
-        """
-        entries = self._store.inflight(node)
-        if not entries:
-            return 0
-        job_ids = {entry.rsplit(":", 1)[0] for entry in entries.values()}
-        statuses = self._store.statuses(sorted(job_ids))
-        with self._celery.connection_for_write() as conn:
-            channel = conn.default_channel
-            for tag in _unacked_tags_of(channel, set(entries)):
-                channel.qos.restore_by_tag(tag)  # to the end BRPOP takes next; a no-op if acknowledged meanwhile
-        for job_id in job_ids:
-            if statuses.get(job_id) not in ACTIVE_STATUSES:
-                self.drop_queue(job_queue_name(job_id))
-        self._store.forget_inflight(node, entries)
-        log.warning("gave back %d batch(es) held by node %s: %s", len(entries), node, sorted(entries.values()))
-        return len(entries)
-
-    def _heartbeats(self) -> dict[str, dict[str, Any]]:
-        """Node name -> {queues, seen}; an unreadable record is logged and left out, not fatal to the rest."""
-        heartbeats = {}
-        for raw_name, raw in self._redis.hgetall(NODES_KEY).items():
-            name = raw_name.decode(errors="replace")
-            try:
-                record = json.loads(raw)
-                heartbeats[name] = {"queues": [str(q) for q in record["queues"]], "seen": float(record["seen"])}
-            except (ValueError, TypeError, KeyError) as e:
-                log.warning("ignoring the unreadable heartbeat of node %s: %r", name, e)
-        return heartbeats
+        """Put the batches a dead `node` held back at the head of their queues (`Nodes.give_back`)."""
+        return self.nodes.give_back(node, self._store)
 
     def live_nodes(self, now: float, heartbeats: dict[str, dict[str, Any]] | None = None) -> dict[str, list[str]]:
-        """Live node name -> hardware queues it consumes. Long-dead nodes are dropped from the registry."""
-        live: dict[str, list[str]] = {}
-        for name, record in (self._heartbeats() if heartbeats is None else heartbeats).items():
-            age = now - float(record["seen"])
-            if age <= self._node_ttl_s:
-                live[name] = record["queues"]
-            elif age > 20 * self._node_ttl_s:
-                self._redis.hdel(NODES_KEY, name)
-        return live
+        """Live node name -> hardware queues it consumes (`Nodes.live`)."""
+        return self.nodes.live(now, heartbeats)
 
     def _give_back_dead(self, now: float, heartbeats: dict[str, dict[str, Any]]) -> None:
-        """Give back the batches of nodes silent for GIVE_BACK_AFTER_TTLS node TTLs (or gone from the registry).
+        """Give back the batches of nodes silent for `GIVE_BACK_AFTER_TTLS` node TTLs (or gone from the registry).
 
         Longer than "lost" for placement: a node whose predictor holds the GIL (a C call that
         never releases it) misses heartbeats while alive, and giving its batch back would run it twice.
         """
-        for node in self._store.inflight_nodes():
-            record = heartbeats.get(node)
-            if record is None or now - float(record["seen"]) > GIVE_BACK_AFTER_TTLS * self._node_ttl_s:
+        for node in self.nodes.inflight_nodes():
+            if self.nodes.silent_too_long(node, now, heartbeats):
                 try:
                     self.give_back(node)
-                except redis.RedisError:
-                    raise
-                except Exception:  # one node's bad entry must not keep the others' batches from going back
+                except BAD_RECORD_ERRORS:  # one node's bad entry must not keep the others' batches from going back
                     log.exception("giving back the batches of node %s failed; skipping it in this step", node)
 
     def held_by_ended_jobs(self, nodes: list[str]) -> set[str]:
@@ -177,7 +100,7 @@ class Placement:
         Such a node is hung, or about to be ended by its watchdog and restarted: a job placed on it
         would wait for that. Read from the nodes' in-flight hashes.
         """
-        held = {node: {entry.rsplit(":", 1)[0] for entry in self._store.inflight(node).values()} for node in nodes}
+        held = self.nodes.jobs_held(nodes)
         job_ids = sorted(set().union(*held.values()))
         if not job_ids:
             return set()
@@ -204,7 +127,9 @@ class Placement:
                 continue
             try:
                 load.update(self._store.state(job_id).nodes)
-            except Exception:  # a record expired between the two reads
+            except JobNotFound:  # a record expired between the two reads
+                continue
+            except BAD_RECORD_ERRORS:  # an unreadable record: reconcile logs it
                 continue
         return load
 
@@ -221,7 +146,7 @@ class Placement:
     def reconcile(self, now: float) -> None:
         """One step of the placement loop: give back dead nodes' batches, replace lost nodes, fill
         missing ones, re-send consumers."""
-        heartbeats = self._heartbeats()
+        heartbeats = self.nodes.heartbeats()
         self._give_back_dead(now, heartbeats)
         live = self.live_nodes(now, heartbeats)
         load = self._load()
@@ -229,9 +154,8 @@ class Placement:
         for job_id in self._store.active_ids():
             try:
                 self._reconcile_job(job_id, live, load, held)
-            except redis.RedisError:
-                raise  # Redis itself failed: the whole step is tried again next time
-            except Exception:  # one bad record must not keep every other job from its nodes
+            except BAD_RECORD_ERRORS:  # one bad record must not keep every other job from its nodes; Redis
+                # failing is not caught: the whole step is tried again next time
                 log.exception("placing job %s failed; skipping it in this step", job_id)
 
     def _reconcile_job(
@@ -268,7 +192,7 @@ class Placement:
                 state = self._store.state(job_id)
             except JobNotFound:
                 continue
-            except (ValueError, TypeError, KeyError):  # an unreadable record: reconcile logs it
+            except BAD_RECORD_ERRORS:  # an unreadable record: reconcile logs it
                 continue
             if node in state.nodes and state.status in ACTIVE_STATUSES:
                 queues.append(state.job.queue)
@@ -279,17 +203,14 @@ class Placement:
         if nodes is None:
             try:
                 nodes = self._store.state(job.job_id).nodes
-            except Exception:
+            except JobNotFound:  # expired already: no node to tell
                 nodes = []
         self._cancel_consumers(job, nodes)
         self.drop_queue(job.queue)
 
     def drop_queue(self, queue: str) -> None:
-        """Delete a job queue with every message still in it (kombu handles priority sub-queues)."""
-        with self._celery.connection_for_write() as conn:
-            channel = conn.default_channel
-            channel.queue_purge(queue)
-            channel.queue_delete(queue)
+        """Delete a job queue with every message still in it (`jobs/nodes.py`)."""
+        drop_queue(self._celery, queue)
 
     # -- control broadcasts -----------------------------------------------------------------
     def _broadcast(self, send: Callable[..., object], job: Job, nodes: list[str]) -> None:
@@ -297,7 +218,7 @@ class Placement:
             return
         try:
             send(job.queue, destination=nodes, reply=False)
-        except Exception:  # a broker hiccup: the next reconcile step sends it again
+        except (KombuError, redis.RedisError, OSError):  # a broker hiccup: the next reconcile step sends it again
             log.exception("control command for job %s failed", job.job_id)
 
     def _add_consumers(self, job: Job, nodes: list[str]) -> None:

@@ -10,6 +10,7 @@ from celery import Celery
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.project import BundleLimits
 
+from .nodes import Nodes
 from .placement import Placement
 from .redis_retry import connect
 from .settings import Settings
@@ -22,6 +23,7 @@ class Services:
     celery: Celery
     redis: redis.Redis
     store: JobStore
+    nodes: Nodes
     placement: Placement
     bundles: BundleStore
 
@@ -30,12 +32,14 @@ class Services:
         """Build the clients; Redis is contacted lazily, on first use."""
         client = connect(settings.redis_url, settings.redis_retry_s, health_check_interval=30)  # rides out stalls
         store = JobStore(client, job_ttl_s=settings.job_ttl_s)
+        nodes = Nodes(client, celery, node_ttl_s=settings.node_ttl_s)
         return cls(
             settings=settings,
             celery=celery,
             redis=client,
             store=store,
-            placement=Placement(celery, store, client, node_ttl_s=settings.node_ttl_s),
+            nodes=nodes,
+            placement=Placement(celery, store, client, node_ttl_s=settings.node_ttl_s, nodes=nodes),
             bundles=BundleStore(
                 settings.storage, settings.cache_dir, cache_bytes=settings.bundle_cache_bytes,
                 limits=BundleLimits(settings.max_unpacked_bundle_bytes, settings.max_bundle_files),

@@ -20,7 +20,7 @@ from typing import AbstractSet
 
 from .broker import acknowledge_tags, unacked_tags
 from .services import Services
-from .store import parse_inflight_entry
+from .nodes import parse_inflight_entry
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,7 @@ def finished_deliveries(services: Services, entries: dict[str, str]) -> set[str]
 def settle_deliveries(services: Services, node: str, running: AbstractSet[str] = frozenset()) -> Settled:
     """Acknowledge `node`'s finished deliveries and give back the rest, leaving alone the task ids
     it is `running` (none, for a node of the solo pool whose consumer is reconnecting)."""
-    store = services.store
-    entries = {task_id: entry for task_id, entry in store.inflight(node).items() if task_id not in running}
+    entries = {task_id: entry for task_id, entry in services.nodes.inflight(node).items() if task_id not in running}
     if not entries:
         return Settled()
     if running:  # Placement.give_back takes every entry of a node: leave it to a quieter moment
@@ -69,7 +68,7 @@ def settle_deliveries(services: Services, node: str, running: AbstractSet[str] =
         with services.celery.connection_for_write() as conn:
             channel = conn.default_channel
             acknowledge_tags(channel, unacked_tags(channel, finished).values())
-        store.forget_inflight(node, finished)
+        services.nodes.forget_inflight(node, finished)
         log.warning("node %s acknowledged %d delivery(ies) whose outcome was recorded: %s",
                     node, len(finished), sorted(entries[t] for t in finished))
     given_back = services.placement.give_back(node) if len(finished) < len(entries) else 0

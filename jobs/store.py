@@ -26,17 +26,20 @@ import redis
 
 from predictors_runtime.errors import JobNotFound
 
+from . import keys
 from .job import ACTIVE_STATUSES, Job, JobStatus
+from .nodes import Delivery, inflight_entry
 from .redis_retry import TRANSIENT_ERRORS
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 UNTIL_ANSWERED_PAUSE_S = 1.0
+ENDED_JOBS = "sluice_jobs_total"  # the figure counting ended jobs (jobs/figures.py JOBS)
 
-_PREFIX = "sluice"
-
-# KEYS: job hash. ARGV: new status, end time ('' for none), message, token, allowed current statuses...
+# KEYS: job hash, the figure of ended jobs. ARGV: new status, end time ('' for none), message, token,
+# allowed current statuses... A job that ends is counted in the figure (`jobs/figures.py`) here,
+# so exactly once whichever process ends it.
 _TRANSITION = """
 local current = redis.call('HGET', KEYS[1], 'status')
 if not current then return 0 end
@@ -44,7 +47,12 @@ if current == ARGV[1] and redis.call('HGET', KEYS[1], 'moved_by') == ARGV[4] the
 for i = 5, #ARGV do
   if ARGV[i] == current then
     redis.call('HSET', KEYS[1], 'status', ARGV[1], 'moved_by', ARGV[4])
-    if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'end_time', ARGV[2]) end
+    if ARGV[2] ~= '' then
+      redis.call('HSET', KEYS[1], 'end_time', ARGV[2])
+      local ok, record = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'record') or '')
+      local api = (ok and type(record) == 'table' and record['api_name']) or ''
+      redis.call('HINCRBY', KEYS[2], cjson.encode({tostring(api), (string.gsub(ARGV[1], '^status_', ''))}), 1)
+    end
     if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'message', ARGV[3]) end
     return 1
   end
@@ -193,35 +201,6 @@ def new_token() -> str:
 
 
 @dataclass(frozen=True)
-class Delivery:
-    """Which node runs a batch, and the Celery task id of its message (to give it back if the node dies)."""
-
-    node: str
-    task_id: str
-
-
-def inflight_key(node: str) -> str:
-    """The hash of a node's in-flight batches: task id -> "<job id>:<batch index>"."""
-    return f"{_PREFIX}:inflight:{node}"
-
-
-INFLIGHT_PATTERN = f"{_PREFIX}:inflight:*"
-# The in-flight entry of a job's completion task, in place of a batch index.
-COMPLETION_ENTRY = "complete"
-
-
-def inflight_entry(job_id: str, index: int | str) -> str:
-    """What a node's in-flight hash holds for a task: "<job id>:<batch index>" or "<job id>:complete"."""
-    return f"{job_id}:{index}"
-
-
-def parse_inflight_entry(entry: str) -> tuple[str, int | None]:
-    """(job id, batch index), the index None for a completion task."""
-    job_id, _, what = entry.rpartition(":")
-    return job_id, None if what == COMPLETION_ENTRY else int(what)
-
-
-@dataclass(frozen=True)
 class BatchStart:
     """What a worker learns when it picks up a batch."""
 
@@ -268,7 +247,12 @@ class JobState:
 
 
 class JobStore:
-    """Reads and writes jobs; the Redis client is passed in, never found globally."""
+    """Job records and batch outcomes in Redis; the client is passed in, never found globally.
+
+    Nodes (heartbeats, in-flight deliveries, giving them back) are `jobs/nodes.py`'s; only the
+    scripts that begin and record a batch touch a node's in-flight hash, so that a batch leaves
+    it in the same step as its outcome is counted. Key names are `jobs/keys.py`'s.
+    """
 
     def __init__(self, client: redis.Redis, job_ttl_s: float = 7 * 24 * 3600) -> None:
         self._redis = client
@@ -279,24 +263,11 @@ class JobStore:
         self._seal = client.register_script(_SEAL)
         self._claim_completion = client.register_script(_CLAIM_COMPLETION)
 
-    # -- keys -------------------------------------------------------------------------------
-    @staticmethod
-    def _job_key(job_id: str) -> str:
-        return f"{_PREFIX}:job:{job_id}"
-
-    @classmethod
-    def _keys_of(cls, job_id: str) -> dict[str, str]:
-        base = cls._job_key(job_id)
-        return {
-            "job": base, "done": f"{base}:done", "failed": f"{base}:failed", "starts": f"{base}:starts",
-            "parts": f"{base}:parts", "payloads": f"{base}:payloads",
-        }
-
-    @staticmethod
-    def _api_jobs_key(api_name: str) -> str:
-        return f"{_PREFIX}:api:{api_name}:jobs"
-
-    _ACTIVE_KEY = f"{_PREFIX}:jobs:active"
+    # -- keys (all named in jobs/keys.py) ---------------------------------------------------
+    _job_key = staticmethod(keys.job)
+    _keys_of = staticmethod(keys.job_keys)
+    _api_jobs_key = staticmethod(keys.api_jobs)
+    _ACTIVE_KEY = keys.ACTIVE_JOBS
 
     # -- jobs -------------------------------------------------------------------------------
     def create(self, job: Job, status: JobStatus = JobStatus.ENQUEUING) -> None:
@@ -390,17 +361,17 @@ class JobStore:
         end_time = ""
         if new_status.is_terminal:
             end_time = repr(time.time() if now is None else now)
-        keys = self._keys_of(job_id)
+        named = self._keys_of(job_id)
         moved = bool(
             self._transition(
-                keys=[keys["job"]],
+                keys=[named["job"], keys.figure(ENDED_JOBS)],
                 args=[new_status.value, end_time, message, new_token(), *[s.value for s in allowed_from]],
             )
         )
         if moved and new_status.is_terminal:
             pipe = self._redis.pipeline()
             pipe.srem(self._ACTIVE_KEY, job_id)
-            for key in keys.values():
+            for key in named.values():
                 pipe.expire(key, self._job_ttl_s)
             pipe.execute()
         return moved
@@ -439,13 +410,13 @@ class JobStore:
     # -- batches ----------------------------------------------------------------------------
     def begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> BatchStart:
         """Check and count a delivery of a batch; one that will run is entered in its node's in-flight hash."""
-        keys = self._keys_of(job_id)
+        named = self._keys_of(job_id)
         args = [index, delivery.task_id if delivery else "", inflight_entry(job_id, index), new_token(),
                 *[s.value for s in ACTIVE_STATUSES]]
-        node_key = inflight_key(delivery.node if delivery else "")
+        node_key = keys.inflight(delivery.node if delivery else "")
         raw_status, done, deliveries = _until_answered(
             f"starting batch {index} of job {job_id}",
-            lambda: self._begin_batch(keys=[keys["job"], keys["done"], keys["starts"], node_key], args=args),
+            lambda: self._begin_batch(keys=[named["job"], named["done"], named["starts"], node_key], args=args),
         )
         status = JobStatus(raw_status.decode()) if raw_status else None
         return BatchStart(status=status, already_recorded=bool(done), deliveries=int(deliveries))
@@ -455,20 +426,20 @@ class JobStore:
 
         Exactly one caller of `seal` and the `record_*` methods is ever told that a job is complete.
         """
-        keys = self._keys_of(job_id)
+        named = self._keys_of(job_id)
         now = time.time() if now is None else now
-        return bool(self._seal(keys=[keys["job"], keys["done"]], args=[total_batch_count, new_token(), repr(now)]))
+        return bool(self._seal(keys=[named["job"], named["done"]], args=[total_batch_count, new_token(), repr(now)]))
 
     def _record(
         self, job_id: str, index: int, outcome: str, seconds: float, failure: str, delivery: Delivery | None
     ) -> Recorded:
-        keys = self._keys_of(job_id)
+        named = self._keys_of(job_id)
         args = [index, outcome, seconds, failure, delivery.task_id if delivery else "", new_token(), repr(time.time())]
-        node_key = inflight_key(delivery.node if delivery else "")
+        node_key = keys.inflight(delivery.node if delivery else "")
         return Recorded(_until_answered(
             f"recording batch {index} of job {job_id}",
             lambda: self._record_batch(
-                keys=[keys["job"], keys["done"], keys["failed"], node_key, keys["payloads"]], args=args,
+                keys=[named["job"], named["done"], named["failed"], node_key, named["payloads"]], args=args,
             ),
         ))
 
@@ -526,35 +497,13 @@ class JobStore:
             record["payload_ref"] = payload_ref
         return self._record(job_id, index, "failed", seconds, json.dumps(record, default=str), delivery)
 
-    def begin_delivery(self, delivery: Delivery, entry: str) -> None:
-        """Enter a task other than a batch (a job's completion) in its node's in-flight hash."""
-        self._redis.hset(inflight_key(delivery.node), delivery.task_id, entry)
-
-    def end_delivery(self, delivery: Delivery) -> None:
-        """Take a batch that will not be recorded (its job ended) off its node's in-flight hash."""
-        self._redis.hdel(inflight_key(delivery.node), delivery.task_id)
-
-    def inflight(self, node: str) -> dict[str, str]:
-        """A node's in-flight batches: task id -> "<job id>:<batch index>"."""
-        return {k.decode(): v.decode() for k, v in self._redis.hgetall(inflight_key(node)).items()}
-
-    def inflight_nodes(self) -> list[str]:
-        """Nodes with an in-flight hash (live ones, and dead ones whose batches were not given back yet)."""
-        prefix = len(INFLIGHT_PATTERN) - 1
-        return sorted(raw.decode()[prefix:] for raw in self._redis.scan_iter(match=INFLIGHT_PATTERN, count=500))
-
-    def forget_inflight(self, node: str, task_ids: Iterable[str]) -> None:
-        task_ids = list(task_ids)
-        if task_ids:
-            self._redis.hdel(inflight_key(node), *task_ids)
-
     def record_part(self, job_id: str, index: int, rows: int) -> None:
         """Remember the output part a batch wrote, for the job's manifest."""
-        keys = self._keys_of(job_id)
-        self._redis.hset(keys["parts"], str(index), rows)
-        ttl = self._redis.ttl(keys["job"])
+        named = self._keys_of(job_id)
+        self._redis.hset(named["parts"], str(index), rows)
+        ttl = self._redis.ttl(named["job"])
         if ttl > 0:  # the job ended while this batch ran: expire with it
-            self._redis.expire(keys["parts"], ttl)
+            self._redis.expire(named["parts"], ttl)
 
     def parts(self, job_id: str) -> dict[int, int]:
         return {int(k): int(v) for k, v in self._redis.hgetall(self._keys_of(job_id)["parts"]).items()}

@@ -13,7 +13,7 @@ from celery import Celery, Task
 from celery.exceptions import Reject
 
 from .redis_retry import TRANSIENT_ERRORS
-from .store import Delivery
+from .nodes import Delivery
 
 RUN_BATCH = "sluice.run_batch"
 FINISH_JOB = "sluice.finish_job"

@@ -14,7 +14,7 @@ a node from the next job.
 A predictor that holds the GIL (a C extension looping without releasing it) starves the watchdog
 thread too; for that case the kernel ends the process: SIGALRM, left at its default action, is
 armed for `HARD_STOP_GRACE_S` past the limit. Such a try is not recorded as timed out; the batch's
-next delivery counts it as a lost one (see `LOST_DELIVERY_ALLOWANCE` in `jobs/runner.py`).
+next delivery counts it as a lost one (see `LOST_DELIVERY_ALLOWANCE` in `jobs/batch_steps.py`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator
 
 import redis
 
+from . import keys
 from .job import Job, JobStatus
 from .publish import send_completion
 from .services import Services
@@ -63,9 +64,7 @@ def timed_out_message(limit: float | None) -> str:
     return f"timed out after {limit:g} s" if limit is not None else "timed out"
 
 
-def _timed_out_key(job_id: str) -> str:
-    """Hash of a job's batches that ran past the limit: batch index -> tries used up so far."""
-    return f"sluice:job:{job_id}:timed_out"
+_timed_out_key = keys.job_timed_out
 
 
 class TimedOutTries:

@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from celery import Celery, bootsteps, signals
+from kombu.exceptions import KombuError
 
 from predictors_runtime.log import configure_json_logging
 
-from .placement import NODES_KEY, write_heartbeat
+from . import keys
+from .nodes import write_heartbeat
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -55,7 +57,7 @@ class Heartbeat:
                 failing = True
             self._stop.wait(self._settings.heartbeat_interval_s)
         try:
-            client.hdel(NODES_KEY, self.node)
+            client.hdel(keys.NODES, self.node)
         except redis.RedisError:
             pass
 
@@ -86,7 +88,8 @@ def settle_node(services: "Services", node: str) -> int:
     running = {request.id for request in worker_state.active_requests}
     try:
         settled = settle_deliveries(services, node, running)
-    except Exception:  # beat gives them back too, once this node's heartbeat has been silent long enough
+    except (redis.RedisError, KombuError, OSError):  # Redis or the broker away again: beat gives them
+        # back too, once this node's heartbeat has been silent long enough
         log.exception("settling the deliveries %s held failed", node)
         return 0
     return len(settled.acknowledged) + settled.given_back

@@ -26,9 +26,10 @@ from .errors import PredictorError, SluiceError
 from .loader import call_with_declared, error_text, load_predictor_class
 from .namespace import ApiNamespace
 from .project import read_dotenv
+from .predictor_types import PREDICTOR_TYPES
 from .storage import split_uri
 
-SUPPORTED_TYPES = ("python", "onnx", "tensorflow")
+SUPPORTED_TYPES = tuple(PREDICTOR_TYPES)
 
 
 def resolve_model_paths(models: ModelsConfig, project_dir: Path) -> ModelsConfig:
@@ -60,7 +61,8 @@ def make_client(api: ApiConfig, project_dir: Path, model_cache_dir: Path, poll_i
     models = resolve_model_paths(predictor.models, project_dir)
 
     def manager_factory(load: Any) -> ModelManager:
-        return ModelManager(models, predictor.type, model_cache_dir, load, poll_interval_s=poll_interval_s)
+        return ModelManager(models, predictor.type, model_cache_dir, load, poll_interval_s=poll_interval_s,
+                            api_name=api.name)
 
     return client_for(predictor.type, manager_factory, signature_key=models.signature_key, gpu=api.compute.gpu > 0)
 
@@ -153,8 +155,6 @@ def _construct(
     # Made before __init__ runs, so the python client can call load_model from __init__.
     instance = predictor_class.__new__(predictor_class)
     if client is not None:
-        from .clients import CLIENT_ARGUMENT
-
         if predictor.type == "python":
             load_model = getattr(instance, "load_model", None)
             if not callable(load_model):
@@ -163,7 +163,7 @@ def _construct(
                     "to use predictor.models (multi_model_reloading)"
                 )
             client.bind(load_model)
-        available[CLIENT_ARGUMENT[predictor.type]] = client
+        available[PREDICTOR_TYPES[predictor.type].client_argument] = client
     try:
         if predictor_class.__init__ is not object.__init__:  # a class may define no constructor
             call_with_declared(instance.__init__, available)

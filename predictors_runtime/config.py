@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from predictors_runtime.errors import ConfigError
+from predictors_runtime.predictor_types import DEFAULT_TYPE, PREDICTOR_TYPES, PredictorTypeName
 
 KINDS = ("BatchAPI", "RealtimeAPI")
 RESERVED_NAMES = frozenset({"apis", "batch", "healthz", "metrics", "openapi.json"})
@@ -168,7 +169,7 @@ class ServerSideBatching(_Model):
 class PredictorConfig(_Model):
     """How to load and run the user's predictor class."""
 
-    type: Literal["python", "tensorflow", "onnx"] = "python"
+    type: PredictorTypeName = "python"
     path: str
     config: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
@@ -236,11 +237,13 @@ class PredictorConfig(_Model):
     @model_validator(mode="after")
     def _models_fit_type(self) -> PredictorConfig:
         """TensorFlow and ONNX predictors are served from models; signatures are TF-only."""
-        if self.type != "python" and self.models is None:
+        kind = PREDICTOR_TYPES[self.type]
+        if kind.needs_models and self.models is None:
             raise _Problem("models", f"field required for type {self.type}")
-        if self.models is not None and self.models.signature_key and self.type != "tensorflow":
+        if self.models is not None and self.models.signature_key and not kind.takes_signature_key:
+            takers = " or ".join(t.name for t in PREDICTOR_TYPES.values() if t.takes_signature_key)
             raise _Problem(
-                "models.signature_key", f"only valid for type tensorflow (type is {self.type})"
+                "models.signature_key", f"only valid for type {takers} (type is {self.type})"
             )
         batching = self.server_side_batching
         if batching is not None and batching.max_batch_size > self.threads_per_process:
@@ -579,7 +582,7 @@ def _parse_one(raw: Any, index: int, source: str) -> tuple[ApiConfig | None, lis
                     "give either models or multi_model_reloading, not both"
                 )
                 section.pop("multi_model_reloading")
-            elif section.get("type", "python") != "python":
+            elif section.get("type", DEFAULT_TYPE) != DEFAULT_TYPE:
                 problems.append(
                     f"{prefix}: {section_key}.multi_model_reloading: only valid for type python "
                     f"(type is {section.get('type')}), use models"

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 
 from predictors_runtime.config import ModelsConfig
 from predictors_runtime.errors import ConfigError
+from predictors_runtime.predictor_types import PREDICTOR_TYPES as _REGISTRY
+from predictors_runtime.predictor_types import predictor_type as _predictor_type
 from predictors_runtime.storage import ObjectInfo, join_uri, storage_for
 
 DEFAULT_MODEL_NAME = "_default"
-PREDICTOR_TYPES = ("python", "onnx", "tensorflow")
+PREDICTOR_TYPES = tuple(_REGISTRY)
 _VERSION_RE = re.compile(r"^\d+$")
 
 
@@ -121,10 +123,10 @@ def _check(uri: str, files: list[tuple[str, str]], predictor_type: str) -> None:
         if missing:
             raise ConfigError(f"{uri}: a TensorFlow SavedModel needs saved_model.pb and variables/, "
                               f"missing {' and '.join(missing)}")
-    elif predictor_type != "python":
-        raise ConfigError(f"predictor type {predictor_type!r} is not one of {', '.join(PREDICTOR_TYPES)}")
-    elif not files:
-        raise ConfigError(f"{uri}: the model folder is empty")
+    else:
+        _predictor_type(predictor_type)  # python (any files its load_model reads), or not a type at all
+        if not files:
+            raise ConfigError(f"{uri}: the model folder is empty")
 
 
 def _versions_of(name: str, base: str, files: list[tuple[str, str]]) -> dict[int, tuple[str, list[tuple[str, str]]]]:
@@ -162,8 +164,7 @@ def _model(name: str, base: str, files: list[tuple[str, str]], predictor_type: s
 def scan(models: ModelsConfig, predictor_type: str, problems: list[LayoutProblem] | None = None) -> Versions:
     """Like `discover`; with a `problems` list, a bad or empty model or version is described
     there and left out instead of raising (live reloading keeps what it has for it)."""
-    if predictor_type not in PREDICTOR_TYPES:
-        raise ConfigError(f"predictor type {predictor_type!r} is not one of {', '.join(PREDICTOR_TYPES)}")
+    _predictor_type(predictor_type)
     found: Versions = {}
     if models.dir is not None:
         base, files = _listing(models.dir, "the models dir")

@@ -25,7 +25,8 @@ from jobs.job import Job, JobStatus, new_job_id
 from jobs.publish import BatchPublisher
 from jobs.services import Services
 from jobs.settings import Settings
-from jobs.store import Delivery, JobStore, Recorded
+from jobs.nodes import Delivery
+from jobs.store import JobStore, Recorded
 from sluice.client import Client, ClientError
 from sluice.embedded import Stack, free_port
 

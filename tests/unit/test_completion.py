@@ -14,7 +14,8 @@ from beat.completions import COMPLETION_GRACE_S, completion_grace_s, resend_comp
 from jobs.completion import DIED_MESSAGE, finish_job
 from jobs.job import Job, JobStatus
 from jobs.settings import Settings
-from jobs.store import Delivery, JobStore
+from jobs.nodes import Delivery, Nodes
+from jobs.store import JobStore
 from jobs.tasks import FINISH_JOB
 from predictors_runtime.errors import PredictorError
 
@@ -71,7 +72,9 @@ class Runtime:
 
 @pytest.fixture
 def services(redis_client: redis.Redis) -> SimpleNamespace:
-    return SimpleNamespace(store=JobStore(redis_client), placement=RecordingPlacement(), celery=RecordingCelery())
+    celery = RecordingCelery()
+    return SimpleNamespace(store=JobStore(redis_client), nodes=Nodes(redis_client, celery, node_ttl_s=30),  # type: ignore[arg-type]
+                           placement=RecordingPlacement(), celery=celery)
 
 
 def finished_job(services: SimpleNamespace, job_id: str = "job-1", recorded_at: float = T0, failed: int = 0) -> Job:
@@ -105,7 +108,7 @@ def test_the_completion_runs_the_hook_once_and_ends_the_job(services: SimpleName
     assert len(runtime.predictor.completed) == 1
     assert runtime.predictor.completed[0]["batch_metrics"]["succeeded"] == 2
     assert services.placement.released == ["job-1"]
-    assert services.store.inflight("node@a") == {}  # off the node once done
+    assert services.nodes.inflight("node@a") == {}  # off the node once done
 
 
 def test_a_copy_of_the_completion_arriving_after_it_ran_changes_nothing(services: SimpleNamespace) -> None:

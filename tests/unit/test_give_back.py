@@ -15,11 +15,11 @@ from kombu import Consumer, Queue
 
 from jobs.celery_app import create_celery
 from jobs.job import Job, JobStatus
-from jobs.placement import GIVE_BACK_AFTER_TTLS
+from jobs.nodes import GIVE_BACK_AFTER_TTLS
 from jobs.publish import BatchPublisher
 from jobs.services import Services
 from jobs.settings import Settings
-from jobs.store import Delivery
+from jobs.nodes import Delivery
 
 from ..conftest import ROOT
 
@@ -33,7 +33,7 @@ TAKE_ONE_AND_DIE = textwrap.dedent("""
     from jobs.celery_app import create_celery
     from jobs.services import Services
     from jobs.settings import Settings
-    from jobs.store import Delivery
+    from jobs.nodes import Delivery
 
     settings = Settings(redis_url={url!r})
     app = create_celery(settings)
@@ -95,14 +95,14 @@ def queued_indexes(services: Services, job: Job) -> list[int]:
 def test_beat_gives_a_dead_nodes_batch_back_to_the_head_of_its_queue(services, last_heartbeat_ttls_ago):
     job = running_job(services, "job-a")
     held = kill_a_node_holding_one_batch(services, job)
-    assert list(services.store.inflight(DEAD_NODE).values()) == [f"job-a:{held}"]
+    assert list(services.nodes.inflight(DEAD_NODE).values()) == [f"job-a:{held}"]
     now = time.time()
     if last_heartbeat_ttls_ago is not None:
         services.placement.heartbeat(DEAD_NODE, ["cpu"], now - last_heartbeat_ttls_ago * services.settings.node_ttl_s)
 
     services.placement.reconcile(now)
 
-    assert services.store.inflight(DEAD_NODE) == {}
+    assert services.nodes.inflight(DEAD_NODE) == {}
     remaining = queued_indexes(services, job)
     assert remaining[0] == held and sorted(remaining) == [0, 1, 2]
 
@@ -116,7 +116,7 @@ def test_a_node_silent_for_less_than_the_give_back_time_keeps_its_batch(services
 
     services.placement.reconcile(now)
 
-    assert list(services.store.inflight(DEAD_NODE).values()) == [f"job-b:{held}"]
+    assert list(services.nodes.inflight(DEAD_NODE).values()) == [f"job-b:{held}"]
     assert held not in queued_indexes(services, job)
 
 
@@ -139,7 +139,7 @@ def test_a_batch_of_a_job_that_ended_meanwhile_is_dropped_with_its_queue(service
     assert services.placement.give_back(DEAD_NODE) == 1
 
     assert queued_indexes(services, job) == []
-    assert services.store.inflight(DEAD_NODE) == {}
+    assert services.nodes.inflight(DEAD_NODE) == {}
 
 
 def test_a_recorded_batch_leaves_no_in_flight_entry(services):
@@ -147,7 +147,7 @@ def test_a_recorded_batch_leaves_no_in_flight_entry(services):
     delivery = Delivery("busy@host", "task-1")
 
     services.store.begin_batch(job.job_id, 0, delivery)
-    assert services.store.inflight("busy@host") == {"task-1": "job-e:0"}
+    assert services.nodes.inflight("busy@host") == {"task-1": "job-e:0"}
     services.store.record_success(job.job_id, 0, 0.1, delivery)
 
-    assert services.store.inflight("busy@host") == {}
+    assert services.nodes.inflight("busy@host") == {}

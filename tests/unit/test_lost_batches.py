@@ -21,7 +21,7 @@ from jobs.job import Job, JobStatus
 from jobs.publish import BatchPublisher
 from jobs.services import Services
 from jobs.settings import Settings
-from jobs.store import Delivery
+from jobs.nodes import Delivery
 
 NODE = "alive@host"
 GRACE = 10.0

@@ -9,8 +9,11 @@ import pytest
 import redis
 
 from jobs.job import Job, JobStatus
-from jobs.placement import NODES_KEY, Placement, write_heartbeat
-from jobs.store import Delivery, JobStore
+from jobs.keys import NODES as NODES_KEY
+from jobs.nodes import write_heartbeat
+from jobs.placement import Placement
+from jobs.nodes import Delivery
+from jobs.store import JobStore
 
 T0 = 1_700_000_000.0
 NODE_TTL_S = 15.0
@@ -381,7 +384,7 @@ def test_a_job_waits_while_its_only_node_is_held_by_an_ended_job_and_gets_it_onc
     placement.reconcile(now=T0 + 3)
     assert store.state("next").nodes == []
 
-    store.forget_inflight("celery@a", store.inflight("celery@a"))  # its watchdog ended it; the new process gave it back
+    placement.nodes.forget_inflight("celery@a", placement.nodes.inflight("celery@a"))  # its watchdog ended it; the new process gave it back
     placement.heartbeat("celery@a", ["cpu"], now=T0 + 4)
     placement.reconcile(now=T0 + 4)
 

@@ -19,7 +19,7 @@ from jobs.publish import BatchPublisher, send_completion
 from jobs.services import Services
 from jobs.settings import Settings
 from jobs.settle import settle_deliveries
-from jobs.store import COMPLETION_ENTRY, Delivery, inflight_entry
+from jobs.nodes import COMPLETION_ENTRY, Delivery, inflight_entry
 from jobs.worker_node import SettleOnConnect
 
 NODE = "alive@host"
@@ -91,7 +91,7 @@ def test_a_held_batch_whose_outcome_was_recorded_is_acknowledged_not_run_again(s
     assert settled.acknowledged == [task_id] and settled.given_back == 0
     assert task_id not in unacked_task_ids(services)
     assert sorted(queued_indexes(services, job)) == sorted({0, 1, 2} - {index})
-    assert services.store.inflight(NODE) == {}
+    assert services.nodes.inflight(NODE) == {}
 
 
 def test_a_held_batch_not_recorded_goes_back_to_the_head_of_its_queue(services: Services) -> None:
@@ -105,7 +105,7 @@ def test_a_held_batch_not_recorded_goes_back_to_the_head_of_its_queue(services: 
     assert settled.acknowledged == [] and settled.given_back == 1
     remaining = queued_indexes(services, job)
     assert remaining[0] == index and sorted(remaining) == [0, 1, 2]
-    assert services.store.inflight(NODE) == {}
+    assert services.nodes.inflight(NODE) == {}
 
 
 def test_the_completion_of_a_job_that_ended_is_acknowledged_and_one_still_due_is_given_back(
@@ -117,7 +117,7 @@ def test_the_completion_of_a_job_that_ended_is_acknowledged_and_one_still_due_is
         send_completion(services.celery, job.job_id, job.queue)
     held = {job.job_id: take_one(services, job)[0] for job in (ended, due)}
     for job_id, task_id in held.items():
-        services.store.begin_delivery(Delivery(NODE, task_id), inflight_entry(job_id, COMPLETION_ENTRY))
+        services.nodes.begin_delivery(Delivery(NODE, task_id), inflight_entry(job_id, COMPLETION_ENTRY))
     services.store.transition("job-ended", JobStatus.SUCCEEDED)
 
     settled = settle_deliveries(services, NODE)
@@ -151,7 +151,7 @@ def test_a_task_the_node_is_running_is_left_alone(services: Services) -> None:
     settled = settle_deliveries(services, NODE, running={task_id})
 
     assert settled.acknowledged == [] and settled.given_back == 0
-    assert list(services.store.inflight(NODE)) == [task_id]
+    assert list(services.nodes.inflight(NODE)) == [task_id]
     assert task_id in unacked_task_ids(services)
 
 
@@ -167,5 +167,5 @@ def test_the_node_settles_each_time_its_consumer_connects(services: Services) ->
 
     step.start(SimpleNamespace(app=services.celery, hostname=NODE))  # what Celery does on every (re)connect
 
-    assert services.store.inflight(NODE) == {}
+    assert services.nodes.inflight(NODE) == {}
     assert sorted(queued_indexes(services, job)) == [0, 1, 2]

@@ -163,3 +163,15 @@ def test_the_view_is_plain_json(store: JobStore, job: Job) -> None:
     view = view_of(store, job)
 
     assert json.loads(json.dumps(view)) == view
+
+
+def test_every_status_is_either_active_or_terminal_and_the_client_agrees() -> None:
+    from jobs.job import ACTIVE_STATUSES, TERMINAL_STATUSES
+    from sluice.client import ACTIVE_STATUSES as CLIENT_ACTIVE
+    from sluice.client import TERMINAL_STATUSES as CLIENT_TERMINAL
+
+    assert set(ACTIVE_STATUSES) | TERMINAL_STATUSES == set(JobStatus)
+    assert not set(ACTIVE_STATUSES) & TERMINAL_STATUSES
+    assert all(status.is_terminal for status in TERMINAL_STATUSES)
+    assert CLIENT_TERMINAL == {status.value for status in TERMINAL_STATUSES}
+    assert CLIENT_ACTIVE == {"status_enqueuing", "status_running"}

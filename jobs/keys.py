@@ -1,0 +1,105 @@
+"""Every Redis key Sluice writes, named in one place.
+
+The stored schema is readable here at a glance, and two modules cannot drift apart on how they
+spell the same key. Functions for keys that carry an id, constants for the rest. (Celery's and
+kombu's own keys, such as the broker's unacknowledged hash, are theirs and not listed.)
+"""
+
+from __future__ import annotations
+
+PREFIX = "sluice"
+
+# -- jobs ----------------------------------------------------------------------------------------
+ACTIVE_JOBS = f"{PREFIX}:jobs:active"
+"""Set of the ids of jobs not yet ended (enqueuing or running)."""
+
+
+def job(job_id: str) -> str:
+    """Hash of one job: its record (JSON), status, counters and completion bookkeeping."""
+    return f"{PREFIX}:job:{job_id}"
+
+
+def job_done(job_id: str) -> str:
+    """Set of the batch indexes of a job whose outcome is recorded."""
+    return f"{job(job_id)}:done"
+
+
+def job_failed(job_id: str) -> str:
+    """Hash of a job's failed batches: index -> failure (JSON)."""
+    return f"{job(job_id)}:failed"
+
+
+def job_starts(job_id: str) -> str:
+    """Hash of deliveries per batch of a job (and the token of the call that counted each)."""
+    return f"{job(job_id)}:starts"
+
+
+def job_parts(job_id: str) -> str:
+    """Hash of the output parts a job's batches wrote: index -> rows."""
+    return f"{job(job_id)}:parts"
+
+
+def job_payloads(job_id: str) -> str:
+    """Hash of what each not yet recorded batch carries, to publish a lost one again."""
+    return f"{job(job_id)}:payloads"
+
+
+def job_timed_out(job_id: str) -> str:
+    """Hash of a job's batches that ran past the time limit: index -> tries used up so far."""
+    return f"{job(job_id)}:timed_out"
+
+
+def job_keys(job_id: str) -> dict[str, str]:
+    """The keys of a job that expire with it once it has ended, by role."""
+    return {
+        "job": job(job_id), "done": job_done(job_id), "failed": job_failed(job_id),
+        "starts": job_starts(job_id), "parts": job_parts(job_id), "payloads": job_payloads(job_id),
+    }
+
+
+def api_jobs(api_name: str) -> str:
+    """Sorted set of an API's job ids, scored by submission time."""
+    return f"{PREFIX}:api:{api_name}:jobs"
+
+
+# -- nodes ---------------------------------------------------------------------------------------
+NODES = f"{PREFIX}:nodes"
+"""Hash of worker nodes' heartbeats: node name -> {queues, seen} (JSON)."""
+
+INFLIGHT_PATTERN = f"{PREFIX}:inflight:*"
+
+
+def inflight(node: str) -> str:
+    """Hash of a node's in-flight deliveries: task id -> "<job id>:<batch index>"."""
+    return f"{PREFIX}:inflight:{node}"
+
+
+def node_of_inflight(key: str) -> str:
+    """The node an in-flight hash (a key matching INFLIGHT_PATTERN) belongs to."""
+    return key[len(INFLIGHT_PATTERN) - 1:]
+
+
+# -- APIs, replicas and proxies ------------------------------------------------------------------
+APIS = f"{PREFIX}:apis"
+"""Hash of deployed APIs: name -> deployment (JSON)."""
+
+REPLICAS = f"{PREFIX}:replicas"
+"""Hash of realtime replicas: replica id -> record (JSON), rewritten every heartbeat."""
+
+PROXIES = f"{PREFIX}:proxies"
+"""Hash of proxies: proxy id -> the routes it serves (JSON)."""
+
+
+# -- figures (GET /metrics) ----------------------------------------------------------------------
+def figure(name: str) -> str:
+    """Hash of one figure summed over every process: label values (JSON list) -> count, or for a
+    histogram `<labels>|<le>` -> observations in that bucket and `<labels>|sum` (jobs/figures.py)."""
+    return f"{PREFIX}:figures:{name}"
+
+
+# -- log streams (`sluice logs`) -----------------------------------------------------------------
+JOB_LOG_PREFIX = f"{PREFIX}:logs:job:"
+"""Stream of one job's JSON log lines from every worker: JOB_LOG_PREFIX + job id (jobs/job_logs.py)."""
+
+API_LOG_PREFIX = f"{PREFIX}:logs:api:"
+"""Stream of one realtime API's JSON log lines from its replicas: API_LOG_PREFIX + API name."""

@@ -1,0 +1,147 @@
+"""The Batch API as a user calls it (`/batch/<api>`), through Flask's test client.
+
+Fast: the app is built with `create_app(services=...)` around the in-memory job store (it passes
+the store's contract tests) and kombu's in-memory broker; the API registry and node heartbeats
+are in a real redis-server. No worker runs: batches are recorded the way a worker records them,
+through the store, and the enqueuer's thread is joined, never slept on.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import redis
+from celery import Celery
+from flask.testing import FlaskClient
+
+from api.app import create_app
+from api.registry import ApiRegistry
+from jobs.job import JobStatus
+from jobs.memory_store import MemoryJobStore
+from jobs.nodes import Nodes
+from jobs.placement import Placement
+from jobs.services import Services
+from jobs.settings import Settings
+from jobs.tasks import RUN_BATCH
+from predictors_runtime.config import ApiConfig
+
+API = {"name": "iris", "kind": "BatchAPI", "predictor": {"type": "python", "path": "predictor.py"}}
+
+
+@pytest.fixture
+def services(redis_client: redis.Redis, tmp_path: Path) -> Services:
+    kwargs = redis_client.connection_pool.connection_kwargs
+    settings = Settings(
+        redis_url=f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs['db']}", storage=str(tmp_path / "storage"),
+        local_input_roots=(str(tmp_path),),
+    )
+    celery = Celery("sluice-test", broker="memory://", set_as_current=False)
+    celery.conf.update(task_serializer="json", accept_content=["json"])
+    store = MemoryJobStore()
+    nodes = Nodes(redis_client, celery, node_ttl_s=settings.node_ttl_s)
+    return Services(
+        settings=settings, celery=celery, redis=redis_client, store=store, nodes=nodes,  # type: ignore[arg-type]
+        placement=Placement(celery, store, redis_client, settings.node_ttl_s, nodes=nodes),  # type: ignore[arg-type]
+        bundles=None,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def client(services: Services) -> Iterator[FlaskClient]:
+    ApiRegistry(services.redis).put(ApiConfig.from_dict(API), "sha256-abc")
+    app = create_app(services=services)
+    with app.test_client() as client:
+        yield client
+    app.extensions["sluice.figures"].close()
+
+
+def submitted(client: FlaskClient, body: dict[str, Any]) -> str:
+    """Submit a job and wait for its enqueuer to finish; returns its id."""
+    answer = client.post("/batch/iris", json=body)
+    assert answer.status_code == 200, answer.get_json()
+    job_id = answer.get_json()["job_id"]
+    for thread in threading.enumerate():
+        if thread.name == f"enqueue-{job_id}":
+            thread.join()
+    return job_id
+
+
+def job_status(client: FlaskClient, job_id: str) -> dict[str, Any]:
+    answer = client.get(f"/batch/iris?jobID={job_id}")
+    assert answer.status_code == 200, answer.get_json()
+    return answer.get_json()["job_status"]
+
+
+def test_a_submitted_item_list_becomes_a_running_job_with_its_batches_queued(
+    client: FlaskClient, services: Services
+) -> None:
+    answer = client.post("/batch/iris", json={"item_list": {"items": [[5.1, 3.5], [6.2, 2.9], [7.7, 3.0]],
+                                                            "batch_size": 2}, "workers": 1})
+
+    spec = answer.get_json()
+    assert answer.status_code == 200
+    assert (spec["api_name"], spec["kind"], spec["workers"], spec["total_batch_count"]) == ("iris", "BatchAPI", 1, 2)
+    job_id = spec["job_id"]
+    for thread in threading.enumerate():
+        if thread.name == f"enqueue-{job_id}":
+            thread.join()
+    status = job_status(client, job_id)
+    assert status["status"] == "status_running"
+    assert status["batches_in_queue"] == 2
+    with services.celery.connection_for_read() as conn:
+        queue = conn.SimpleQueue(f"job.{job_id}")
+        tasks = [queue.get(timeout=1) for _ in range(2)]
+        queue.close()
+    assert [(t.headers["task"], t.payload[0][1]) for t in tasks] == [(RUN_BATCH, 0), (RUN_BATCH, 1)]
+
+
+def test_a_job_shows_its_progress_as_its_batches_are_recorded(client: FlaskClient, services: Services) -> None:
+    job_id = submitted(client, {"item_list": {"items": [1, 2, 3], "batch_size": 1}})
+
+    services.store.record_success(job_id, 0, 0.25)
+    services.store.record_failure(job_id, 1, 0.75, "ValueError: bad row", 1, [2])
+
+    status = job_status(client, job_id)
+    assert status["batch_metrics"] == {"succeeded": 1, "failed": 1, "average_time_per_batch": 0.5}
+    assert status["batches_in_queue"] == 1
+    failed = client.get(f"/batch/iris/failed?jobID={job_id}").get_json()
+    assert failed["failed_batches"] == [{"index": 1, "error": "ValueError: bad row", "tries": 1, "payload": [2]}]
+
+
+def test_jobs_are_listed_newest_first_and_a_stopped_job_cannot_be_stopped_twice(client: FlaskClient) -> None:
+    first = submitted(client, {"item_list": {"items": [1], "batch_size": 1}})
+    second = submitted(client, {"item_list": {"items": [1], "batch_size": 1}})
+
+    listed = [job["job_id"] for job in client.get("/batch/iris").get_json()["jobs"]]
+    assert sorted(listed) == sorted([first, second]) and listed == sorted(listed, reverse=True)
+
+    stopped = client.delete(f"/batch/iris?jobID={first}")
+    assert stopped.status_code == 200
+    assert job_status(client, first)["status"] == JobStatus.STOPPED.value
+    again = client.delete(f"/batch/iris?jobID={first}")
+    assert again.status_code == 409
+    assert again.get_json()["kind"] == "conflict"
+
+
+def test_an_unknown_job_or_api_is_a_404_and_a_bad_submission_a_400_creating_nothing(
+    client: FlaskClient, services: Services
+) -> None:
+    assert client.get("/batch/iris?jobID=0123456789abcdef0000").status_code == 404
+    assert client.post("/batch/nope", json={"item_list": {"items": [1], "batch_size": 1}}).status_code == 404
+
+    bad = client.post("/batch/iris", json={"item_list": {"items": [], "batch_size": 1}})
+
+    assert bad.status_code == 400
+    assert "item_list.items" in bad.get_json()["message"]
+    assert services.store.list_ids("iris") == []
+
+
+def test_a_dry_run_checks_the_submission_and_creates_no_job(client: FlaskClient, services: Services) -> None:
+    answer = client.post("/batch/iris?dryRun=true", json={"item_list": {"items": [1, 2, 3], "batch_size": 2}})
+
+    assert answer.status_code == 200
+    assert (answer.get_json()["dry_run"], answer.get_json()["total_batch_count"]) == (True, 2)
+    assert services.store.list_ids("iris") == []
