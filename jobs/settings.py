@@ -86,6 +86,10 @@ class Settings:
     protect_realtime: bool = False
     # Listening beyond loopback without keys is allowed (otherwise refused at start).
     allow_anonymous: bool = False
+    # Log lines kept per job (and per realtime API) in Redis for `sluice logs`, and how long a
+    # log stream is kept after its last line (jobs/job_logs.py).
+    log_lines: int = 10_000
+    log_retention_s: float = 7 * 24 * 3600.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -121,4 +125,6 @@ class Settings:
             api_keys=auth.load_api_keys(env),
             protect_realtime=auth.flag(env, auth.PROTECT_REALTIME_VARIABLE),
             allow_anonymous=auth.flag(env, auth.ALLOW_ANONYMOUS_VARIABLE),
+            log_lines=int(_number(env, "SLUICE_LOG_LINES", defaults.log_lines)),
+            log_retention_s=_number(env, "SLUICE_LOG_RETENTION_S", defaults.log_retention_s),
         )

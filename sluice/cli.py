@@ -19,7 +19,7 @@ import click
 
 from predictors_runtime.errors import SluiceError
 
-from .client import ACTIVE_STATUSES, Client
+from .client import ACTIVE_STATUSES, TERMINAL_STATUSES, Client
 
 OUTPUT_FORMATS = ("table", "json")
 
@@ -493,6 +493,86 @@ def stop(ctx: click.Context, api: str, job_id: str, output: str) -> None:
     """Stop a running job (its queued batches are dropped)."""
     answer = _client(ctx).stop(api, job_id)
     _print(answer) if output == "json" else click.echo(answer["message"])
+
+
+# A followed job's lines are read for this long after it ended: its last batch's and its
+# completion's lines are shipped by their workers just after the job's status changed.
+FOLLOW_SETTLE_S = 2.0
+FOLLOW_POLL_S = 0.5
+LOG_PAGE_LINES = 1000
+_LOG_KEYS = ("asctime", "levelname", "message", "labels", "process", "exception")
+
+
+def log_text(line: dict[str, Any]) -> str:
+    """A log line for people: time, level, where it ran (batch, request, process), message, other fields."""
+    labels = line.get("labels") if isinstance(line.get("labels"), dict) else {}
+    where = [f"{key}={value}" for key, value in labels.items() if key not in ("job_id", "api")]
+    if line.get("process") is not None:
+        where.append(f"pid={line['process']}")
+    parts = [str(line.get("asctime", "-")), f"{line.get('levelname', '-'):<7}", *where, str(line.get("message", ""))]
+    extra = {key: value for key, value in line.items() if key not in _LOG_KEYS}
+    if extra:
+        parts.append(json.dumps(extra, default=str, separators=(",", ":")))
+    text = " ".join(parts)
+    if line.get("exception"):
+        text += "\n" + str(line["exception"])
+    return text
+
+
+def _print_logs(client: Client, api: str, job_id: str | None, after: str | None,
+                show: Callable[[dict[str, Any]], None]) -> str | None:
+    """Print every line past `after`, a page at a time; the position to go on from."""
+    while True:
+        page = client.get_logs(api, job_id, after=after, limit=LOG_PAGE_LINES)
+        for line in page["lines"]:
+            show(line)
+        if page["lines"]:
+            after = page["next"]
+        if len(page["lines"]) < LOG_PAGE_LINES:
+            return after
+
+
+def _follow_logs(client: Client, api: str, job_id: str | None, after: str | None,
+                 show: Callable[[dict[str, Any]], None]) -> None:
+    """Print new lines as they come: until the job has ended (and settled), or forever for an API."""
+    ended_at: float | None = None
+    while True:
+        time.sleep(FOLLOW_POLL_S)
+        ended = job_id is not None and client.job(api, job_id)["status"] in TERMINAL_STATUSES
+        after = _print_logs(client, api, job_id, after, show)
+        if ended:
+            ended_at = ended_at if ended_at is not None else time.monotonic()
+            if time.monotonic() - ended_at >= FOLLOW_SETTLE_S:
+                return
+
+
+@main.command()
+@click.argument("api")
+@click.argument("job_id", required=False)
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing new lines: until the job ends, or for a RealtimeAPI until Ctrl-C.")
+@output_option
+@click.pass_context
+def logs(ctx: click.Context, api: str, job_id: str | None, follow: bool, output: str) -> None:
+    """A batch job's log lines from every worker on every host, or a RealtimeAPI's replicas' recent lines.
+
+    \b
+    sluice logs API JOB_ID              # the job's lines so far: its batches and on_job_complete
+    sluice logs API JOB_ID --follow     # ... and new ones as they come, until the job ends
+    sluice logs API [--follow]          # a RealtimeAPI's recent lines (--follow: until Ctrl-C)
+    sluice logs API JOB_ID -o json      # each line as the JSON object it was logged as, one per line
+    """
+    client = _client(ctx)
+
+    def show(line: dict[str, Any]) -> None:
+        click.echo(json.dumps(line, default=str) if output == "json" else log_text(line))
+
+    try:
+        after = _print_logs(client, api, job_id, None, show)
+        if follow:
+            _follow_logs(client, api, job_id, after, show)
+    except KeyboardInterrupt:  # how a follow of a realtime API ends
+        return
 
 
 @main.command()

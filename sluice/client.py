@@ -12,19 +12,18 @@ import os
 import time
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import quote
 
 import requests
 import yaml
 
+from jobs.job import ACTIVE_STATUSES as _ACTIVE, TERMINAL_STATUSES as _TERMINAL
 from predictors_runtime.errors import SluiceError
 from predictors_runtime.project import pack_project
 
 DEFAULT_URL = "http://127.0.0.1:8888"
-TERMINAL_STATUSES = {
-    "status_enqueue_failed", "status_completed_with_failures", "status_succeeded", "status_unexpected_error",
-    "status_worker_error", "status_worker_oom", "status_timed_out", "status_stopped",
-}
-ACTIVE_STATUSES = {"status_enqueuing", "status_running"}
+TERMINAL_STATUSES = {status.value for status in _TERMINAL}
+ACTIVE_STATUSES = {status.value for status in _ACTIVE}
 
 
 class ClientError(SluiceError):
@@ -325,6 +324,20 @@ class Client:
 
     def failed_batches(self, api_name: str, job_id: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/batch/{api_name}/failed", params={"jobID": job_id})["failed_batches"]
+
+    # -- logs -------------------------------------------------------------------------------
+    def get_logs(
+        self, api_name: str, job_id: str | None = None, after: str | None = None, limit: int | None = None,
+    ) -> dict[str, Any]:
+        """A page of log lines, oldest first: a batch job's (with `job_id`) or a realtime API's.
+
+        Returns `{"lines": [...the JSON lines as logged...], "next": position}`; pass `next` back
+        as `after` to get only the lines written since.
+        """
+        name = quote(api_name, safe="")
+        path = f"/batch/{name}/{quote(job_id, safe='')}/logs" if job_id else f"/apis/{name}/logs"
+        params = {key: value for key, value in (("after", after), ("limit", limit)) if value is not None}
+        return self._call("GET", path, params=params or None)
 
     def wait(
         self, api_name: str, job_id: str, timeout: float | None = 600.0, poll: float = 0.25,

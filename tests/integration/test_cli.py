@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 COMMANDS = ["version", "deploy", "get", "submit", "wait", "stop", "predict", "delete", "up", "serve", "replicas",
-            "proxy", "status", "jobs", "apis"]
+            "proxy", "logs", "status", "jobs", "apis"]
 
 REALTIME_PREDICTOR = '''
 class PythonPredictor:

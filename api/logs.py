@@ -1,0 +1,41 @@
+"""Log lines gathered from every host: a batch job's (`/batch/<api>/<job_id>/logs`) and a
+realtime API's replicas' (`/apis/<api>/logs`), a page at a time (`jobs/job_logs.py`).
+
+Both answer `{"lines": [...], "next": "<position>"}`; passing `next` back as `after` gives only
+the lines written since, which is how `sluice logs --follow` follows.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response
+
+from jobs.job_logs import LogStreams, api_stream, job_stream
+from predictors_runtime.errors import BadRequest
+
+from .context import registry, services
+from .schemas import LogPage, LogsQuery, parse_query
+
+blueprint = Blueprint("logs", __name__)
+
+
+def _page(stream: str) -> Response:
+    query = parse_query(LogsQuery)
+    page = LogStreams(services().redis).read(stream, after=query.after, limit=query.limit)
+    return LogPage(lines=page.lines, next=page.next).response()
+
+
+@blueprint.get("/batch/<api_name>/<job_id>/logs")
+def job_logs(api_name: str, job_id: str) -> Response:
+    """The job's lines from every worker (its batches and its `on_job_complete`), oldest first."""
+    api = registry().get(api_name)
+    services().store.get(job_id, api_name=api.name)  # job_not_found, as every job endpoint answers
+    return _page(job_stream(job_id))
+
+
+@blueprint.get("/apis/<api_name>/logs")
+def api_logs(api_name: str) -> Response:
+    """A realtime API's recent lines from every process of its replicas, oldest first."""
+    api = registry().get(api_name)
+    if api.kind != "RealtimeAPI":
+        raise BadRequest(f"api {api.name} is a {api.kind}: its logs are per job, at /batch/{api.name}/<job_id>/logs")
+    return _page(api_stream(api.name))

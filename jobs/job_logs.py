@@ -1,0 +1,320 @@
+"""The log lines of a job, and of a realtime API, gathered from every process on every host.
+
+A worker's lines while it runs a job's batch or its `on_job_complete`, and every line of a
+realtime replica's processes, are JSON lines on the process's stderr (`predictors_runtime/log.py`);
+a process's stderr stays on its host. So the same lines are also appended to a Redis stream, one
+per job (`sluice:logs:job:<job id>`) and one per realtime API (`sluice:logs:api:<name>`), which
+`sluice logs` reads through the API whichever host wrote them.
+
+- Bounded: each append trims its stream to about `Settings.log_lines` lines (`XADD MAXLEN ~`,
+  which drops whole stream nodes, so a stream may hold up to a node's worth, 100 lines, more) and
+  sets the stream to expire `Settings.log_retention_s` after its last line. A line over
+  `MAX_STREAM_LINE_BYTES` is cut down to its first part (it stays whole on stderr).
+- Never in the way: `StreamLogHandler.emit` only formats and buffers a line; a flusher thread
+  ships what is buffered every `FLUSH_INTERVAL_S`, and at once when a batch ends, in one
+  pipelined round trip. A Redis failure loses the lines of that flush from the stream (never
+  from stderr) and is told once on the process's own log until Redis answers again; it never
+  reaches the batch or the request.
+- Followed by id: stream ids only grow, so a reader passes the `next` id of its last page as
+  `after` and gets only newer lines.
+
+Which stream a line goes to: inside `handler.capturing(stream)` (a worker wraps each batch and
+each completion in one) the lines of that thread go to that job's stream; elsewhere, to the
+handler's default stream (a replica's API), or nowhere (a worker's own lines between jobs). A
+thread that a predictor starts itself does not inherit the job (nor its labels): its lines stay
+on stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import os
+import re
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Mapping
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from predictors_runtime.errors import BadRequest
+from predictors_runtime.log import MAX_LINE_BYTES, JsonLinesFormatter
+
+from . import keys
+
+if TYPE_CHECKING:
+    from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+JOB_STREAM_PREFIX = keys.JOB_LOG_PREFIX
+API_STREAM_PREFIX = keys.API_LOG_PREFIX
+LINE_FIELD = "line"
+
+DEFAULT_MAX_LINES = 10_000
+DEFAULT_RETENTION_S = 7 * 24 * 3600.0
+# Lines one read answers by default, and at most.
+DEFAULT_PAGE_LINES = 1000
+MAX_PAGE_LINES = 10_000
+# How often buffered lines are shipped: a long batch's lines show within about this long.
+FLUSH_INTERVAL_S = 0.5
+# A stream keeps each line up to this size: 10,000 lines of a predictor that logs its payloads
+# must not fill Redis's memory.
+MAX_STREAM_LINE_BYTES = 16 * 1024
+# Log shipping gives up on a call after this long instead of riding out a Redis stall (the lines
+# are on stderr anyway); no call is ever made on a batch's or a request's thread.
+SOCKET_TIMEOUT_S = 2.0
+START = "0-0"
+
+_STREAM_ID = re.compile(r"^(\d{1,20})(?:-(\d{1,20}))?$")
+_UINT64 = 2**64
+
+
+def job_stream(job_id: str) -> str:
+    """The stream of a batch job's lines, from every worker on every host."""
+    return f"{JOB_STREAM_PREFIX}{job_id}"
+
+
+def api_stream(api_name: str) -> str:
+    """The stream of a realtime API's lines, from every process of every replica."""
+    return f"{API_STREAM_PREFIX}{api_name}"
+
+
+class BadStreamId(BadRequest):
+    """An `after` that is not a stream id as a page's `next` gives them (`<milliseconds>-<sequence>`)."""
+
+
+def parse_stream_id(text: str) -> str:
+    """`text` as a stream id Redis accepts, or BadStreamId."""
+    match = _STREAM_ID.match(text.strip())
+    if match is None or int(match.group(1)) >= _UINT64 or int(match.group(2) or 0) >= _UINT64:
+        raise BadStreamId(f"after must be a log position as `next` gives it, such as 1700000000000-0 (got {text[:40]!r})")
+    return match.group(0)
+
+
+@dataclass(frozen=True)
+class LogPage:
+    """Lines in the order they were shipped, and the position to read on from (`after=next`)."""
+
+    lines: list[dict[str, Any]]
+    next: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lines": self.lines, "next": self.next}
+
+
+def _parse_line(raw: bytes | str) -> dict[str, Any]:
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    try:
+        line = json.loads(text)
+    except ValueError:
+        return {"message": text}
+    return line if isinstance(line, dict) else {"message": line}
+
+
+class LogStreams:
+    """Appends lines to log streams within their bounds, and reads them back a page at a time."""
+
+    def __init__(
+        self, client: redis.Redis, max_lines: int = DEFAULT_MAX_LINES, retention_s: float = DEFAULT_RETENTION_S,
+    ) -> None:
+        self._redis = client
+        self.max_lines = max(int(max_lines), 1)
+        self.retention_s = max(int(retention_s), 1)
+
+    @classmethod
+    def for_shipping(cls, settings: "Settings") -> "LogStreams":
+        """A client of its own that fails fast: a stalled Redis must not hold the flusher for long."""
+        client = redis.Redis.from_url(
+            settings.redis_url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S,
+            retry=Retry(NoBackoff(), 0),  # the next flush is the retry
+        )
+        return cls(client, settings.log_lines, settings.log_retention_s)
+
+    def append(self, lines_by_stream: Mapping[str, Iterable[str]], superseded: Collection[str] = ()) -> int:
+        """Append lines to their streams in one round trip; how many were sent.
+
+        `superseded` names streams whose lines given here are already the newest `max_lines` of
+        more that were logged: what the stream holds is emptied first (its ids still grow), so
+        it keeps the newest lines without a gap before them.
+        """
+        pipe = self._redis.pipeline(transaction=False)
+        sent = 0
+        for stream, lines in lines_by_stream.items():
+            if stream in superseded:
+                pipe.xtrim(stream, maxlen=0, approximate=False)
+            count = 0
+            for line in lines:
+                pipe.xadd(stream, {LINE_FIELD: line}, maxlen=self.max_lines, approximate=True)
+                count += 1
+            if count:
+                pipe.expire(stream, self.retention_s)
+                sent += count
+        if sent:
+            pipe.execute()
+        return sent
+
+    def read(self, stream: str, after: str | None = None, limit: int = DEFAULT_PAGE_LINES) -> LogPage:
+        """Up to `limit` lines after the position `after` (from the oldest kept line without it)."""
+        cursor = parse_stream_id(after) if after else START
+        limit = min(max(int(limit), 1), MAX_PAGE_LINES)
+        answer = self._redis.xread({stream: cursor}, count=limit)
+        entries = answer[0][1] if answer else []
+        if not entries:
+            return LogPage([], cursor)
+        lines = [_parse_line(fields.get(LINE_FIELD.encode(), b"")) for _, fields in entries]
+        last = entries[-1][0]
+        return LogPage(lines, last.decode() if isinstance(last, bytes) else str(last))
+
+
+def bounded_line(line: str) -> str | None:
+    """The line as a stream keeps it: whole up to MAX_STREAM_LINE_BYTES, else its Sluice keys with
+    the message cut short (a line over MAX_LINE_BYTES is dropped, as on stderr)."""
+    size = len(line.encode("utf-8", "replace"))
+    if size <= MAX_STREAM_LINE_BYTES:
+        return line
+    if size > MAX_LINE_BYTES:
+        return None
+    try:
+        whole = json.loads(line)
+    except ValueError:
+        return None
+    cut = {key: whole[key] for key in ("asctime", "levelname", "process", "labels") if key in whole}
+    message = str(whole.get("message", ""))
+    cut["message"] = message[: MAX_STREAM_LINE_BYTES // 4]
+    cut["truncated_from_bytes"] = size
+    return json.dumps(cut, default=str)
+
+
+_capturing: contextvars.ContextVar[str | None] = contextvars.ContextVar("sluice_log_stream", default=None)
+
+
+class StreamLogHandler(logging.Handler):
+    """Buffers JSON lines for log streams and ships them from a thread of its own.
+
+    Install one on the root logger of a process (`install`). The flusher thread starts with the
+    first line, and again in a forked child (which inherits the buffer but not the thread).
+    """
+
+    def __init__(
+        self, streams: LogStreams, default_stream: str | None = None, flush_interval_s: float = FLUSH_INTERVAL_S,
+    ) -> None:
+        super().__init__()
+        self.setFormatter(JsonLinesFormatter())
+        self.streams = streams
+        self.default_stream = default_stream
+        self.flush_interval_s = flush_interval_s
+        self._reset_for_process()
+
+    def _reset_for_process(self) -> None:
+        self._pid = os.getpid()
+        self._buffer: dict[str, deque[str]] = {}
+        self._overflowed: set[str] = set()  # streams of which more than a stream's bound is buffered
+        self._buffer_lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    @contextlib.contextmanager
+    def capturing(self, stream: str) -> Iterator[None]:
+        """The lines this thread logs inside the block go to `stream`; shipped as soon as it ends."""
+        token = _capturing.set(stream)
+        try:
+            yield
+        finally:
+            _capturing.reset(token)
+            self._wake.set()  # the flusher ships them now, off this thread
+
+    def capturing_job(self, job_id: str) -> contextlib.AbstractContextManager[None]:
+        """`capturing` the job's stream (around a batch, or the job's completion)."""
+        return self.capturing(job_stream(job_id))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        stream = _capturing.get() or self.default_stream
+        if stream is None or record.name == log.name:  # this module's own warnings stay local
+            return
+        try:
+            line = bounded_line(self.format(record))
+            if line is None:
+                return
+            if os.getpid() != self._pid:  # a forked child: its parent's buffer and thread are not its own
+                self._reset_for_process()
+            with self._buffer_lock:
+                lines = self._buffer.get(stream)
+                if lines is None:
+                    lines = self._buffer[stream] = deque(maxlen=self.streams.max_lines)
+                elif len(lines) == lines.maxlen:
+                    self._overflowed.add(stream)
+                lines.append(line)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="sluice-log-shipper", daemon=True)
+                    self._thread.start()
+        except Exception:
+            self.handleError(record)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            self.flush()
+
+    def flush(self) -> None:
+        """Ship every buffered line now (one round trip); a failure is told once, never raised."""
+        with self._send_lock:
+            with self._buffer_lock:
+                pending, self._buffer = self._buffer, {}
+                overflowed, self._overflowed = self._overflowed, set()
+            if not pending:
+                return
+            try:
+                self.streams.append(pending, superseded=overflowed)
+            except Exception as e:  # Redis away or refusing: the lines are on stderr all the same
+                if not self._failing:
+                    self._failing = True
+                    log.warning("log lines could not be written to Redis (%s: %s); `sluice logs` misses the lines "
+                                "of this process until Redis answers again", type(e).__name__, e)
+                return
+            if self._failing:
+                self._failing = False
+                log.warning("log lines reach Redis again")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        try:
+            self.flush()
+        finally:
+            super().close()
+
+
+def install(handler: StreamLogHandler, logger: logging.Logger | None = None) -> StreamLogHandler:
+    """Put `handler` on the root logger (or `logger`) in place of any StreamLogHandler already there."""
+    target = logger or logging.getLogger()
+    for old in [h for h in target.handlers if isinstance(h, StreamLogHandler)]:
+        target.removeHandler(old)
+        old.close()
+    target.addHandler(handler)
+    return handler
+
+
+def install_job_log_handler(settings: "Settings") -> StreamLogHandler:
+    """A worker process's handler: lines go to a job's stream only inside `capturing_job`."""
+    return install(StreamLogHandler(LogStreams.for_shipping(settings)))
+
+
+def install_api_log_handler(settings: "Settings", api_name: str) -> StreamLogHandler:
+    """A realtime replica process's handler: every line goes to its API's stream."""
+    return install(StreamLogHandler(LogStreams.for_shipping(settings), default_stream=api_stream(api_name)))
+
+
+__all__ = [
+    "API_STREAM_PREFIX", "BadStreamId", "JOB_STREAM_PREFIX", "LogPage", "LogStreams", "StreamLogHandler",
+    "api_stream", "install", "install_api_log_handler", "install_job_log_handler", "job_stream", "parse_stream_id",
+]
