@@ -1,8 +1,117 @@
-"""Prometheus metrics of the API process."""
+"""`GET /metrics`: Sluice's figures summed over every process on every host, in Prometheus' format.
+
+Each process counts in memory and adds its counts to Redis about once a second
+(`jobs/figures.py`); this collector reads the sums at scrape time, so any API process on any host
+answers the same totals, and a restarted process loses nothing that was already sent. Queue
+depth is read from the broker at scrape time. No per-process figure is shown: one process's
+number presented as Sluice's would be wrong as soon as there are two.
+
+`JOBS_SUBMITTED` and `HTTP_RESPONSES` keep the `labels(...).inc()` form the API's code counts
+with; they go to the process's recorder (installed by `create_app`).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from typing import Any, Iterator
 
-JOBS_SUBMITTED = Counter("sluice_jobs_submitted", "Batch jobs submitted", ["api"])
-HTTP_RESPONSES = Counter("sluice_http_responses", "HTTP responses by status class", ["status"])
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from jobs import figures
+from jobs.job import job_queue_name
+from jobs.services import Services
+from predictors_runtime import figures as process_figures
+from predictors_runtime.errors import JobNotFound
+
+# The hardware queues worker nodes serve; a job's batches wait on a queue of its own
+# (`job.<id>`), counted under its hardware queue.
+HARDWARE_QUEUES = ("cpu", "gpu", "inf")
+QUEUE_DEPTH = ("sluice_queue_depth", "Batches (and completion tasks) waiting in the broker, by hardware queue")
+
+__all__ = ["CONTENT_TYPE_LATEST", "FiguresCollector", "HTTP_RESPONSES", "JOBS_SUBMITTED", "exposition"]
+
+
+class _ProcessCounter:
+    """A counter of this process's code, sent to the installed recorder (`predictors_runtime.figures`)."""
+
+    def __init__(self, figure: figures.Figure) -> None:
+        self._figure = figure
+
+    def labels(self, **labels: str) -> "_Labelled":
+        return _Labelled(self._figure.name, tuple(str(labels[name]) for name in self._figure.labels))
+
+
+class _Labelled:
+    __slots__ = ("_name", "_labels")
+
+    def __init__(self, name: str, labels: tuple[str, ...]) -> None:
+        self._name, self._labels = name, labels
+
+    def inc(self, amount: int = 1) -> None:
+        process_figures.count(self._name, self._labels, amount)
+
+
+JOBS_SUBMITTED = _ProcessCounter(figures.JOBS_SUBMITTED)
+HTTP_RESPONSES = _ProcessCounter(figures.HTTP_RESPONSES)
+
+
+def queue_depths(services: Services) -> dict[str, int]:
+    """Messages waiting per hardware queue: its own list plus the queues of its active jobs, every
+    priority level of each (kombu keeps one Redis list per level)."""
+    queue_of: dict[str, str] = {}
+    for job_id in services.store.active_ids():
+        try:
+            queue_of[job_queue_name(job_id)] = services.store.get(job_id).hardware_queue
+        except JobNotFound:  # ended (and expired) since it was listed
+            continue
+    names = [(q, q) for q in HARDWARE_QUEUES] + [(hw, name) for name, hw in queue_of.items()]
+    depths = dict.fromkeys(HARDWARE_QUEUES, 0)
+    with services.celery.connection_for_write() as conn:
+        channel = conn.default_channel
+        steps = list(getattr(channel, "priority_steps", [0]))
+        with channel.conn_or_acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            for _, name in names:
+                for priority in steps:
+                    pipe.llen(channel._q_for_pri(name, priority))
+            lengths = pipe.execute()
+    for i, (hardware, _) in enumerate(names):
+        depths[hardware] = depths.get(hardware, 0) + sum(lengths[i * len(steps):(i + 1) * len(steps)])
+    return depths
+
+
+class FiguresCollector(Collector):
+    """Yields every figure of `jobs.figures.CATALOGUE` as Redis holds it, and the queue depths."""
+
+    def __init__(self, services: Services) -> None:
+        self._services = services
+
+    def collect(self) -> Iterator[Metric]:
+        totals = figures.read_figures(self._services.redis)
+        for figure in figures.CATALOGUE.values():
+            yield _family(figure, totals.get(figure.name, {}))
+        depth = GaugeMetricFamily(*QUEUE_DEPTH, labels=["queue"])
+        for queue, n in sorted(queue_depths(self._services).items()):
+            depth.add_metric([queue], n)
+        yield depth
+
+
+def _family(figure: figures.Figure, totals: dict[tuple[str, ...], Any]) -> Metric:
+    labels = list(figure.labels)
+    if figure.kind is figures.Kind.COUNTER:
+        counter = CounterMetricFamily(figure.name, figure.help, labels=labels)
+        for values, total in sorted(totals.items()):
+            counter.add_metric(list(values), total)
+        return counter
+    histogram = HistogramMetricFamily(figure.name, figure.help, labels=labels)
+    for values, h in sorted(totals.items()):
+        histogram.add_metric(list(values), buckets=[(le, float(n)) for le, n in h.buckets], sum_value=h.sum)
+    return histogram
+
+
+def exposition(services: Services) -> bytes:
+    """The text `GET /metrics` answers."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FiguresCollector(services))
+    return generate_latest(registry)

@@ -87,7 +87,8 @@ class Batcher(Generic[T]):
     """
 
     def __init__(self, run: Callable[[list[T]], Sequence[Any]], max_batch_size: int, interval_s: float,
-                 *, max_wait_s: float = DEFAULT_MAX_WAIT_S, label: Callable[[T], str] | None = None) -> None:
+                 *, max_wait_s: float = DEFAULT_MAX_WAIT_S, label: Callable[[T], str] | None = None,
+                 on_batch: Callable[[int], None] | None = None) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         if interval_s <= 0:
@@ -97,6 +98,7 @@ class Batcher(Generic[T]):
         self.interval_s = interval_s
         self.max_wait_s = max_wait_s
         self._label = label
+        self._on_batch = on_batch  # told each batch's size as it starts (the replica's figures)
         self._lock = threading.Lock()       # guards _open
         self._running = threading.Lock()    # one batch at a time
         self._open: _Window | None = None
@@ -158,6 +160,8 @@ class Batcher(Generic[T]):
             return outcomes
         items = [window.items[i] for i in live]
         size = len(items)
+        if self._on_batch is not None:
+            self._on_batch(size)
         try:
             results = self._run(items)
         except Exception as e:

@@ -52,7 +52,8 @@ class RealtimePredictor:
 
     def __init__(self, instance: Any, client: Any = None, *, batching: ServerSideBatching | None = None,
                  max_wait_s: float = DEFAULT_MAX_WAIT_S, close: Callable[[], None] | None = None,
-                 threads: int = 1) -> None:
+                 threads: int = 1, on_batch: Callable[[int], None] | None = None) -> None:
+        """`on_batch(size)` is told the size of each server-side batch (for the replica's figures)."""
         self.instance = instance
         self._threads = threads
         self._deadline_pool: ThreadPoolExecutor | None = None
@@ -72,7 +73,7 @@ class RealtimePredictor:
         self._batcher: Batcher[RequestArgs] | None = None
         if batching is not None:
             self._batcher = Batcher(self._run_batch, batching.max_batch_size, batching.batch_interval,
-                                    max_wait_s=max_wait_s, label=_request_id)
+                                    max_wait_s=max_wait_s, label=_request_id, on_batch=on_batch)
 
     @property
     def has_post_predict(self) -> bool:

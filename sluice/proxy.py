@@ -39,14 +39,17 @@ import redis
 from api.auth import KEYS_VARIABLE, PROTECT_REALTIME_VARIABLE, header_values, refuse_open_bind
 from api.registry import ApiRegistry
 from api.replicas import ReplicaDirectory
+from jobs import keys
+from jobs.figures import REALTIME_REJECTED, REALTIME_REQUESTS, Recorder
 from jobs.settings import Settings
 from predictors_runtime.errors import ConfigError, NotReady
 
 from .proxy_config import Route, plan_routes, render_config, tag_of
+from .proxy_rejections import REASONS, TABLE, RejectionTally, parse_table
 
 log = logging.getLogger(__name__)
 
-PROXIES_KEY = "sluice:proxies"
+PROXIES_KEY = keys.PROXIES
 # A proxy not heard from for this long is gone: it routes nothing any more.
 PROXY_TTL_S = 5.0
 STEP_INTERVAL_S = 0.3
@@ -311,6 +314,8 @@ class ProxyController:
     _last_forget: float = 0.0
     _settled: bool = False
     _stopping: bool = False
+    _tally: RejectionTally = field(default_factory=RejectionTally)
+    _figures: Recorder | None = None
 
     def __post_init__(self) -> None:
         if self.state_dir is None:
@@ -323,6 +328,7 @@ class ProxyController:
         self._registry = ApiRegistry(self.redis_client)
         self._replicas = ReplicaDirectory(self.redis_client)
         self._haproxy = HAProxy(self.state_dir, self.executable)
+        self._figures = Recorder(self.redis_client)
 
     @property
     def haproxy(self) -> HAProxy:
@@ -390,6 +396,8 @@ class ProxyController:
             raise ConfigError(f"{PROTECT_REALTIME_VARIABLE}=1 needs API keys: set {KEYS_VARIABLE} "
                               "(or SLUICE_API_KEYS_FILE)")
         self._write_keys_file()
+        assert self._figures is not None
+        self._figures.start()
         text, routes = self._render(now)
         self._apply(text, routes)
         self._start_haproxy(now)
@@ -440,6 +448,8 @@ class ProxyController:
             self.reloads += 1
             self._pending = _Reload(now, state.reloads, state.failed)
         self._publish(now, state)
+        if state is not None:
+            self._count_rejections(state)
         if now - self._last_forget >= self.forget_every_s:
             self._last_forget = now
             self._replicas.forget_silent(now)
@@ -461,6 +471,21 @@ class ProxyController:
         if finished and not failed:
             return True
         return now - pending.sent_at >= RELOAD_PATIENCE_S
+
+    def _count_rejections(self, state: HAProxyState) -> None:
+        """Add what haproxy answered itself since the last turn to the figures (sluice/proxy_rejections.py)."""
+        readings: dict[int, dict[str, list[int]]] = {}
+        for pid in (*state.workers, *state.old_workers):
+            try:
+                readings[pid] = parse_table(self.haproxy.command(f"@!{pid} show table {TABLE}"))
+            except OSError:  # gone meanwhile, or the master is busy: read again next turn
+                continue
+        self._tally.forget_except({*state.workers, *state.old_workers})
+        codes = dict(REASONS)
+        assert self._figures is not None
+        for (api, reason), n in self._tally.update(readings).items():
+            self._figures.counter(REALTIME_REJECTED, api, reason).inc(n)
+            self._figures.counter(REALTIME_REQUESTS, api, str(codes[reason])).inc(n)
 
     def _publish(self, now: float, state: HAProxyState | None) -> None:
         self._settled = bool(state is not None and state.tag == tag_of(self._config) and not state.old_workers)
@@ -496,7 +521,12 @@ class ProxyController:
     def stop(self, grace: float = 10.0) -> None:
         """Stop haproxy (in-flight requests finish within `grace`) and withdraw this proxy's record."""
         self._stopping = True
+        state = self.haproxy.state()
+        if state is not None:  # what haproxy answered since the last turn, before its counters go
+            self._count_rejections(state)
         self.haproxy.stop(grace)
+        if self._figures is not None:
+            self._figures.close()
         self.haproxy.close()
         try:
             self.redis_client.hdel(PROXIES_KEY, self.proxy_id or "")

@@ -33,6 +33,8 @@ from api.registry import DeployedApi
 from api.replicas import ReplicaRecord
 from predictors_runtime.errors import ConfigError
 
+from .proxy_rejections import REASON_INDEX, TABLE
+
 log = logging.getLogger(__name__)
 
 REALTIME_KIND = "RealtimeAPI"
@@ -202,6 +204,9 @@ def _frontend(routes: Sequence[Route], bind: str, port: int) -> list[str]:
         "    http-request del-header X-Sluice-Deadline-Ms",
         "    http-request set-header X-Request-ID %[uuid] unless { req.fhdr(x-request-id) -m len gt 0 }",
         "    http-request set-var(txn.request_id) req.fhdr(x-request-id)",
+        # Count the realtime answers the proxy gave itself, by reason (sluice/proxy_rejections.py).
+        *(f"    http-after-response set-var(txn.sluice_counted) sc_inc_gpc({index},0) "
+          f"if {{ res.hdr(x-sluice-error) -m str {reason} }}" for reason, index in REASON_INDEX.items() if routes),
         # A replica backend's own 503 that turned out to be a timed-out wait becomes a 504.
         "    http-after-response set-status 504 if { res.hdr(x-sluice-error) -m str request_timeout }",
         "    http-after-response del-header X-Sluice-Error",
@@ -239,7 +244,8 @@ def _key_check(keys_file: str) -> list[str]:
     return [
         "    http-request return status 401 content-type application/json lf-string "
         + _json_body("unauthorized", "this API needs an API key: send Authorization: Bearer KEY")
-        + f" hdr WWW-Authenticate Bearer unless {{ req.fhdr(authorization) -m str -f {_quoted(keys_file)} }}",
+        + " hdr WWW-Authenticate Bearer hdr X-Sluice-Error unauthorized"
+        + f" unless {{ req.fhdr(authorization) -m str -f {_quoted(keys_file)} }}",
         "    http-request del-header Authorization",
     ]
 
@@ -258,6 +264,9 @@ def _realtime_backend(route: Route, keys_file: str | None = None) -> list[str]:
         "    option abortonclose",
         f"    timeout queue {_ms(route.queue_timeout_s)}",
         f"    timeout server {_ms(route.server_timeout_s)}",
+        # Every request is tracked in the refusals table, so the frontend can count the answers the
+        # proxy gives itself (the reason rides in X-Sluice-Error; see sluice/proxy_rejections.py).
+        f"    http-request track-sc0 str({name}) table {TABLE}",
         # With protection on, a caller without a key learns nothing else (not even readiness).
         *(_key_check(keys_file) if keys_file else []),
         # Every server unusable (an address that does not resolve, one disabled by hand): say so
@@ -265,11 +274,12 @@ def _realtime_backend(route: Route, keys_file: str | None = None) -> list[str]:
         # reload counts no server at all in its stopped backends.
         "    http-request return status 503 content-type application/json lf-string "
         + _json_body("not_ready", _literal(f"no replica of {name} is ready"))
-        + " if " + " ".join(f"!{{ srv_is_up({route.backend}/{s.name}) }}" for s in route.servers),
+        + " hdr X-Sluice-Error not_ready if " + " ".join(f"!{{ srv_is_up({route.backend}/{s.name}) }}" for s in route.servers),
         # Every replica busy and the queue full: refuse at once; the client may retry shortly.
         "    http-request return status 503 content-type application/json lf-string "
         + _json_body("overloaded", _literal(f"{name} is at capacity: every replica is busy and its queue is full"))
-        + f" hdr Retry-After 1 if {{ queue() ge {route.queue_limit} }} {{ be_conn_free eq 0 }}",
+        + f" hdr Retry-After 1 hdr X-Sluice-Error overloaded if {{ queue() ge {route.queue_limit} }} "
+        "{ be_conn_free eq 0 }",
         f"    http-request set-var(txn.deadline_ms) date(0,ms),add({math.ceil(route.queue_timeout_s * 1000)})",
     ]
     if route.request_timeout_s is not None:
@@ -282,9 +292,11 @@ def _realtime_backend(route: Route, keys_file: str | None = None) -> list[str]:
         "    http-error status 503 content-type application/json lf-string "
         + _json_body(kind, message) + f" hdr X-Sluice-Error {_quoted(kind)}",
         "    http-error status 504 content-type application/json lf-string "
-        + _json_body("request_timeout", _literal(f"{name} did not answer within {run_limit}")),
+        + _json_body("request_timeout", _literal(f"{name} did not answer within {run_limit}"))
+        + " hdr X-Sluice-Error request_timeout",
         "    http-error status 502 content-type application/json lf-string "
-        + _json_body("bad_gateway", _literal(f"a replica of {name} closed the connection or sent an invalid answer")),
+        + _json_body("bad_gateway", _literal(f"a replica of {name} closed the connection or sent an invalid answer"))
+        + " hdr X-Sluice-Error bad_gateway",
     ]
     for server in route.servers:
         lines.append(f"    server {server.name} {server.address} maxconn {route.concurrency}")
@@ -326,6 +338,8 @@ def render_config(routes: Sequence[Route], *, bind: str, port: int, management: 
         ],
         _frontend(routes, bind, port),
         _management_backend(management),
+        *([[f"backend {TABLE}", f"    stick-table type string len 128 size 10k store gpc({len(REASON_INDEX)})"]]
+          if routes else []),
         *(_realtime_backend(route, keys_file) for route in routes),
     ]
     body = "\n\n".join("\n".join(section) for section in sections) + "\n"

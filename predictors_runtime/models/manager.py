@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from predictors_runtime import figures
 from predictors_runtime.config import ModelsConfig
 from predictors_runtime.errors import (
     BadRequest,
@@ -75,8 +76,9 @@ class ModelManager:
     """Downloads, loads, caches and live-reloads the models of one API in one process."""
 
     def __init__(self, models: ModelsConfig, predictor_type: str, cache_dir: Path, load: Callable[[Path], Any],
-                 poll_interval_s: float = 10.0) -> None:
+                 poll_interval_s: float = 10.0, api_name: str = "") -> None:
         self._models = models
+        self.api_name = api_name  # labels the loads counted in the process's figures
         self._type = predictor_type
         self._cache_dir = Path(cache_dir)
         self._load = load
@@ -216,6 +218,7 @@ class ModelManager:
             del future  # the waiters hold their own reference; the manager keeps none
 
     def _download_and_load(self, version: ModelVersion, key: tuple[str, int, str]) -> LoadedModel:
+        started = time.perf_counter()
         folder = disk.version_folder(self._cache_dir, version)
         if not folder.is_dir():
             disk.download(version, folder)
@@ -227,6 +230,9 @@ class ModelManager:
                 raise
             raise PredictorError(f"{label(version.name)} version {version.version} ({version.uri}) "
                                  f"failed to load: {type(e).__name__}: {e}") from e
+        # Counted once loaded: the download (when not on disk already) and the load, what a request waits for.
+        figures.count("sluice_model_loads_total", (self.api_name, version.name))
+        figures.observe("sluice_model_load_seconds", (self.api_name,), time.perf_counter() - started)
         # Tracked only once loaded, so a folder being loaded is never evicted under the loader.
         with self._lock:
             evicted = self._disk.put(key, folder)

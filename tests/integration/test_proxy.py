@@ -593,3 +593,26 @@ def test_sluice_proxy_serves_until_sigterm(redis_server, redis_client, deploy, l
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{url}/ap", timeout=5)
     assert not redis_client.hexists(PROXIES_KEY, f"{socket.gethostname()}:{port}")
+
+
+# -- figures ---------------------------------------------------------------------------------------
+def test_answers_the_proxy_gives_itself_are_counted_by_api_and_reason(proxy, deploy, launchers, backends, gate,
+                                                                      redis_client):
+    from jobs.figures import REALTIME_REJECTED, REALTIME_REQUESTS, read_figures
+
+    deploy("ap", max_concurrency=1, max_queue_length=0, request_timeout=1)
+    launchers.add("ap-1", "ap", backends["r1"])
+    proxy.settle_on("ap-1")
+    assert requests.get(f"{proxy.url}/ap", timeout=10).status_code == 200  # the replica's answer: its own to count
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(_get, f"{proxy.url}/ap", gate=str(gate))
+        wait_for(lambda: proxy.running("ap") == 1, 10, "the replica to be busy")
+        assert _get(f"{proxy.url}/ap")[0].json()["kind"] == "overloaded"
+        assert busy.result()[0].status_code == 504  # ran past its request_timeout: haproxy gave up
+    gate.touch()
+    proxy.controller.haproxy.command("@1 disable server rt_ap/ap-1")
+    assert requests.get(f"{proxy.url}/ap", timeout=10).json()["kind"] == "not_ready"
+
+    expected = {("ap", "overloaded"): 1, ("ap", "request_timeout"): 1, ("ap", "not_ready"): 1}
+    wait_for(lambda: read_figures(redis_client)[REALTIME_REJECTED.name] == expected, 10, "the refusals to be counted")
+    assert read_figures(redis_client)[REALTIME_REQUESTS.name] == {("ap", "503"): 2, ("ap", "504"): 1}

@@ -205,7 +205,9 @@ def test_with_realtime_protection_each_realtime_backend_checks_the_key_first_and
     assert result.returncode == 0, result.stderr + result.stdout
 
     backend = _backend(config, "backend rt_iris")
-    rules = [line for line in backend if line.startswith("http-request ")]
+    assert backend[backend.index("http-request track-sc0 str(iris) table sluice_rejected") + 1].startswith(
+        "http-request return status 401")  # tracked (to count refusals) first, then nothing before the check
+    rules = [line for line in backend if line.startswith("http-request ") and "track-sc0" not in line]
     assert rules[0].startswith("http-request return status 401 content-type application/json ")
     assert 'kind\\": \\"unauthorized' in rules[0]
     assert "hdr WWW-Authenticate Bearer" in rules[0]
