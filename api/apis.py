@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flask import Blueprint, jsonify, request
+from flask import Blueprint, request
 
 from jobs.enqueue import stop_job
 from jobs.job import ACTIVE_STATUSES
@@ -19,6 +19,7 @@ from predictors_runtime.storage import split_uri
 from .context import registry, services
 from .registry import DeployedApi
 from .replicas import ReplicaDirectory
+from .schemas import Api, ApiList, DeleteApiQuery, Deleted, parse_query
 
 blueprint = Blueprint("apis", __name__)
 
@@ -84,12 +85,12 @@ def deploy():
             _validate_models(api, Path(tmp), source)
     bundle = services().bundles.put(project)
     deployed = [registry().put(api, bundle) for api in apis]
-    return jsonify({"apis": [d.summary() for d in deployed]}), 201
+    return ApiList.model_validate({"apis": [d.summary() for d in deployed]}).response(201)
 
 
 @blueprint.get("/apis")
 def list_apis():
-    return jsonify({"apis": [api.summary() for api in registry().all()]})
+    return ApiList.model_validate({"apis": [api.summary() for api in registry().all()]}).response()
 
 
 def replicas_of(api: DeployedApi, now: float) -> list[dict[str, Any]]:
@@ -111,7 +112,7 @@ def get_api(name: str):
     if api.kind == REALTIME_KIND:
         body["endpoint"] = f"/{api.name}"
         body["replicas"] = replicas_of(api, time.time())
-    return jsonify(body)
+    return Api.model_validate(body).response()
 
 
 @blueprint.delete("/apis/<name>")
@@ -120,12 +121,13 @@ def delete_api(name: str):
 
     A realtime API's launchers see it gone from the registry and stop its replicas.
     """
+    force = parse_query(DeleteApiQuery).force
     api = registry().get(name)
     store = services().store
     active = [s for s in store.statuses(store.list_ids(api.name, limit=1000)).items() if s[1] in ACTIVE_STATUSES]
-    if active and request.args.get("force", "").lower() != "true":
+    if active and not force:
         raise Conflict(f"api {name} has {len(active)} running job(s); stop them or delete with ?force=true")
     for job_id, _ in active:
         stop_job(services(), store.get(job_id))
     registry().delete(name)
-    return jsonify({"message": f"deleted api {name}", "stopped_jobs": [job_id for job_id, _ in active]})
+    return Deleted(message=f"deleted api {name}", stopped_jobs=[job_id for job_id, _ in active]).response()

@@ -6,22 +6,31 @@ from flask import Flask, request
 
 from jobs.celery_app import create_celery
 from jobs.services import Services
+from jobs.figures import Recorder
 from jobs.settings import Settings
+from predictors_runtime import figures as process_figures
 from predictors_runtime.project import MAX_BUNDLE_BYTES
 
-from . import apis, auth, batch, fallback, health
+from . import apis, auth, batch, fallback, health, logs
 from .errors import register_error_handlers
 from .metrics import HTTP_RESPONSES
 from .registry import ApiRegistry
 
 
-def create_app(settings: Settings | None = None) -> Flask:
-    settings = settings or Settings.from_env()
-    app = Flask("sluice")
+def create_app(settings: Settings | None = None, services: Services | None = None) -> Flask:
+    """The API app. `services` may be given ready-made (fast tests hand in an in-memory job store);
+    by default they are connected from `settings`."""
+    settings = services.settings if services is not None else settings or Settings.from_env()
+    app = Flask("sluice", static_folder=None)  # no static files: every route is Sluice's own
     app.json.sort_keys = False
-    services = Services.connect(settings, create_celery(settings))
+    if services is None:
+        services = Services.connect(settings, create_celery(settings))
     app.extensions["sluice"] = services
     app.extensions["sluice.registry"] = ApiRegistry(services.redis)
+    # This process's figures (jobs submitted, responses) go to Redis in the background; /metrics
+    # shows the sums of every process (api/metrics.py).
+    app.extensions["sluice.figures"] = recorder = Recorder.for_url(settings.redis_url).start()
+    process_figures.install(recorder)
 
     # API keys first: an unauthenticated request gets no further (a no-op without keys).
     app.before_request(auth.request_guard(settings))
@@ -38,7 +47,8 @@ def create_app(settings: Settings | None = None) -> Flask:
         return response
 
     # fallback's `/<name>` last: it answers only what no other route (and no replica) takes.
-    for module in (health, apis, batch, fallback):
+    app.url_map.converters["unreserved"] = fallback.UnreservedName
+    for module in (health, apis, batch, logs, fallback):
         app.register_blueprint(module.blueprint)
     register_error_handlers(app)
     return app

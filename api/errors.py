@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify, request
+from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from predictors_runtime.errors import SluiceError
+
+from .schemas import Error
 
 log = logging.getLogger(__name__)
 
 
 def error_response(status: int, kind: str, message: str):
-    response = jsonify({"kind": kind, "message": message})
-    response.status_code = status
-    return response
+    return Error(kind=kind, message=message).response(status)
 
 
 # Largest refused body read to its end before answering; beyond it the connection is just closed.
@@ -45,6 +45,14 @@ def _drain_body() -> None:
         pass
 
 
+def with_exception_headers(response: Response, e: HTTPException) -> Response:
+    """Keep the headers the exception carries (a 405's `Allow`, RFC 9110), but not its HTML content type."""
+    for name, value in e.get_headers():
+        if name.lower() != "content-type":
+            response.headers[name] = value
+    return response
+
+
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(SluiceError)
     def _sluice_error(e: SluiceError):
@@ -61,7 +69,8 @@ def register_error_handlers(app: Flask) -> None:
             limit = request.max_content_length
             message = f"request body is larger than the limit of {limit} bytes" if limit else message
             _drain_body()
-        return error_response(status, kinds.get(status, e.name.lower().replace(" ", "_")), message)
+        response = error_response(status, kinds.get(status, e.name.lower().replace(" ", "_")), message)
+        return with_exception_headers(response, e)
 
     @app.errorhandler(Exception)
     def _unexpected(e: Exception):

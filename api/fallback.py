@@ -7,39 +7,49 @@ so these answers say why there was no replica: the API is a BatchAPI (jobs go to
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 
-from flask import Blueprint, jsonify, request
-from werkzeug.exceptions import MethodNotAllowed
+from flask import Blueprint, request
+from werkzeug.routing import BaseConverter
 
+from jobs.figures import REALTIME_REJECTED, REALTIME_REQUESTS
+from predictors_runtime import figures
 from predictors_runtime.config import RESERVED_NAMES
 from predictors_runtime.errors import ApiNotFound
 
 from .apis import REALTIME_KIND
 from .context import registry, services
 from .replicas import ReplicaDirectory
+from .schemas import RealtimeError
 
 blueprint = Blueprint("fallback", __name__)
 
-RESERVED_METHODS = {"apis": ["GET", "POST"], "openapi.json": ["GET"], "healthz": ["GET"], "metrics": ["GET"]}
+
+class UnreservedName(BaseConverter):
+    """A path segment that is not one of Sluice's own (`apis`, `healthz`, ...).
+
+    Only such names reach the fallback, so `POST /healthz` is Flask's own 405 whose `Allow` lists
+    what /healthz answers (a fallback route matching every name made it offer POST as well).
+    """
+
+    regex = "(?!(?:" + "|".join(re.escape(n) for n in sorted(RESERVED_NAMES)) + ")$)[^/]+"
 
 
 def _answer(status: int, kind: str, message: str, request_id: str | None = None):
-    body = {"kind": kind, "message": message}
+    body = RealtimeError(kind=kind, message=message)
     if request_id is not None:
-        body["request_id"] = request_id
-    response = jsonify(body)
-    response.status_code = status
+        body.request_id = request_id
+    response = body.response(status)
     if request_id is not None:
         response.headers["X-Request-ID"] = request_id
     return response
 
 
-@blueprint.route("/<name>", methods=["GET", "POST"])
-def unrouted_api(name: str):
-    if name in RESERVED_NAMES:  # e.g. POST /healthz: the reserved paths keep their own methods
-        raise MethodNotAllowed(valid_methods=RESERVED_METHODS.get(name, ["GET"]))
+@blueprint.route("/<unreserved:api_name>", methods=["GET", "POST"])
+def unrouted_api(api_name: str):
+    name = api_name
     try:
         api = registry().get(name)
     except ApiNotFound:
@@ -55,4 +65,7 @@ def unrouted_api(name: str):
         message = f"api {name} is not ready: {reasons[0]}"
     else:
         message = f"api {name} is not ready yet (its replicas are starting)"
+    # A realtime request refused for want of a ready replica: counted as the proxy's refusals are.
+    figures.count(REALTIME_REQUESTS.name, (name, "503"))
+    figures.count(REALTIME_REJECTED.name, (name, "not_ready"))
     return _answer(503, "not_ready", message, request_id)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, jsonify
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+import redis
+from flask import Blueprint, Response, current_app, jsonify
 
 from predictors_runtime.errors import NotReady
 
 from .context import services
+from .metrics import CONTENT_TYPE_LATEST, exposition
 from .openapi import openapi_document
+from .schemas import Health
 
 blueprint = Blueprint("health", __name__)
 
@@ -21,16 +23,17 @@ def healthz():
     try:
         services().redis.ping()
         nodes = services().placement.live_nodes(time.time())
-    except Exception as e:
+    except redis.RedisError as e:
         raise NotReady(f"redis is not reachable: {e}") from e
-    return jsonify({"status": "ok", "worker_nodes": nodes})
+    return Health(status="ok", worker_nodes=nodes).response()
 
 
 @blueprint.get("/metrics")
 def metrics():
-    return Response(generate_latest(), mimetype=CONTENT_TYPE_LATEST)
+    """Sluice's figures, summed over every process on every host (api/metrics.py)."""
+    return Response(exposition(services()), mimetype=CONTENT_TYPE_LATEST)
 
 
 @blueprint.get("/openapi.json")
 def openapi():
-    return jsonify(openapi_document())
+    return jsonify(openapi_document(current_app))

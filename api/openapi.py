@@ -1,271 +1,447 @@
-"""The OpenAPI document of Sluice's HTTP API: what its public address (the proxy) answers.
+"""The OpenAPI document of Sluice's HTTP API (`GET /openapi.json`): what its public address answers.
 
-The management paths (`/apis`, `/batch/...`, `/healthz`, `/metrics`) are served by the
-management API; `/{api_name}` of a realtime API by its replicas (or, while none is ready, by the
-management API's fallback, with the same error shape).
+Built, not written: the paths are the Flask app's own routes (its `url_map`), each operation's
+words come from `OPERATIONS` below, and every body schema is generated from the pydantic models
+that validate the requests (`jobs.submission.JobRequest`, `predictors_runtime.config.ApiConfig`)
+or build the answers (`api/schemas.py`). A route without an entry in `OPERATIONS` still appears,
+marked `x-undocumented`, and fails `tests/unit/test_openapi.py` until it is described.
+
+The management paths are served by the management API; `/{api_name}` of a realtime API by its
+replicas (or, while none is ready, by the management API's fallback, with the same error shape).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Literal
 
-_ERROR = {"$ref": "#/components/schemas/Error"}
-_REALTIME_ERROR = {"$ref": "#/components/schemas/RealtimeError"}
-_REQUEST_ID = {"$ref": "#/components/headers/X-Request-ID"}
+from flask import Flask
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 
-# What each realtime error status means (the `kind` of its body).
-_REALTIME_ERRORS = {
-    400: "bad_request (a body that does not parse) or invalid_model_input (a model input of the wrong name, shape or type)",
-    404: "api_not_found (not deployed, or a BatchAPI) or model_not_found (an unknown model name or version)",
-    413: "payload_too_large",
-    500: "predictor_error: predict raised, or returned what cannot be sent",
-    503: "not_ready (no replica is ready yet; the message says why) or overloaded (every replica busy and "
-         "its queue full: retry after Retry-After seconds)",
-    504: "request_timeout: the API's request_timeout ran out while the request waited or ran",
+from jobs.submission import SOURCES, JobRequest
+from predictors_runtime.config import ApiConfig
+
+from . import schemas
+from .schemas import Query
+
+OPENAPI_VERSION = "3.1.0"
+SCHEMAS = "#/components/schemas/"
+# Methods Flask adds to every route by itself.
+IMPLICIT_METHODS = frozenset({"HEAD", "OPTIONS"})
+
+Mode = Literal["validation", "serialization"]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One response of an operation: a JSON body of one of `models`, or the given `content`."""
+
+    description: str
+    models: tuple[type[BaseModel], ...] = ()
+    content: dict[str, Any] | None = None
+    headers: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """What the document says of one (method, Flask rule) beyond what the route itself tells."""
+
+    operation_id: str
+    summary: str
+    answers: dict[int, Answer]
+    description: str = ""
+    query: type[Query] | None = None
+    request_body: dict[str, Any] | None = None  # its schemas may name models as {"model": M}
+    header_parameters: tuple[dict[str, Any], ...] = ()
+    links: dict[int, dict[str, Any]] = field(default_factory=dict)
+    open: bool = False  # answered without an API key
+    realtime: bool = False  # served by the API's replicas: answers carry X-Request-ID
+
+
+def _error(description: str, model: type[BaseModel] = schemas.Error, **headers: Any) -> Answer:
+    return Answer(description, (model,), headers=headers)
+
+
+def _json(model: type[BaseModel]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": {"model": model}}}}
+
+
+# -- the path parameters of the Flask rules -----------------------------------------------------
+
+PATH_PARAMETERS: dict[str, str] = {
+    "api_name": "the API's name, as its cortex.yaml gives it",
+    "name": "the API's name, as its cortex.yaml gives it",
+    "job_id": "the job's id, as its submission answered",
 }
 
+# -- every operation ----------------------------------------------------------------------------
 
-def _responses(ok: str, *errors: int, ok_schema: dict[str, Any] | None = None) -> dict[str, Any]:
-    success: dict[str, Any] = {"description": ok}
-    if ok_schema is not None:
-        success["content"] = {"application/json": {"schema": ok_schema}}
-    out: dict[str, Any] = {"200": success}
-    for status in errors:
-        out[str(status)] = {"description": "error", "content": {"application/json": {"schema": _ERROR}}}
+_REQUEST_ID_HEADER = {"description": "the request's id: the client's own X-Request-ID, or a new one",
+                      "schema": {"type": "string"}}
+_REQUEST_ID_PARAMETER = {
+    "name": "X-Request-ID", "in": "header", "required": False, "schema": {"type": "string"},
+    "description": "kept as the request's id (in logs and the answer); the proxy makes one up when absent",
+}
+_BINARY = {"type": "string", "format": "binary"}
+_JOB_LINKS = {
+    "GetJobStatus": {"operationId": "getJobs",
+                     "parameters": {"api_name": "$request.path.api_name", "jobID": "$response.body#/job_id"}},
+    "GetFailedBatches": {"operationId": "getFailedBatches",
+                         "parameters": {"api_name": "$request.path.api_name", "jobID": "$response.body#/job_id"}},
+    "StopJob": {"operationId": "stopJob",
+                "parameters": {"api_name": "$request.path.api_name", "jobID": "$response.body#/job_id"}},
+}
+_NOT_DEPLOYED = "api_not_found: no API of that name is deployed, or it is not a BatchAPI"
+_NO_JOB = _NOT_DEPLOYED + "; job_not_found: no job of that id in this API"
+
+OPERATIONS: dict[tuple[str, str], Operation] = {
+    ("GET", "/healthz"): Operation(
+        "getHealth", "Liveness and readiness",
+        {200: Answer("Redis answers; the live worker nodes and the queues they consume", (schemas.Health,)),
+         503: _error("not_ready: Redis cannot be reached")},
+        open=True,
+    ),
+    ("GET", "/metrics"): Operation(
+        "getMetrics", "Prometheus metrics",
+        {200: Answer("metrics in Prometheus' text format", content={"text/plain": {"schema": {"type": "string"}}})},
+    ),
+    ("GET", "/openapi.json"): Operation(
+        "getOpenApi", "This document",
+        {200: Answer("the OpenAPI document", content={"application/json": {"schema": {"type": "object"}}})},
+    ),
+    ("POST", "/apis"): Operation(
+        "deployApis", "Deploy a project: every API of its cortex.yaml",
+        {201: Answer("the APIs deployed", (schemas.ApiList,)),
+         400: _error("bad_request (a multipart field missing, a project archive that does not unpack) or "
+                     "invalid_config (the cortex.yaml: the message names the field)"),
+         413: _error("payload_too_large: the project is larger than the limit")},
+        description="What `sluice deploy` sends. A redeploy replaces the API; running jobs keep the code "
+                    "they started with.",
+        request_body={"required": True, "content": {"multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "config": {**_BINARY, "description": "the cortex.yaml: a YAML list of APIs, each an ApiConfig-Input "
+                                                         "(#/components/schemas/ApiConfig-Input)"},
+                    "project": {**_BINARY, "description": "the project folder as a gzipped tar (`sluice deploy` packs it)"},
+                },
+                "required": ["config", "project"],
+            },
+            "encoding": {"config": {"contentType": "application/yaml, text/plain, application/octet-stream"},
+                         "project": {"contentType": "application/gzip, application/octet-stream"}},
+        }}},
+    ),
+    ("GET", "/apis"): Operation(
+        "listApis", "Deployed APIs, by name",
+        {200: Answer("every deployed API", (schemas.ApiList,))},
+    ),
+    ("GET", "/apis/<name>"): Operation(
+        "getApi", "One API; a realtime API's answer also lists its live replicas",
+        {200: Answer("the API", (schemas.Api,)), 404: _error("api_not_found")},
+    ),
+    ("DELETE", "/apis/<name>"): Operation(
+        "deleteApi", "Delete an API",
+        {200: Answer("deleted, with the jobs stopped on the way", (schemas.Deleted,)),
+         400: _error("bad_request: a query parameter of the wrong type"),
+         404: _error("api_not_found"),
+         409: _error("conflict: jobs of the API are running and force is not set")},
+        description="A realtime API's replicas stop once they see it gone.",
+        query=schemas.DeleteApiQuery,
+    ),
+    ("POST", "/batch/<api_name>"): Operation(
+        "submitJob", "Submit a batch job",
+        {200: Answer("the job as submitted, or with dryRun the checked submission", (schemas.JobSpec, schemas.DryRun)),
+         400: _error("bad_request: the body is not a valid submission (the message names the field)"),
+         403: _error("access_denied: the job's input or output storage refused access"),
+         404: _error(_NOT_DEPLOYED + "; storage_not_found or job_not_found: an input (or the job of "
+                     "retry_failed_of) does not exist"),
+         409: _error("conflict: the job of retry_failed_of is still running"),
+         413: _error("payload_too_large: the body is larger than SLUICE_MAX_BODY_BYTES"),
+         502: _error("storage_error: the input storage could not be listed")},
+        description="Exactly one input source (item_list, file_path_lister, delimited_files or retry_failed_of).",
+        query=schemas.SubmitQuery,
+        request_body=_json(JobRequest),
+        links={200: _JOB_LINKS},
+    ),
+    ("GET", "/batch/<api_name>"): Operation(
+        "getJobs", "A job's status (with jobID) or the API's jobs, newest first",
+        {200: Answer("with jobID, the job's status; without, the API's jobs",
+                     (schemas.JobStatusAnswer, schemas.JobList)),
+         400: _error("bad_request: a query parameter out of range"),
+         404: _error(_NO_JOB)},
+        query=schemas.JobsQuery,
+    ),
+    ("DELETE", "/batch/<api_name>"): Operation(
+        "stopJob", "Stop a job",
+        {200: Answer("stopped: no new batch starts; running ones finish", (schemas.Stopped,)),
+         400: _error("bad_request: jobID is missing"),
+         404: _error(_NO_JOB),
+         409: _error("conflict: the job has already ended")},
+        query=schemas.JobQuery,
+    ),
+    ("GET", "/batch/<api_name>/failed"): Operation(
+        "getFailedBatches", "Failed batches of a job, with their errors and payloads",
+        {200: Answer("the batches that failed after all their tries", (schemas.FailedBatches,)),
+         400: _error("bad_request: jobID is missing"),
+         404: _error(_NO_JOB)},
+        query=schemas.JobQuery,
+    ),
+    ("GET", "/batch/<api_name>/<job_id>/logs"): Operation(
+        "getJobLogs", "A job's log lines from every worker on every host, oldest first",
+        {200: Answer("a page of lines; pass its next back as after for newer ones", (schemas.LogPage,)),
+         400: _error("bad_request: after is not a position a page gave, or limit is out of range"),
+         404: _error(_NO_JOB)},
+        description="The lines the job's predictor and Sluice logged while running its batches and its "
+                    "on_job_complete; the stream keeps about the newest SLUICE_LOG_LINES.",
+        query=schemas.LogsQuery,
+    ),
+    ("GET", "/apis/<api_name>/logs"): Operation(
+        "getApiLogs", "A realtime API's recent log lines from every process of its replicas",
+        {200: Answer("a page of lines; pass its next back as after for newer ones", (schemas.LogPage,)),
+         400: _error("bad_request: after is not a position a page gave, limit is out of range, or the API is a "
+                     "BatchAPI (whose logs are per job)"),
+         404: _error("api_not_found")},
+        query=schemas.LogsQuery,
+    ),
+    ("GET", "/<api_name>"): Operation(
+        "getRealtimeReadiness", "Readiness of a realtime API",
+        {200: Answer("ready, with the model versions being served", (schemas.Readiness,)),
+         404: _error("api_not_found (not deployed, or a BatchAPI) or model_not_found", schemas.RealtimeError),
+         503: _error("not_ready: no replica is ready yet; the message says why", schemas.RealtimeError)},
+        description="200 once a replica of the API has built its predictor and loaded its models.",
+        header_parameters=(_REQUEST_ID_PARAMETER,),
+        realtime=True,
+    ),
+    ("POST", "/<api_name>"): Operation(
+        "predict", "Predict: the predictor's predict(payload, query_params, headers)",
+        {200: Answer("what predict returned", content={
+            "application/json": {"schema": {}},
+            "text/plain": {"schema": {"type": "string"}},
+            "application/octet-stream": {"schema": _BINARY},
+        }),
+         400: _error("bad_request (a body that does not parse) or invalid_model_input (a model input of the "
+                     "wrong name, shape or type)", schemas.RealtimeError),
+         404: _error("api_not_found (not deployed, or a BatchAPI) or model_not_found (an unknown model name "
+                     "or version)", schemas.RealtimeError),
+         413: _error("payload_too_large", schemas.RealtimeError),
+         500: _error("predictor_error: predict raised, or returned what cannot be sent", schemas.RealtimeError),
+         503: _error("not_ready (no replica is ready yet; the message says why) or overloaded (every replica "
+                     "busy and its queue full: retry after Retry-After seconds)", schemas.RealtimeError,
+                     **{"Retry-After": {"description": "with kind overloaded: seconds after which to try again",
+                                        "schema": {"type": "integer"}}}),
+         504: _error("request_timeout: the API's request_timeout ran out while the request waited or ran",
+                     schemas.RealtimeError)},
+        description=(
+            "The payload predict receives depends on the Content-Type: parsed JSON, a multi-dict of "
+            "form fields and files, decoded text, or the body's bytes for any other type. The answer "
+            "is JSON for a JSON-able result, text/plain for a str, application/octet-stream for bytes, "
+            "or whatever response the predictor built."
+        ),
+        header_parameters=(_REQUEST_ID_PARAMETER, {
+            "name": "query_params", "in": "query", "required": False, "style": "form", "explode": True,
+            "schema": {"type": "object", "additionalProperties": {"type": "string"}},
+            "description": "any query parameters, handed to predict as query_params",
+        }),
+        request_body={"required": False, "content": {
+            "application/json": {"schema": {}},
+            "application/x-www-form-urlencoded": {"schema": {"type": "object", "additionalProperties": {"type": "string"}}},
+            "multipart/form-data": {"schema": {"type": "object",
+                                               "additionalProperties": {"oneOf": [{"type": "string"}, _BINARY]}}},
+            "text/plain": {"schema": {"type": "string"}},
+            "application/octet-stream": {"schema": _BINARY},
+            "*/*": {"schema": _BINARY},
+        }},
+        realtime=True,
+    ),
+}
+
+# Answered by every management operation but the open ones when API keys are set, and by a
+# realtime API with SLUICE_PROTECT_REALTIME=1.
+_UNAUTHORIZED = "unauthorized: API keys are set and the request has no valid `Authorization: Bearer <key>`"
+
+
+# -- building the document ----------------------------------------------------------------------
+
+_RULE_ARGUMENT = re.compile(r"<(?:[^<>:]+:)?([^<>]+)>")
+
+
+def openapi_path(rule: str) -> str:
+    """`/batch/<api_name>` -> `/batch/{api_name}` (converters such as `<int:n>` dropped)."""
+    return _RULE_ARGUMENT.sub(r"{\1}", rule)
+
+
+def plain_rule(rule: str) -> str:
+    """`/<unreserved:api_name>` -> `/<api_name>`: how OPERATIONS names a rule, whatever its converters."""
+    return _RULE_ARGUMENT.sub(r"<\1>", rule)
+
+
+def routes(app: Flask) -> list[tuple[str, str]]:
+    """Every (method, plain rule) the app answers, in the order its routes were registered."""
+    out = []
+    for rule in app.url_map.iter_rules():
+        for method in sorted((rule.methods or set()) - IMPLICIT_METHODS):
+            out.append((method, plain_rule(rule.rule)))
     return out
 
 
-def _realtime_responses(ok: dict[str, Any], *errors: int) -> dict[str, Any]:
-    """A realtime answer: every one, success or error, carries the request's X-Request-ID."""
-    out: dict[str, Any] = {"200": {**ok, "headers": {"X-Request-ID": _REQUEST_ID}}}
-    for status in errors:
-        headers: dict[str, Any] = {"X-Request-ID": _REQUEST_ID}
-        if status == 503:
-            headers["Retry-After"] = {
-                "description": "with kind overloaded: seconds after which to try again",
-                "schema": {"type": "integer"},
-            }
-        out[str(status)] = {
-            "description": _REALTIME_ERRORS[status],
-            "headers": headers,
-            "content": {"application/json": {"schema": _REALTIME_ERROR}},
-        }
+def undocumented(app: Flask) -> list[str]:
+    """What the document cannot describe yet: routes without an operation, path parameters without words."""
+    missing = [f"OPERATIONS[({method!r}, {rule!r})]" for method, rule in routes(app)
+               if (method, rule) not in OPERATIONS]
+    for rule in app.url_map.iter_rules():
+        missing += [f"PATH_PARAMETERS[{name!r}] (of {rule.rule})" for name in sorted(rule.arguments)
+                    if name not in PATH_PARAMETERS]
+    return missing
+
+
+def _models_of(operation: Operation) -> list[tuple[type[BaseModel], Mode]]:
+    found: list[tuple[type[BaseModel], Mode]] = []
+    for answer in operation.answers.values():
+        found += [(model, "serialization") for model in answer.models]
+    if operation.realtime:
+        found.append((schemas.RealtimeError, "serialization"))
+    else:
+        found.append((schemas.Error, "serialization"))
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("model"), type):
+                found.append((node["model"], "validation"))
+            for value in node.values():
+                walk(value)
+
+    walk(operation.request_body)
+    return found
+
+
+@lru_cache(maxsize=1)
+def _components() -> tuple[dict[tuple[type[BaseModel], Mode], dict[str, Any]], dict[str, Any]]:
+    """Every model's JSON Schema, generated once: (model, mode) -> its $ref, and the schemas by name."""
+    wanted: dict[tuple[type[BaseModel], Mode], None] = {}
+    for operation in OPERATIONS.values():
+        wanted.update(dict.fromkeys(_models_of(operation)))
+    # The deploy config travels as YAML inside the multipart body; its schema is listed all the same.
+    wanted[(ApiConfig, "validation")] = None
+    refs, definitions = models_json_schema(list(wanted), ref_template=SCHEMAS + "{model}")
+    schemas_by_name = definitions.get("$defs", {})
+    schemas_by_name["JobRequest"]["oneOf"] = one_source_rule()
+    return refs, schemas_by_name
+
+
+def one_source_rule() -> list[dict[str, Any]]:
+    """What `parse_job_request` checks beyond the model's fields: exactly one input source, not null."""
+    return [{"required": [source], "properties": {source: {"not": {"type": "null"}}}} for source in SOURCES]
+
+
+def _schema_of(refs: dict[tuple[type[BaseModel], Mode], dict[str, Any]], models: tuple[type[BaseModel], ...]) -> dict[str, Any]:
+    options = [refs[(model, "serialization")] for model in models]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def _with_models(node: Any, refs: dict[tuple[type[BaseModel], Mode], dict[str, Any]]) -> Any:
+    """A request body with every {"model": M} replaced by M's $ref (validation mode)."""
+    if isinstance(node, dict):
+        if isinstance(node.get("model"), type):
+            return refs[(node["model"], "validation")]
+        return {key: _with_models(value, refs) for key, value in node.items()}
+    return node
+
+
+def _query_parameters(model: type[Query]) -> list[dict[str, Any]]:
+    """One parameter per field of a query model; a nullable field is simply optional in a URL."""
+    schema = model.model_json_schema()
+    required = set(schema.get("required", ()))
+    out = []
+    for name, prop in schema["properties"].items():
+        prop = dict(prop)
+        prop.pop("title", None)
+        description = prop.pop("description", "")
+        options = [o for o in prop.pop("anyOf", []) if o.get("type") != "null"]
+        if options:
+            prop = {**options[0], **prop} if len(options) == 1 else {**prop, "anyOf": options}
+        if prop.get("default", 0) is None:
+            del prop["default"]
+        out.append({"name": name, "in": "query", "required": name in required, "description": description,
+                    "schema": prop})
     return out
 
 
-def _realtime_path(api_name: dict[str, Any]) -> dict[str, Any]:
-    request_id = {
-        "name": "X-Request-ID", "in": "header", "required": False, "schema": {"type": "string"},
-        "description": "kept as the request's id (in logs and the answer); the proxy makes one up when absent",
-    }
-    query = {
-        "name": "query_params", "in": "query", "required": False, "style": "form", "explode": True,
-        "schema": {"type": "object", "additionalProperties": {"type": "string"}},
-        "description": "any query parameters, handed to predict as query_params",
-    }
-    binary = {"type": "string", "format": "binary"}
-    return {
-        "get": {
-            "summary": "Readiness of a realtime API",
-            "description": "200 once a replica of the API has built its predictor and loaded its models.",
-            "parameters": [api_name, request_id],
-            "responses": _realtime_responses(
-                {
-                    "description": "ready, with the model versions being served",
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Readiness"}}},
-                },
-                404, 503,
-            ),
-        },
-        "post": {
-            "summary": "Predict: the predictor's predict(payload, query_params, headers)",
-            "description": (
-                "The payload predict receives depends on the Content-Type: parsed JSON, a multi-dict of "
-                "form fields and files, decoded text, or the body's bytes for any other type. The answer "
-                "is JSON for a JSON-able result, text/plain for a str, application/octet-stream for bytes, "
-                "or whatever response the predictor built."
-            ),
-            "parameters": [api_name, request_id, query],
-            "requestBody": {
-                "required": False,
-                "content": {
-                    "application/json": {"schema": {}},
-                    "application/x-www-form-urlencoded": {
-                        "schema": {"type": "object", "additionalProperties": {"type": "string"}},
-                    },
-                    "multipart/form-data": {
-                        "schema": {"type": "object", "additionalProperties": {"oneOf": [{"type": "string"}, binary]}},
-                    },
-                    "text/plain": {"schema": {"type": "string"}},
-                    "application/octet-stream": {"schema": binary},
-                    "*/*": {"schema": binary},
-                },
-            },
-            "responses": _realtime_responses(
-                {
-                    "description": "what predict returned",
-                    "content": {
-                        "application/json": {"schema": {}},
-                        "text/plain": {"schema": {"type": "string"}},
-                        "application/octet-stream": {"schema": binary},
-                    },
-                },
-                400, 404, 413, 500, 503, 504,
-            ),
-        },
-    }
+def _answers(operation: Operation, refs: dict[tuple[type[BaseModel], Mode], dict[str, Any]]) -> dict[str, Any]:
+    answers = dict(operation.answers)
+    if not operation.open:
+        error_model = schemas.RealtimeError if operation.realtime else schemas.Error
+        answers.setdefault(401, _error(_UNAUTHORIZED, error_model, **{"WWW-Authenticate": {
+            "description": "Bearer", "schema": {"type": "string"}}}))
+    out: dict[str, Any] = {}
+    for status in sorted(answers):
+        answer = answers[status]
+        response: dict[str, Any] = {"description": answer.description}
+        headers = dict(answer.headers)
+        if operation.realtime:
+            headers["X-Request-ID"] = {"$ref": "#/components/headers/X-Request-ID"}
+        if headers:
+            response["headers"] = headers
+        if answer.models:
+            response["content"] = {"application/json": {"schema": _schema_of(refs, answer.models)}}
+        elif answer.content is not None:
+            response["content"] = answer.content
+        if status in operation.links:
+            response["links"] = operation.links[status]
+        out[str(status)] = response
+    return out
 
 
-def openapi_document() -> dict[str, Any]:
-    api_name = {"name": "api_name", "in": "path", "required": True, "schema": {"type": "string"}}
-    job_id = {"name": "jobID", "in": "query", "required": True, "schema": {"type": "string"}}
-    api_ref = {"$ref": "#/components/schemas/Api"}
+def _operation(method: str, rule: Any, refs: dict[tuple[type[BaseModel], Mode], dict[str, Any]]) -> dict[str, Any]:
+    parameters: list[dict[str, Any]] = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"},
+         "description": PATH_PARAMETERS.get(name, "not documented yet")}
+        for name in sorted(rule.arguments)
+    ]
+    operation = OPERATIONS.get((method, plain_rule(rule.rule)))
+    if operation is None:
+        return {"summary": "not documented yet", "x-undocumented": True, "parameters": parameters,
+                "responses": {"default": {"description": "not documented yet"}}}
+    parameters += list(operation.header_parameters)
+    if operation.query is not None:
+        parameters += _query_parameters(operation.query)
+    out: dict[str, Any] = {"operationId": operation.operation_id, "summary": operation.summary}
+    if operation.description:
+        out["description"] = operation.description
+    if parameters:
+        out["parameters"] = parameters
+    if operation.request_body is not None:
+        out["requestBody"] = _with_models(operation.request_body, refs)
+    if operation.open:
+        out["security"] = []
+    out["responses"] = _answers(operation, refs)
+    return out
+
+
+def openapi_document(app: Flask) -> dict[str, Any]:
+    """The document for `app`: one path per route of its url_map, in registration order."""
+    refs, definitions = _components()
+    paths: dict[str, dict[str, Any]] = {}
+    for rule in app.url_map.iter_rules():
+        for method in sorted((rule.methods or set()) - IMPLICIT_METHODS):
+            paths.setdefault(openapi_path(rule.rule), {})[method.lower()] = _operation(method, rule, refs)
     return {
-        "openapi": "3.0.3",
-        "info": {"title": "Sluice", "version": "0.1.0"},
-        "paths": {
-            "/batch/{api_name}": {
-                "post": {
-                    "summary": "Submit a batch job",
-                    "parameters": [api_name, {"name": "dryRun", "in": "query", "schema": {"type": "boolean"}}],
-                    "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobSubmission"}}}},
-                    "responses": _responses("the job spec", 400, 404, 413),
-                },
-                "get": {
-                    "summary": "A job's status (with jobID) or the API's jobs, newest first",
-                    "parameters": [api_name, {**job_id, "required": False}],
-                    "responses": _responses("job status or job list", 400, 404),
-                },
-                "delete": {
-                    "summary": "Stop a job",
-                    "parameters": [api_name, job_id],
-                    "responses": _responses("stopped", 400, 404, 409),
-                },
-            },
-            "/batch/{api_name}/failed": {
-                "get": {
-                    "summary": "Failed batches of a job",
-                    "parameters": [api_name, job_id],
-                    "responses": _responses("failed batches", 400, 404),
-                }
-            },
-            "/apis": {
-                "get": {
-                    "summary": "Deployed APIs",
-                    "responses": _responses("list", ok_schema={
-                        "type": "object", "properties": {"apis": {"type": "array", "items": api_ref}},
-                    }),
-                },
-                "post": {"summary": "Deploy a project (multipart: config, project)", "responses": _responses("deployed", 400, 413)},
-            },
-            "/apis/{name}": {
-                "get": {
-                    "summary": "One API; a realtime API's answer also lists its live replicas",
-                    "parameters": [{**api_name, "name": "name"}],
-                    "responses": _responses("api", 404, ok_schema=api_ref),
-                },
-                "delete": {"summary": "Delete an API", "parameters": [{**api_name, "name": "name"}], "responses": _responses("deleted", 404, 409)},
-            },
-            "/healthz": {"get": {"summary": "Liveness and readiness", "responses": _responses("ok", 503)}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": _responses("metrics")}},
-            # Concrete paths above match before this template (OpenAPI 3, "Path Templating Matching").
-            "/{api_name}": _realtime_path(api_name),
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "Sluice",
+            "version": "0.1.0",
+            "description": "Batch jobs and realtime APIs, deployed from Cortex-style projects. With API keys "
+                           "set, every operation but /healthz wants `Authorization: Bearer <key>` (realtime "
+                           "APIs only with SLUICE_PROTECT_REALTIME=1).",
         },
+        # Concrete paths match before the `/{api_name}` template (OpenAPI 3, "Path Templating Matching").
+        "paths": paths,
+        "security": [{"bearer": []}, {}],
         "components": {
-            "headers": {
-                "X-Request-ID": {
-                    "description": "the request's id: the client's own X-Request-ID, or a new one",
-                    "schema": {"type": "string"},
-                },
-            },
-            "schemas": {
-                "Error": {
-                    "type": "object",
-                    "properties": {"kind": {"type": "string"}, "message": {"type": "string"}},
-                    "required": ["kind", "message"],
-                },
-                "RealtimeError": {
-                    "type": "object",
-                    "properties": {
-                        "kind": {
-                            "type": "string",
-                            "enum": ["bad_request", "invalid_model_input", "api_not_found", "model_not_found",
-                                     "payload_too_large", "predictor_error", "not_ready", "overloaded",
-                                     "request_timeout", "bad_gateway", "method_not_allowed"],
-                        },
-                        "message": {"type": "string"},
-                        "request_id": {"type": "string"},
-                    },
-                    "required": ["kind", "message"],
-                },
-                "Readiness": {
-                    "type": "object",
-                    "properties": {
-                        "ready": {"type": "boolean", "enum": [True]},
-                        "models": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "properties": {
-                                    "name": {"type": "string"},
-                                    "versions": {"type": "array", "items": {"type": "integer"}},
-                                },
-                                "required": ["name", "versions"],
-                            },
-                        },
-                    },
-                    "required": ["ready", "models"],
-                },
-                "Api": {
-                    "type": "object",
-                    "properties": {
-                        "name": {"type": "string"},
-                        "kind": {"type": "string", "enum": ["BatchAPI", "RealtimeAPI"]},
-                        "bundle": {"type": "string"},
-                        "queue": {"type": "string", "enum": ["cpu", "gpu", "inf"]},
-                        "deployed_at": {"type": "number"},
-                        "ignored_fields": {"type": "array", "items": {"type": "string"}},
-                        "spec": {"type": "object"},
-                        "endpoint": {"type": "string", "description": "RealtimeAPI only: /<name>"},
-                        "replicas": {
-                            "type": "array",
-                            "items": {"$ref": "#/components/schemas/Replica"},
-                            "description": "RealtimeAPI only, in GET /apis/{name}: its live replicas on every host",
-                        },
-                    },
-                    "required": ["name", "kind", "bundle", "queue"],
-                },
-                "Replica": {
-                    "type": "object",
-                    "properties": {
-                        "id": {"type": "string"},
-                        "address": {"type": "string", "description": "host:port the proxy reaches it at"},
-                        "ready": {"type": "boolean"},
-                        "draining": {"type": "boolean", "description": "being replaced or stopped: gets no new requests"},
-                        "bundle": {"type": "string", "description": "the deployment it serves"},
-                        "message": {"type": "string", "description": "why it is not ready, if known"},
-                    },
-                    "required": ["id", "address", "ready", "draining", "bundle"],
-                },
-                "JobSubmission": {
-                    "type": "object",
-                    "properties": {
-                        "workers": {"type": "integer", "minimum": 1},
-                        "item_list": {
-                            "type": "object",
-                            "properties": {"items": {"type": "array", "minItems": 1}, "batch_size": {"type": "integer", "minimum": 1}},
-                            "required": ["items", "batch_size"],
-                        },
-                        "config": {"type": "object"},
-                        # OpenAPI 3.0's exclusiveMinimum is a flag on minimum (JSON Schema draft 4/5 style).
-                        "batch_timeout": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 86400},
-                        "timeout": {"type": "integer", "minimum": 1},
-                        "sqs_dead_letter_queue": {
-                            "type": "object",
-                            "properties": {"arn": {"type": "string"}, "max_receive_count": {"type": "integer", "minimum": 1}},
-                        },
-                    },
-                },
-            },
+            "schemas": definitions,
+            "headers": {"X-Request-ID": _REQUEST_ID_HEADER},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }

@@ -1,13 +1,36 @@
-"""The OpenAPI document (`GET /openapi.json`): valid OpenAPI 3, and it describes the realtime paths."""
+"""The OpenAPI document (`GET /openapi.json`): valid OpenAPI 3.1, built from the app's routes and the
+models that validate requests and build answers, and what the handlers answer fits it."""
 
 from __future__ import annotations
 
+import io
 import json
+import time
+import typing
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from jsonschema import Draft202012Validator
 
-from api.openapi import openapi_document
+from api.app import create_app
+from api.openapi import OPERATIONS, PATH_PARAMETERS, openapi_document, openapi_path, routes, undocumented
+from api.realtime import ReplicaSettings, create_replica_app
+from api.registry import DeployedApi
+from api.schemas import JobStatusView, Source
+from jobs.settings import Settings
+from jobs.submission import SOURCES, JobRequest
+from predictors_runtime.config import ApiConfig
+from predictors_runtime.project import pack_project
+from predictors_runtime.realtime_predictor import RealtimePredictor
+
+
+@pytest.fixture(scope="module")
+def document() -> dict[str, Any]:
+    """The document as `/openapi.json` serves it (through JSON), for an app that connects to nothing."""
+    app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))
+    return json.loads(json.dumps(openapi_document(app)))
 
 
 def _resolve(document: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
@@ -19,18 +42,36 @@ def _resolve(document: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def test_the_document_is_valid_openapi_3():
-    validator = pytest.importorskip("openapi_spec_validator")
-    document = json.loads(json.dumps(openapi_document()))  # as /openapi.json serves it
-    validator.validate(document)
+def _answer_schema(document: dict[str, Any], method: str, path: str, status: int) -> dict[str, Any] | None:
+    operation = document["paths"][path][method.lower()]
+    assert str(status) in operation["responses"], f"{method} {path} answered {status}, which the document does not list"
+    content = operation["responses"][str(status)].get("content", {})
+    return content.get("application/json", {}).get("schema")
 
 
-def test_every_reference_resolves():
-    document = openapi_document()
+def assert_fits(document: dict[str, Any], method: str, path: str, response: Any) -> None:
+    """The answer's status is documented for the operation and its JSON body validates against its schema."""
+    schema = _answer_schema(document, method, path, response.status_code)
+    if schema is None:
+        return
+    validator = Draft202012Validator({"allOf": [schema], "components": document["components"]})
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(response.get_json())]
+    assert not errors, f"{method} {path} -> {response.status_code}: {errors}"
 
+
+# -- the document -------------------------------------------------------------------------------
+
+def test_the_document_is_valid_openapi_3_1(document):
+    from openapi_spec_validator import validate
+
+    assert document["openapi"].startswith("3.1")
+    validate(document)
+
+
+def test_every_reference_resolves(document):
     def walk(node: Any) -> None:
         if isinstance(node, dict):
-            if "$ref" in node:
+            if isinstance(node.get("$ref"), str):
                 _resolve(document, node)
             for value in node.values():
                 walk(value)
@@ -41,10 +82,67 @@ def test_every_reference_resolves():
     walk(document)
 
 
-def test_a_realtime_api_answers_readiness_and_predictions_with_a_request_id_on_every_answer():
-    document = openapi_document()
+def test_every_route_of_the_app_is_a_described_operation_of_the_document():
+    """A new route shows up in the document by itself; this fails until OPERATIONS describes it."""
+    app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))
+    document = openapi_document(app)
+    for method, rule in routes(app):
+        assert method.lower() in document["paths"][openapi_path(rule)]
+    missing = undocumented(app)
+    assert not missing, "describe these in api/openapi.py: " + "; ".join(missing)
+
+
+def test_the_operation_table_names_no_route_the_app_lacks():
+    app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))
+    assert set(OPERATIONS) <= set(routes(app))
+    assert all(description for description in PATH_PARAMETERS.values())
+
+
+def test_a_submission_is_described_by_the_model_that_validates_it(document):
+    body = document["paths"]["/batch/{api_name}"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    generated = JobRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    described = _resolve(document, body)
+    assert {k: v for k, v in described.items() if k != "oneOf"} == {k: v for k, v in generated.items() if k != "$defs"}
+    # The rule parse_job_request adds to the model: exactly one input source.
+    assert [option["required"] for option in described["oneOf"]] == [[source] for source in SOURCES]
+    for name, schema in generated["$defs"].items():
+        assert document["components"]["schemas"][name] == schema
+
+
+def test_a_deploy_config_is_described_by_the_model_that_validates_it(document):
+    generated = ApiConfig.model_json_schema(ref_template="#/components/schemas/{model}")
+    listed = json.loads(json.dumps(document["components"]["schemas"]["ApiConfig-Input"]).replace("-Input", ""))
+    assert {k: v for k, v in listed.items() if k != "title"} == \
+        {k: v for k, v in generated.items() if k not in ("$defs", "title")}
+    assert "ApiConfig-Input" in str(document["paths"]["/apis"]["post"]["requestBody"])
+
+
+def test_query_parameters_come_from_their_models_with_their_bounds(document):
+    parameters = {p["name"]: p for p in document["paths"]["/batch/{api_name}"]["get"]["parameters"]}
+    assert parameters["limit"]["schema"] == {"default": 100, "maximum": 1000, "minimum": 1, "type": "integer"}
+    assert parameters["jobID"]["required"] is False
+    stop = {p["name"]: p for p in document["paths"]["/batch/{api_name}"]["delete"]["parameters"]}
+    assert stop["jobID"]["required"] is True
+    assert stop["api_name"]["in"] == "path"
+
+
+def test_the_sources_of_a_dry_run_are_the_submission_sources():
+    assert set(typing.get_args(Source)) == set(SOURCES)
+
+
+def test_a_field_an_answer_gains_without_its_model_is_refused():
+    view = {"job_id": "j", "api_name": "a", "kind": "BatchAPI", "workers": 1, "config": {}, "timeout": None,
+            "total_batch_count": 1, "start_time": "2024-01-01T00:00:00Z", "status": "status_running",
+            "batches_in_queue": 1, "batch_metrics": {"succeeded": 0, "failed": 0, "average_time_per_batch": None},
+            "worker_counts": {"pending": 0, "running": 1, "succeeded": 0, "failed": 0}, "end_time": None}
+    JobStatusView.model_validate(view)
+    with pytest.raises(ValueError, match="progress"):
+        JobStatusView.model_validate({**view, "progress": 0.5})
+
+
+def test_a_realtime_api_answers_readiness_and_predictions_with_a_request_id_on_every_answer(document):
     path = document["paths"]["/{api_name}"]
-    assert set(path["get"]["responses"]) == {"200", "404", "503"}
+    assert set(path["get"]["responses"]) == {"200", "401", "404", "503"}
     assert set(path["post"]["responses"]) >= {"200", "400", "404", "500", "503", "504"}
     assert set(path["post"]["requestBody"]["content"]) >= {
         "application/json", "application/x-www-form-urlencoded", "multipart/form-data", "text/plain",
@@ -59,8 +157,100 @@ def test_a_realtime_api_answers_readiness_and_predictions_with_a_request_id_on_e
     assert "Retry-After" in path["post"]["responses"]["503"]["headers"]
 
 
-def test_a_realtime_api_lists_its_replicas():
-    document = openapi_document()
+def test_a_realtime_api_lists_its_replicas(document):
     api = _resolve(document, document["paths"]["/apis/{name}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"])
-    replica = _resolve(document, api["properties"]["replicas"]["items"])
+    replicas = next(o for o in api["properties"]["replicas"]["anyOf"] if o.get("type") == "array")
+    replica = _resolve(document, replicas["items"])
     assert {"id", "address", "ready", "draining", "bundle", "message"} == set(replica["properties"])
+
+
+# -- what the handlers answer fits the document -------------------------------------------------
+
+def _deploy(client: Any, folder: Path, apis: list[dict[str, Any]]) -> Any:
+    folder.mkdir(exist_ok=True)
+    (folder / "predictor.py").write_text("class PythonPredictor:\n    def __init__(self, config, job_spec=None):\n"
+                                         "        pass\n\n    def predict(self, payload, batch_id=None):\n"
+                                         "        return payload\n")
+    data = {"config": (io.BytesIO(yaml.safe_dump(apis).encode()), "cortex.yaml"),
+            "project": (io.BytesIO(pack_project(folder)), "project.tar.gz")}
+    return client.post("/apis", data=data, content_type="multipart/form-data")
+
+
+def test_every_management_answer_fits_the_document(redis_client, redis_server, tmp_path):
+    url = redis_server.rsplit("/", 1)[0] + "/1"
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "rows.jsonl").write_text("1\n2\n")
+    app = create_app(Settings(redis_url=url, storage=str(tmp_path / "storage"), cache_dir=str(tmp_path / "cache"),
+                              local_input_roots=(str(inputs),)))
+    client = app.test_client()
+    document = openapi_document(app)
+
+    def call(method: str, path: str, url: str, status: int, **kwargs: Any) -> Any:
+        response = client.open(url, method=method, **kwargs)
+        assert response.status_code == status, response.get_data(as_text=True)
+        assert_fits(document, method, path, response)
+        return response.get_json()
+
+    python = {"type": "python", "path": "predictor.py"}
+    deployed = _deploy(client, tmp_path / "project", [{"name": "rows", "kind": "BatchAPI", "predictor": python},
+                                                      {"name": "echo", "kind": "RealtimeAPI", "predictor": python}])
+    assert deployed.status_code == 201, deployed.get_data(as_text=True)
+    assert_fits(document, "POST", "/apis", deployed)
+
+    call("GET", "/openapi.json", "/openapi.json", 200)
+    call("GET", "/apis", "/apis", 200)
+    call("GET", "/apis/{name}", "/apis/rows", 200)
+    assert call("GET", "/apis/{name}", "/apis/echo", 200)["replicas"] == []
+    call("GET", "/apis/{name}", "/apis/nope", 404)
+    body = {"item_list": {"items": [1, 2, 3], "batch_size": 2}, "config": {"k": 1}}
+    dry = call("POST", "/batch/{api_name}", "/batch/rows?dryRun=true", 200, json=body)
+    assert dry["dry_run"] is True
+    job = call("POST", "/batch/{api_name}", "/batch/rows", 200, json=body)
+    assert "output" not in job  # optional fields stay absent unless set
+    call("POST", "/batch/{api_name}", "/batch/rows", 200,
+         json={"delimited_files": {"s3_paths": [str(inputs)], "batch_size": 1}, "timeout": 60})
+    call("POST", "/batch/{api_name}", "/batch/rows", 400, json={"item_list": {"items": []}})
+    call("POST", "/batch/{api_name}", "/batch/rows?dryRun=maybe", 400, json=body)
+    call("POST", "/batch/{api_name}", "/batch/nope", 404, json=body)
+    status = call("GET", "/batch/{api_name}", f"/batch/rows?jobID={job['job_id']}", 200)
+    assert status["job_status"]["job_id"] == job["job_id"]
+    assert len(call("GET", "/batch/{api_name}", "/batch/rows", 200)["jobs"]) == 2
+    assert "limit must be an integer from 1 to 1000" in call("GET", "/batch/{api_name}", "/batch/rows?limit=ten", 400)["message"]
+    call("GET", "/batch/{api_name}", "/batch/rows?jobID=nope", 404)
+    call("GET", "/batch/{api_name}/failed", f"/batch/rows/failed?jobID={job['job_id']}", 200)
+    assert "jobID is required" in call("GET", "/batch/{api_name}/failed", "/batch/rows/failed", 400)["message"]
+    call("DELETE", "/batch/{api_name}", f"/batch/rows?jobID={job['job_id']}", 200)
+    call("DELETE", "/batch/{api_name}", f"/batch/rows?jobID={job['job_id']}", 409)
+    call("DELETE", "/apis/{name}", "/apis/rows", 409)
+    assert len(call("DELETE", "/apis/{name}", "/apis/rows?force=true", 200)["stopped_jobs"]) == 1
+    call("GET", "/{api_name}", "/rows", 404)
+    not_ready = call("POST", "/{api_name}", "/echo", 503, json={})
+    assert not_ready["kind"] == "not_ready" and not_ready["request_id"]
+
+
+def test_a_replica_answers_fit_the_document(document, tmp_path):
+    class Echo:
+        def __init__(self) -> None:
+            pass
+
+        def predict(self, payload: Any) -> Any:
+            if payload == {"fail": True}:
+                raise ValueError("no")
+            return payload
+
+    config = ApiConfig.from_dict({"name": "echo", "kind": "RealtimeAPI", "predictor": {"path": "predictor.py"}})
+    api = DeployedApi(name="echo", kind="RealtimeAPI", spec=config.to_dict(), bundle="b", queue="cpu",
+                      deployed_at=time.time(), ignored_fields=[])
+    settings = ReplicaSettings(api=api, project_dir=tmp_path, state_dir=tmp_path / "state", replica_id="r1")
+    app = create_replica_app(settings, lambda s, a: RealtimePredictor(Echo(), None), configure_logging=False)
+    assert app.extensions["sluice.replica"].wait(30)
+    client = app.test_client()
+
+    for method, kwargs, status in [("GET", {}, 200), ("POST", {"json": {"a": 1}}, 200),
+                                   ("POST", {"json": {"fail": True}}, 500),
+                                   ("POST", {"data": b"{", "content_type": "application/json"}, 400)]:
+        response = client.open("/echo", method=method, **kwargs)
+        assert response.status_code == status, response.get_data(as_text=True)
+        assert response.headers["X-Request-ID"]
+        assert_fits(document, method, "/{api_name}", response)

@@ -1,0 +1,279 @@
+"""The bodies the management API answers with, and the query parameters it reads, as pydantic models.
+
+`api/openapi.py` builds `GET /openapi.json` from these models (and from the request models that
+validate bodies: `jobs.submission.JobRequest`, `predictors_runtime.config.ApiConfig`), and the
+handlers produce their JSON through them, so the document and the answers cannot drift apart: a
+field added to an answer but not here is refused (`extra="forbid"`) the first time a test runs
+that handler.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from flask import Response, jsonify, request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from jobs.job import JobStatus
+from jobs.job_logs import DEFAULT_PAGE_LINES, MAX_PAGE_LINES
+from predictors_runtime.config import ApiConfig
+from predictors_runtime.errors import BadRequest
+
+# The input sources of jobs.submission.SOURCES (a unit test keeps the two the same).
+Source = Literal["item_list", "file_path_lister", "delimited_files", "retry_failed_of"]
+
+_RFC3339 = {"format": "date-time"}
+
+
+class Body(BaseModel):
+    """An answer's body: unknown fields are refused, and fields left unset are left out of the JSON.
+
+    Optional fields default to None and are absent from the answer unless a handler set them
+    (`exclude_unset`), which is how the answers have always looked; a field set to None is sent
+    as null.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    def response(self, status: int = 200) -> Response:
+        answer = jsonify(self.model_dump(mode="json", exclude_unset=True))
+        answer.status_code = status
+        return answer
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+class Error(Body):
+    """Every error of the management API (`api/errors.py`)."""
+
+    kind: str = Field(description="what went wrong, as a stable word: bad_request, api_not_found, job_not_found, "
+                                  "invalid_config, conflict, payload_too_large, unauthorized, not_ready, ...")
+    message: str = Field(description="what went wrong, for people: names the field, limit or object")
+
+
+class RealtimeError(Body):
+    """Every error of a realtime API, from its replicas, the proxy or the management API's fallback."""
+
+    kind: str = Field(description=(
+        "bad_request, invalid_model_input, api_not_found, model_not_found, payload_too_large, predictor_error, "
+        "not_ready, overloaded, request_timeout, bad_gateway, method_not_allowed, unexpected_error"))
+    message: str
+    request_id: str | None = Field(default=None, description="the request's id, as in its X-Request-ID header")
+
+
+# -- batch jobs ---------------------------------------------------------------------------------
+
+class OutputLocation(Body):
+    path: str
+    format: Literal["jsonl", "parquet", "csv"]
+
+
+class JobSpec(Body):
+    """A job as submitted (`Job.spec()`): the answer to a submission, and the start of its status."""
+
+    job_id: str
+    api_name: str
+    kind: Literal["BatchAPI"]
+    workers: int
+    config: dict[str, Any]
+    timeout: int | None
+    total_batch_count: int = Field(description="0 until JSON-lines input has been split into batches")
+    start_time: str = Field(json_schema_extra=_RFC3339)
+    output: OutputLocation | None = None
+    batch_timeout: float | None = None
+    retry_failed_of: str | None = None
+
+
+class DryRun(Body):
+    """The answer to `POST /batch/<api>?dryRun=true`: the submission checked, nothing enqueued."""
+
+    dry_run: Literal[True]
+    validation: Literal["passed"]
+    source: Source
+    files: list[str]
+    total_batch_count: int | None
+
+
+class BatchMetrics(Body):
+    succeeded: int
+    failed: int
+    average_time_per_batch: float | None
+
+
+class WorkerCounts(Body):
+    pending: int
+    running: int
+    succeeded: int
+    failed: int
+
+
+class JobStatusView(JobSpec):
+    """A job's progress (`jobs.status.job_status_view`)."""
+
+    status: JobStatus
+    batches_in_queue: int
+    batch_metrics: BatchMetrics
+    worker_counts: WorkerCounts
+    end_time: str | None = Field(json_schema_extra=_RFC3339)
+    message: str | None = None
+
+
+class JobStatusAnswer(Body):
+    """`GET /batch/<api>?jobID=...`, as Cortex answered it."""
+
+    job_status: JobStatusView
+    endpoint: str
+    api_spec: ApiConfig
+
+
+class JobList(Body):
+    """`GET /batch/<api>`: the API's jobs, newest first."""
+
+    jobs: list[JobStatusView]
+
+
+class Stopped(Body):
+    message: str
+
+
+class FailedBatch(Body):
+    """A batch that failed after all its tries, kept for inspection."""
+
+    index: int
+    error: str
+    tries: int
+    payload: Any = Field(description="the batch's items, or null when they live elsewhere (see payload_ref)")
+    payload_ref: dict[str, Any] | None = None
+
+
+class FailedBatches(Body):
+    job_id: str
+    failed_batches: list[FailedBatch]
+
+
+# -- APIs ---------------------------------------------------------------------------------------
+
+class Replica(Body):
+    """A live replica of a realtime API, on any host."""
+
+    id: str
+    address: str = Field(description="host:port the proxy reaches it at")
+    ready: bool
+    draining: bool = Field(description="being replaced or stopped: gets no new requests")
+    bundle: str = Field(description="the deployment it serves")
+    message: str = Field(description="why it is not ready, if known")
+
+
+class Api(Body):
+    """A deployed API; `GET /apis/<name>` of a realtime API adds its endpoint and live replicas."""
+
+    name: str
+    kind: Literal["BatchAPI", "RealtimeAPI"]
+    bundle: str
+    queue: Literal["cpu", "gpu", "inf"]
+    deployed_at: float
+    ignored_fields: list[str]
+    spec: ApiConfig
+    endpoint: str | None = Field(default=None, description="RealtimeAPI only: /<name>")
+    replicas: list[Replica] | None = Field(default=None, description="RealtimeAPI only, in GET /apis/{name}")
+
+
+class ApiList(Body):
+    apis: list[Api]
+
+
+class Deleted(Body):
+    message: str
+    stopped_jobs: list[str]
+
+
+# -- management -------------------------------------------------------------------------------
+
+class Health(Body):
+    status: Literal["ok"]
+    worker_nodes: dict[str, list[str]] = Field(description="live worker node -> hardware queues it consumes")
+
+
+# -- realtime -----------------------------------------------------------------------------------
+
+class ModelVersions(Body):
+    name: str
+    versions: list[int]
+
+
+class Readiness(Body):
+    """`GET /<api>` of a ready realtime API: the model versions it serves."""
+
+    ready: Literal[True]
+    models: list[ModelVersions]
+
+
+class LogPage(Body):
+    lines: list[dict[str, Any]] = Field(description="JSON log lines, oldest first, as the processes logged them")
+    next: str = Field(description="the position to pass back as `after` for newer lines only")
+
+
+# -- query parameters ---------------------------------------------------------------------------
+
+class Query(BaseModel):
+    """Query parameters of one operation; unknown ones are ignored, as HTTP APIs usually do."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class SubmitQuery(Query):
+    dryRun: bool = Field(default=False, description="check the submission (and list its input files) without "
+                                                    "enqueuing anything")
+
+
+# Jobs `GET /batch/<api>` lists at most (the bound also keeps the number within what Redis takes).
+MAX_LIST_LIMIT = 1000
+
+
+class JobsQuery(Query):
+    jobID: str | None = Field(default=None, min_length=1, description="a job's id: answer that job's status "
+                                                                       "instead of the list")
+    limit: int = Field(default=100, ge=1, le=MAX_LIST_LIMIT, description="jobs listed at most, newest first")
+
+
+class JobQuery(Query):
+    jobID: str = Field(min_length=1, description="the job's id, as its submission answered")
+
+
+class LogsQuery(Query):
+    after: str | None = Field(default=None, min_length=1, description="a position as a page's `next` gave it "
+                                                                      "(such as 1700000000000-0): only newer lines")
+    limit: int = Field(default=DEFAULT_PAGE_LINES, ge=1, le=MAX_PAGE_LINES, description="lines answered at most")
+
+
+class DeleteApiQuery(Query):
+    force: bool = Field(default=False, description="stop the API's running jobs first instead of refusing")
+
+
+Q = TypeVar("Q", bound=Query)
+
+
+def _expected(model: type[Query], name: str) -> str:
+    """What a parameter must be, read back from its declaration (`ge`, `le`, its type)."""
+    schema = model.model_json_schema()["properties"].get(name, {})
+    kinds = {option.get("type") for option in schema.get("anyOf", [schema])}
+    if "integer" in kinds:
+        return f"must be an integer from {schema.get('minimum')} to {schema.get('maximum')}"
+    if "boolean" in kinds:
+        return "must be true or false"
+    return "must not be empty"
+
+
+def parse_query(model: type[Q]) -> Q:
+    """The request's query parameters, validated; a `BadRequest` naming the parameter otherwise."""
+    try:
+        return model.model_validate(request.args.to_dict(flat=True))
+    except ValidationError as e:
+        problems = []
+        for error in e.errors():
+            name = ".".join(str(part) for part in error["loc"])
+            if error["type"] == "missing":
+                problems.append(f"query parameter {name} is required")
+            else:
+                problems.append(f"query parameter {name} {_expected(model, name)} (got {str(error.get('input'))[:40]!r})")
+        raise BadRequest("; ".join(problems)) from e
