@@ -16,7 +16,8 @@ batch holds one thread, so a batch is at most `threads_per_process` requests (co
 has been written (werkzeug's `call_on_close`), so a slow one holds that thread, as in Cortex.
 
 The request path is kept lean (it is measured against a bare Flask app): nothing is inspected
-or looked up per request beyond the request itself, and nothing leaves the process.
+or looked up per request beyond the request itself, and nothing leaves the process on the request's
+thread (log lines reach the API's log stream from a background thread, `jobs/job_logs.py`).
 """
 
 from __future__ import annotations
@@ -34,9 +35,12 @@ from typing import Any, Callable, Mapping
 
 from flask import Flask, request
 from werkzeug.exceptions import HTTPException
-from werkzeug.wrappers import Response
+from werkzeug.wrappers import Request, Response
 
+from jobs.job_logs import install_api_log_handler
+from jobs.figures import REALTIME_BATCH_SIZE, RealtimeFigures, Recorder
 from jobs.settings import Settings
+from predictors_runtime import figures as process_figures
 from predictors_runtime.batching import BatchFailed
 from predictors_runtime.config import ApiConfig
 from predictors_runtime.errors import ConfigError, SluiceError
@@ -48,12 +52,15 @@ from predictors_runtime.responses import json_response, to_response
 
 from .registry import DeployedApi
 from .replicas import ReadinessMarkers
+from .errors import with_exception_headers
+from .schemas import Readiness
 
 log = logging.getLogger("sluice.realtime")
 
 REQUEST_ID_HEADER = "X-Request-ID"
 DEADLINE_HEADER = "X-Sluice-Deadline-Ms"
 _REQUEST_ID_KEY = "sluice.request_id"  # in the WSGI environ, for the error handlers
+_STARTED_KEY = "sluice.started"  # in the WSGI environ: when serving began, for the figures
 
 
 @dataclass(frozen=True)
@@ -111,8 +118,10 @@ def build_from_project(settings: ReplicaSettings, api: ApiConfig) -> RealtimePre
     )
     try:
         built.namespace.install()
+        labels = (api.name,)
         return RealtimePredictor(built.instance, built.client, batching=api.predictor.server_side_batching,
-                                 close=built.close, threads=api.predictor.threads_per_process)
+                                 close=built.close, threads=api.predictor.threads_per_process,
+                                 on_batch=lambda size: process_figures.observe(REALTIME_BATCH_SIZE.name, labels, size))
     except BaseException:
         built.close()
         raise
@@ -233,7 +242,7 @@ class _Replica:
             models = predictor.models()
         except SluiceError as e:
             return _error(e.http_status, e.kind, e.message, request_id)
-        response = json_response({"ready": True, "models": models})
+        response = json_response(Readiness(ready=True, models=models).model_dump(mode="json"))
         response.headers[REQUEST_ID_HEADER] = request_id
         return response
 
@@ -253,29 +262,50 @@ def _failure(e: Exception, request_id: str) -> Response:
     return _error(500, "predictor_error", f"{type(e).__name__}: {e}", request_id)
 
 
-def _request_id_of_failed_request() -> str:
-    environ = request.environ
+def _request_id_of_failed_request(environ: dict[str, Any]) -> str:
     return environ.get(_REQUEST_ID_KEY) or environ.get("HTTP_X_REQUEST_ID") or new_request_id()
 
 
 def create_replica_app(settings: ReplicaSettings | None = None, build: Build | None = None, *,
-                       configure_logging: bool = True) -> Flask:
+                       configure_logging: bool = True, recorder: Recorder | None = None) -> Flask:
     """The WSGI app of one replica process; starts building the predictor in the background.
 
     `build(settings, api)` makes the predictor (default: `build_from_project`); tests inject
-    their own. `configure_logging` makes the process log JSON lines at the API's log level.
+    their own. `configure_logging` makes the process log JSON lines at the API's log level, and
+    append them to the API's log stream.
     """
     settings = settings or ReplicaSettings.from_env()
     api = settings.api.config
     if configure_logging:
         configure_json_logging(api.predictor.log_level.upper())
+        install_api_log_handler(settings.sluice, api.name)  # `sluice logs API` shows this process's lines
+    # Requests, rejections, batch sizes and model loads of this process, summed with every other's
+    # in Redis by a background thread: the request path only adds in memory (jobs/figures.py).
+    recorder = recorder or Recorder.for_url(settings.sluice.redis_url).start()
+    process_figures.install(recorder)
+    meter = RealtimeFigures(recorder, api.name)
     replica = _Replica(settings, api, build or build_from_project)
     app = Flask("sluice-replica")
     app.config["MAX_FORM_MEMORY_SIZE"] = None  # a form's text fields may be as large as the body
     app.extensions["sluice.replica"] = replica
     name = api.name
 
-    def serve() -> Response:
+    def serve(request: Request) -> Response:
+        """Answer one request and count it (one raising HTTPException is counted by its handler)."""
+        started = time.perf_counter()
+        request.environ[_STARTED_KEY] = started
+        response = _serve(request)
+        meter.answered(response.status_code, time.perf_counter() - started)
+        return response
+
+    def _counted(response: Response, environ: dict[str, Any]) -> Response:
+        """An error handler's answer: counted when it answers a request of this API."""
+        started = environ.get(_STARTED_KEY)
+        if started is not None:
+            meter.answered(response.status_code, time.perf_counter() - started)
+        return response
+
+    def _serve(request: Request) -> Response:
         environ = request.environ
         request_id = environ.get("HTTP_X_REQUEST_ID") or new_request_id()
         predictor = replica.predictor
@@ -328,27 +358,75 @@ def create_replica_app(settings: ReplicaSettings | None = None, build: Build | N
             finally:
                 close_payload(args.payload)
 
+    def flask_serve() -> Response:
+        return serve(request._get_current_object())
+
     for rule in (f"/{name}", f"/{name}/"):
-        app.add_url_rule(rule, "serve", serve, methods=["GET", "POST"], strict_slashes=False)
+        app.add_url_rule(rule, "serve", flask_serve, methods=["GET", "POST"], strict_slashes=False)
 
     @app.errorhandler(HTTPException)
     def _http_error(e: HTTPException) -> Response:
-        request_id = _request_id_of_failed_request()
+        return http_error(e, request.environ)
+
+    def http_error(e: HTTPException, environ: dict[str, Any]) -> Response:
+        request_id = _request_id_of_failed_request(environ)
         status = e.code or 500
         if status == 404:
             return _error(404, "api_not_found", f"this replica serves only /{name}", request_id)
         kinds = {400: "bad_request", 405: "method_not_allowed", 413: "payload_too_large"}
-        return _error(status, kinds.get(status, e.name.lower().replace(" ", "_")), e.description or e.name,
-                      request_id)
+        return _counted(with_exception_headers(
+            _error(status, kinds.get(status, e.name.lower().replace(" ", "_")), e.description or e.name, request_id), e),
+            environ)
 
     @app.errorhandler(Exception)
     def _unexpected(e: Exception) -> Response:
-        request_id = _request_id_of_failed_request()
-        log.error("unexpected error", exc_info=e)
-        return _error(500, "unexpected_error", f"{type(e).__name__}: {e}", request_id)
+        return unexpected(e, request.environ)
 
+    def unexpected(e: Exception, environ: dict[str, Any]) -> Response:
+        request_id = _request_id_of_failed_request(environ)
+        log.error("unexpected error", exc_info=e)
+        return _counted(_error(500, "unexpected_error", f"{type(e).__name__}: {e}", request_id), environ)
+
+    app.wsgi_app = _PredictionRoute(app, (f"/{name}", f"/{name}/"), serve, http_error, unexpected)
     replica.start()
     return app
+
+
+class _ReplicaRequest(Request):
+    """The prediction route's request: as in the Flask app, a form field may be as large as the body."""
+
+    max_form_memory_size = None
+
+
+class _PredictionRoute:
+    """`POST /<api>` served ahead of Flask's dispatch; every other request goes through the Flask app.
+
+    The prediction route is a replica's whole hot path, and Flask's per-request machinery
+    (request context, URL matching, hooks, response finalising) cost 100-170 us per request on
+    the 2-core machine of bench/realtime.py, as much as a small model's run. Here the same
+    handler gets a plain werkzeug request, answers the same errors, and the app context is still
+    pushed, so a predictor answering with `flask.jsonify` works as it would in a Flask route.
+    """
+
+    def __init__(self, app: Flask, paths: tuple[str, ...], serve: Callable[[Request], Response],
+                 http_error: Callable[[HTTPException, dict[str, Any]], Response],
+                 unexpected: Callable[[Exception, dict[str, Any]], Response]) -> None:
+        self._app = app
+        self._flask = app.wsgi_app
+        self._paths = frozenset(paths)
+        self._serve, self._http_error, self._unexpected = serve, http_error, unexpected
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ.get("REQUEST_METHOD") != "POST" or environ.get("PATH_INFO") not in self._paths:
+            return self._flask(environ, start_response)
+        with self._app.app_context():
+            try:
+                response = self._serve(_ReplicaRequest(environ))
+            except HTTPException as e:
+                response = self._http_error(e, environ)
+            except Exception as e:  # noqa: BLE001 - the last boundary: a 500, as Flask's handler gives
+                response = self._unexpected(e, environ)
+        return response(environ, start_response)
 
 
 __all__ = ["Build", "ReplicaSettings", "build_from_project", "create_replica_app", "new_request_id"]
