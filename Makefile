@@ -19,6 +19,9 @@ redis-server:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  echo "installing redis-server with apt"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@command -v ip >/dev/null 2>&1 || { \
+	  echo "installing iproute2 with apt (the two-host test uses network namespaces)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
 	@command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || { \
 	  echo "installing haproxy with apt"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }

@@ -27,6 +27,7 @@ import redis
 import requests
 
 from api.registry import ApiRegistry
+from jobs import keys
 from predictors_runtime.errors import NotReady
 
 from .replica_manager import ReplicaManager
@@ -49,7 +50,7 @@ def _wait_until(check, timeout: float, what: str, interval: float = 0.1) -> None
         try:
             if check():
                 return
-        except Exception:
+        except (redis.RedisError, requests.RequestException, OSError):  # not up yet: ask again
             pass
         time.sleep(interval)
     raise NotReady(f"{what} did not become ready within {timeout:.0f}s")
@@ -172,7 +173,7 @@ class Stack:
                         continue
                     try:
                         self.replicas.step(time.time())
-                    except Exception as e:  # a bad turn must not end supervision of the others
+                    except Exception as e:  # last-resort boundary: a bad turn must not end supervision of the others
                         print(f"[sluice] replica manager: {type(e).__name__}: {e}", file=sys.stderr)
 
     # -- parts ------------------------------------------------------------------------------
@@ -201,7 +202,7 @@ class Stack:
             "-n", node, "--loglevel", self.worker_loglevel, "--without-gossip", "--without-mingle",
         ], is_worker=True)
         client = redis.Redis.from_url(self.redis_url or "")
-        _wait_until(lambda: client.hexists("sluice:nodes", node) or self._died(child), 60, f"worker {name}")
+        _wait_until(lambda: client.hexists(keys.NODES, node) or self._died(child), 60, f"worker {name}")
         if self._died(child):
             raise NotReady(f"worker {name} exited:\n{child.log_tail()}")
         return child

@@ -21,6 +21,7 @@ the proxy's routing table are the only outside state.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import logging
 import os
@@ -78,16 +79,42 @@ def new_replica_id(api_name: str, port: int) -> str:
     return f"{api_name}-{port}-{secrets.token_hex(4)}"
 
 
-def advertised_address(host: str, advertise: str | None) -> str:
-    """The address other hosts reach this one at: `--advertise`, else the bind address."""
+def advertised_address(host: str, advertise: str | None, toward: str | None = None) -> str:
+    """The address other hosts reach this one at: `--advertise`, else the bind address.
+
+    For a wildcard bind: what this host's name resolves to, unless that is a loopback address
+    (Debian maps the host name to 127.0.1.1) or nothing, which a proxy on another host could not
+    use; then the address this host reaches `toward` from (Redis's host, which every Sluice host
+    reaches, so the address lies on the network they share).
+    """
     if advertise:
         return advertise
-    if host in ("", "0.0.0.0", "::"):
-        try:
-            return socket.gethostbyname(socket.gethostname())
-        except OSError:
-            return "127.0.0.1"
-    return host
+    if host not in ("", "0.0.0.0", "::"):
+        return host
+    try:
+        resolved = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        resolved = ""
+    if resolved and not ipaddress.ip_address(resolved).is_loopback:
+        return resolved
+    return (source_address(toward) if toward else None) or resolved or "127.0.0.1"
+
+
+def source_address(destination: str) -> str | None:
+    """The local address this host sends from to reach `destination` (a UDP connect sends nothing)."""
+    try:
+        family = socket.AF_INET6 if ":" in destination else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((destination.strip("[]"), 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return None
+
+
+def redis_host(client: redis.Redis) -> str | None:
+    """The host name or address `client` connects to (None for a unix socket)."""
+    host = client.connection_pool.connection_kwargs.get("host")
+    return str(host) if host else None
 
 
 def restart_delay_s(quick_failures: int) -> float:
@@ -186,7 +213,7 @@ class ReplicaLauncher:
         self._state_root = Path(state_root)
         self.base_port = port
         self.host = host
-        self.advertise = advertised_address(host, advertise)
+        self.advertise = advertised_address(host, advertise, toward=redis_host(redis_client))
         self.api_url = api_url
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._drain_cap_s = drain_cap_s

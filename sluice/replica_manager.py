@@ -31,7 +31,8 @@ import redis
 from api.registry import ApiRegistry, DeployedApi
 
 from .replica import (
-    DEFAULT_API_URL, DRAIN_CAP_S, KILL_AFTER_GRACE_S, REALTIME_KIND, advertised_address, restart_delay_s,
+    DEFAULT_API_URL, DRAIN_CAP_S, KILL_AFTER_GRACE_S, REALTIME_KIND, advertised_address, redis_host,
+    restart_delay_s,
 )
 from .replica_process import MIN_GRACEFUL_S, spawn_gunicorn
 
@@ -208,7 +209,7 @@ def serve_all(
                                   socket_connect_timeout=5)
     state_root = state_dir or Path(settings.cache_dir).expanduser() / "replicas"
     # Resolved once, so every launcher of this host announces the same address.
-    address = advertised_address(host, advertise)
+    address = advertised_address(host, advertise, toward=redis_host(client))
 
     def spawn(api_name: str, port: int) -> subprocess.Popen:
         argv = launcher_argv(api_name, port, host=host, advertise=address, api_url=api_url, state_dir=state_root)

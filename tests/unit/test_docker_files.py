@@ -7,6 +7,7 @@ the shared storage.
 from __future__ import annotations
 
 import functools
+import json
 import importlib
 import re
 from pathlib import Path
@@ -21,7 +22,8 @@ from sluice.cli import main as sluice_cli
 from sluice.replica_manager import STOP_GRACE_S
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
-EXPECTED_SERVICES = {"redis", "api", "proxy", "worker-cpu", "worker-gpu", "beat", "replicas", "replicas-gpu"}
+EXPECTED_SERVICES = {"redis", "api", "proxy", "worker-cpu", "worker-gpu", "beat", "replicas", "replicas-gpu",
+                     "prometheus", "grafana"}
 GPU_SERVICES = {"worker-gpu", "replicas-gpu"}
 
 
@@ -117,6 +119,8 @@ def test_redis_keeps_an_append_only_file_on_a_volume():
 # -- the network -------------------------------------------------------------------------------------
 def test_only_the_proxy_publishes_a_port_and_it_is_the_proxys_public_port():
     published = {name: service["ports"] for name, service in services().items() if service.get("ports")}
+    # Grafana's dashboards are published on the host's loopback only.
+    assert published.pop("grafana") == ["127.0.0.1:3000:3000"]
     assert list(published) == ["proxy"]
     proxy = sluice_params("proxy")
     assert proxy["bind"] == "0.0.0.0"
@@ -195,3 +199,38 @@ def test_the_image_installs_haproxy_and_the_project():
 def test_the_build_context_leaves_local_environments_out():
     ignored = (DOCKER / "Dockerfile.dockerignore").read_text().split()
     assert {".git", ".venv"} <= set(ignored)
+
+
+# -- metrics -----------------------------------------------------------------------------------------
+def test_prometheus_scrapes_the_api_services_gunicorn_with_an_api_key():
+    config = yaml.safe_load((DOCKER / "prometheus" / "prometheus.yml").read_text())
+    [job] = config["scrape_configs"]
+    [bind] = gunicorn_options("api").bind
+    assert job["static_configs"] == [{"targets": [f"api:{bind.rpartition(':')[2]}"]}]
+    assert job["metrics_path"] == "/metrics"
+    key_file = job["authorization"]["credentials_file"]
+    assert key_file in " ".join(services()["prometheus"]["entrypoint"])  # written before Prometheus starts
+    mounted = {volume.split(":")[1] for volume in services()["prometheus"]["volumes"]}
+    assert "/etc/prometheus/prometheus.yml" in mounted and "/prometheus" in mounted
+
+
+def test_the_grafana_dashboard_reads_only_figures_sluice_exports():
+    from jobs.figures import CATALOGUE, Kind
+
+    dashboard = json.loads((DOCKER / "grafana" / "dashboards" / "sluice.json").read_text())
+    exported = {"sluice_queue_depth"}
+    for figure in CATALOGUE.values():
+        if figure.kind is Kind.HISTOGRAM:
+            exported |= {f"{figure.name}_{suffix}" for suffix in ("bucket", "sum", "count")}
+        else:
+            exported.add(figure.name)
+    used = {name for panel in dashboard["panels"] for target in panel["targets"]
+            for name in re.findall(r"\bsluice_[a-z_]+", target["expr"])}
+    assert used and used <= exported, used - exported
+    titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
+    for topic in ("jobs", "throughput", "duration", "requests", "latency", "rejections", "queue depth", "errors"):
+        assert topic in titles
+    datasource = yaml.safe_load((DOCKER / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    [source] = datasource["datasources"]
+    assert source["url"] == "http://prometheus:9090"
+    assert {panel["datasource"]["uid"] for panel in dashboard["panels"]} == {source["uid"]}

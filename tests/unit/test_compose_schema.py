@@ -1,0 +1,98 @@
+"""The compose files are valid Compose files: checked against the Compose Specification's JSON
+schema (vendored in tests/data, see its README), and by `docker compose config` where docker is
+installed, which also merges the files, interpolates the variables and applies the profiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"
+# compose.yaml runs everything on one host; compose.hosts.yaml is laid over it on host A when
+# workers and replicas run on other hosts too.
+COMPOSE_FILES = ("compose.yaml", "compose.hosts.yaml")
+# What compose.hosts.yaml wants besides the example env file's secrets.
+HOSTS_VARIABLES = {"SLUICE_STORAGE": "s3://sluice-bundles/sluice", "SLUICE_REDIS_PUBLISH": "10.0.0.5"}
+
+
+@functools.cache
+def validator() -> jsonschema.protocols.Validator:
+    schema = json.loads(SCHEMA.read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def problems(document: Any) -> list[str]:
+    return [f"{error.json_path}: {error.message}" for error in validator().iter_errors(document)]
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_the_compose_file_follows_the_compose_specification(name: str) -> None:
+    document = yaml.safe_load((DOCKER / name).read_text())
+    assert problems(document) == []
+
+
+def test_the_schema_check_catches_a_misspelt_or_misplaced_field() -> None:
+    document = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    service = next(iter(document["services"]))
+    misspelt = {**document, "services": {**document["services"], service: {
+        **document["services"][service], "restrat": "always"}}}
+    wrong_type = {**document, "services": {**document["services"], service: {
+        **document["services"][service], "ports": "8888:8888"}}}
+    assert any("restrat" in problem for problem in problems(misspelt))
+    assert any("ports" in problem for problem in problems(wrong_type))
+
+
+def test_the_hosts_file_overrides_services_of_compose_yaml_and_every_one_from_sluices_image() -> None:
+    """Laid over compose.yaml, a service it names but compose.yaml lacks would have no image (which
+    the schema cannot see), and a Sluice service it misses would keep its bundles on host A alone."""
+    base = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]
+    hosts = yaml.safe_load((DOCKER / "compose.hosts.yaml").read_text())["services"]
+    assert set(hosts) <= set(base)
+    from_sluice_image = {name for name, service in base.items() if "build" in service}
+    assert from_sluice_image <= set(hosts)
+    assert all(hosts[name]["environment"]["SLUICE_STORAGE"].startswith("${SLUICE_STORAGE:?")
+               for name in from_sluice_image)
+    [published] = hosts["redis"]["ports"]
+    assert published.startswith("${SLUICE_REDIS_PUBLISH:?") and published.endswith("}:6379:6379")
+
+
+def _docker_compose() -> list[str]:
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("`docker compose config` not run: docker is not installed here (the schema check above still ran)")
+    found = subprocess.run([docker, "compose", "version"], capture_output=True, text=True, timeout=60)
+    if found.returncode != 0:
+        pytest.skip("`docker compose config` not run: docker has no compose plugin here "
+                    f"({(found.stderr or found.stdout).strip().splitlines()[0][:200]})")
+    return [docker, "compose"]
+
+
+@pytest.mark.parametrize("files", [COMPOSE_FILES[:1], COMPOSE_FILES], ids=["one-host", "across-hosts"])
+@pytest.mark.parametrize("profile", [None, "gpu"])
+def test_docker_compose_accepts_the_files_with_the_example_env_file(
+    files: tuple[str, ...], profile: str | None, tmp_path: Path
+) -> None:
+    compose = _docker_compose()
+    env_file = tmp_path / "sluice.env"
+    example = (DOCKER / "sluice.env.example").read_text()
+    env_file.write_text(example + "".join(f"{k}={v}\n" for k, v in HOSTS_VARIABLES.items()))
+    argv = [*compose, "--env-file", str(env_file), "--project-directory", str(DOCKER)]
+    for name in files:
+        argv += ["-f", str(DOCKER / name)]
+    if profile:
+        argv += ["--profile", profile]
+    checked = subprocess.run([*argv, "config", "-q"], capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stderr
