@@ -39,6 +39,8 @@ class ReplicaRecord:
     seen: float          # time of the last heartbeat (epoch seconds)
     pid: int = 0         # the launcher's process id, for operators
     message: str = ""    # why it is not ready (a predictor that failed to build), if known
+    socket: str = ""     # a Unix socket it also listens on, for a proxy on its own host
+    host_id: str = ""    # the host it runs on (sluice/local_socket.py), to tell whether `socket` is reachable
 
     @property
     def address(self) -> str:

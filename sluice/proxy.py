@@ -44,6 +44,7 @@ from jobs.figures import REALTIME_REJECTED, REALTIME_REQUESTS, Recorder
 from jobs.settings import Settings
 from predictors_runtime.errors import ConfigError, NotReady
 
+from .local_socket import reachable_socket
 from .proxy_config import Route, plan_routes, render_config, tag_of
 from .proxy_rejections import REASONS, TABLE, RejectionTally, parse_table
 
@@ -375,7 +376,8 @@ class ProxyController:
         os.replace(staging, path)
 
     def _render(self, now: float) -> tuple[str, list[Route]]:
-        routes = plan_routes(self._registry.all(), self._replicas.routable(now))
+        routes = plan_routes(self._registry.all(), self._replicas.routable(now),
+                             local_socket=lambda r: reachable_socket(r.socket, r.host_id))
         keys_file = str(self.keys_file) if self.keys_file is not None else None
         return render_config(routes, bind=self.bind, port=self.port, management=self.management,
                              keys_file=keys_file), routes

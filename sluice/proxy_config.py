@@ -27,7 +27,7 @@ import logging
 import math
 import re
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from api.registry import DeployedApi
 from api.replicas import ReplicaRecord
@@ -122,7 +122,14 @@ def _server_name(replica_id: str, taken: set[str]) -> str:
     return name
 
 
-def plan_routes(apis: Iterable[DeployedApi], replicas: Iterable[ReplicaRecord]) -> list[Route]:
+def _server_address(record: ReplicaRecord, local_socket: Callable[[ReplicaRecord], str | None] | None) -> str:
+    """Where haproxy reaches a replica: its Unix socket when it runs on this host, else host:port."""
+    path = local_socket(record) if local_socket is not None else None
+    return f"unix@{path}" if path else format_address(record.host, record.port)
+
+
+def plan_routes(apis: Iterable[DeployedApi], replicas: Iterable[ReplicaRecord],
+                local_socket: Callable[[ReplicaRecord], str | None] | None = None) -> list[Route]:
     """The realtime backends to render: one per deployed RealtimeAPI with routable replicas.
 
     `replicas` are the ones the caller found routable (`ReplicaDirectory.routable(now)`); those of
@@ -146,7 +153,7 @@ def plan_routes(apis: Iterable[DeployedApi], replicas: Iterable[ReplicaRecord]) 
             continue
         taken: set[str] = set()
         servers = tuple(
-            Server(_server_name(r.replica_id, taken), format_address(r.host, r.port), r.replica_id)
+            Server(_server_name(r.replica_id, taken), _server_address(r, local_socket), r.replica_id)
             for r in sorted(by_api[api.name], key=lambda r: r.replica_id)
         )
         routes.append(Route(

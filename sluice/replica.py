@@ -43,6 +43,7 @@ from predictors_runtime.bundles import BundleStore
 from predictors_runtime.project import BundleLimits
 from predictors_runtime.errors import ApiNotFound, ConfigError, NotReady, SluiceError
 
+from .local_socket import host_identity, remove_stale, socket_path_for
 from .replica_process import graceful_timeout_s, gunicorn_argv, replica_env, signal_group, spawn_gunicorn
 
 log = logging.getLogger("sluice.serve")
@@ -157,6 +158,7 @@ class Generation:
     last_announced: tuple[bool, bool, str] | None = None
     last_announced_at: float = 0.0
     identity: str = ""
+    unix_socket: str = ""             # where it also listens, for a proxy on this host ("" if nowhere)
     # Every process of this gunicorn has been ready at least once (reset when gunicorn restarts).
     has_been_ready: bool = False
     markers: ReadinessMarkers = field(init=False)
@@ -192,6 +194,7 @@ class Generation:
             replica_id=self.replica_id, api=self.api.name, bundle=self.api.bundle, host=host, port=self.port,
             processes=self.processes, ready=ready, draining=self.draining_since is not None, seen=now,
             pid=os.getpid(), message="" if ready else (self.markers.failure() or self.message),
+            socket=self.unix_socket, host_id=host_identity() if self.unix_socket else "",
         )
 
 
@@ -343,10 +346,12 @@ class ReplicaLauncher:
             self._base_env, project_dir, api, spec_path=spec_path, markers_dir=state_dir / "markers",
             replica_id=replica_id, api_url=self.api_url,
         )
-        argv = gunicorn_argv(api.config.predictor, f"{self.host}:{port}")
-        return Generation(replica_id, api, port, project_dir, state_dir, env, argv)
+        unix_socket = socket_path_for(replica_id)
+        argv = gunicorn_argv(api.config.predictor, f"{self.host}:{port}", unix_socket=unix_socket)
+        return Generation(replica_id, api, port, project_dir, state_dir, env, argv, unix_socket=unix_socket or "")
 
     def _launch(self, gen: Generation, now: float) -> None:
+        remove_stale(gen.unix_socket)  # a gunicorn of this generation that died left it behind
         gen.process = self._spawn(gen.argv, gen.env, gen.project_dir)
         gen.has_been_ready = False
         gen.started_at = now
@@ -426,6 +431,7 @@ class ReplicaLauncher:
         except redis.RedisError as e:
             self._redis_trouble(time.time(), e)
         shutil.rmtree(gen.state_dir, ignore_errors=True)
+        remove_stale(gen.unix_socket)
 
     # -- heartbeat ---------------------------------------------------------------------------
     def _heartbeat(self, now: float) -> None:

@@ -46,9 +46,16 @@ def no_control_socket() -> list[str]:
     return ["--no-control-socket"] if any(s.name == "control_socket_disable" for s in KNOWN_SETTINGS) else []
 
 
-def gunicorn_argv(predictor: PredictorConfig, bind: str, python: str = sys.executable) -> list[str]:
-    """The gunicorn command of one replica. No --preload: each process builds its own predictor."""
+def gunicorn_argv(predictor: PredictorConfig, bind: str, python: str = sys.executable,
+                  unix_socket: str | None = None) -> list[str]:
+    """The gunicorn command of one replica. No --preload: each process builds its own predictor.
+
+    `unix_socket`: a path it listens on besides `bind`, for a proxy on the same host
+    (sluice/local_socket.py).
+    """
     argv = [python, "-m", "gunicorn", "-b", bind, "-w", str(predictor.processes_per_replica)]
+    if unix_socket:
+        argv += ["-b", f"unix:{unix_socket}"]
     if uses_threads(predictor):
         argv += ["--worker-class", "gthread", "--threads", str(predictor.threads_per_process)]
     else:

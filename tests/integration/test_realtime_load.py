@@ -553,6 +553,24 @@ def test_a_redeploy_under_steady_load_fails_no_request(load_stack, load_client, 
     wait_for(lambda: not any(pid_alive(pid) for pid in old_pids), 30, "the old replica's processes exiting")
 
 
+def test_a_replica_on_the_proxy_host_is_reached_over_its_unix_socket_and_over_tcp_directly(
+    load_stack, load_client, deploy, redis_client,
+):
+    name = deploy(WHO_PREDICTOR.replace("{version}", "v1"))
+    replica_id = only_replica(load_client, name)
+    wait_until_settled_on(redis_client, replica_id)
+    (record,) = [r for r in ReplicaDirectory(redis_client).all() if r.replica_id == replica_id]
+    assert record.socket and Path(record.socket).is_socket()
+    server_lines = [line.strip() for line in haproxy_of(load_stack).config_path.read_text().splitlines()
+                    if line.strip().startswith("server ") and record.socket in line]
+    assert server_lines and all(f"unix@{record.socket}" in line for line in server_lines)
+    # Through the proxy (the socket) and straight to its TCP address, the same replica answers.
+    via_proxy = requests.post(f"{load_stack.url}/{name}", json={"n": 1}, timeout=REQUEST_TIMEOUT_S)
+    direct = requests.post(f"http://{record.address}/{name}", json={"n": 2}, timeout=REQUEST_TIMEOUT_S)
+    assert via_proxy.status_code == direct.status_code == 200
+    assert via_proxy.json()["replica"] == direct.json()["replica"] == replica_id
+
+
 # -- 5. killed processes --------------------------------------------------------------------------
 def _failure_figures(failures: list[Answer]) -> str:
     """How many requests failed, how, and over how long."""

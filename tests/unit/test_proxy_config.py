@@ -204,3 +204,19 @@ def test_the_same_routes_give_the_same_text_and_new_routes_a_new_tag():
 def test_a_management_address_that_is_not_host_and_port_is_refused():
     with pytest.raises(ValueError):
         render_config([], bind="127.0.0.1", port=8888, management="nowhere")
+
+
+def test_a_replica_on_the_proxy_host_is_reached_over_its_unix_socket_the_others_over_tcp(haproxy_accepts):
+    from dataclasses import replace
+
+    api = deployed("iris", processes_per_replica=2)
+    local = replace(replica("iris-a", "iris", 9001), socket="/tmp/sluice-replica-a.sock", host_id="here")
+    remote = replace(replica("iris-b", "iris", 9002, host="10.0.0.2"), socket="/tmp/sluice-replica-b.sock",
+                     host_id="there")
+    routes = plan_routes([api], [local, remote], local_socket=lambda r: r.socket if r.host_id == "here" else None)
+    config = render_config(routes, bind="127.0.0.1", port=8888, management=MANAGEMENT)
+    haproxy_accepts(config)
+    assert [line for line in section(config, "backend rt_iris") if line.startswith("server ")] == [
+        "server iris-a unix@/tmp/sluice-replica-a.sock maxconn 2",
+        "server iris-b 10.0.0.2:9002 maxconn 2",
+    ]
