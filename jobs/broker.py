@@ -60,11 +60,14 @@ def unacked_tags(channel: Any, task_ids: Iterable[str]) -> dict[str, str]:
     task running anywhere, so it stays small.
     """
     wanted = set(task_ids)
-    tags: dict[str, str] = {}
     if not wanted:
-        return tags
+        return {}
     with channel.conn_or_acquire() as client:
-        unacked = client.hgetall(channel.unacked_key)
+        return _tags_by_task(client.hgetall(channel.unacked_key), wanted)
+
+
+def _tags_by_task(unacked: dict[Any, Any], wanted: set[str]) -> dict[str, str]:
+    tags: dict[str, str] = {}
     for tag, raw in unacked.items():
         try:
             task_id = (json.loads(raw)[0].get("headers") or {}).get("id")
@@ -73,6 +76,24 @@ def unacked_tags(channel: Any, task_ids: Iterable[str]) -> dict[str, str]:
         if task_id in wanted:
             tags[task_id] = tag.decode() if isinstance(tag, bytes) else tag
     return tags
+
+
+def keep_visible(client: Any, task_ids: Iterable[str], now: float) -> int:
+    """Restart the visibility clock of the unacknowledged messages of these tasks; how many there were.
+
+    kombu puts a message back on its queue once it has been unacknowledged for the visibility
+    timeout, whether or not the task is still running: a batch running longer would run twice.
+    A live node calls this for what it holds at every heartbeat, so its messages never look
+    abandoned; a dead node stops, and its messages come back (Sluice gives them back sooner,
+    see `jobs/nodes.py`). `XX`: a message acknowledged meanwhile is not put back in the index.
+    """
+    wanted = set(task_ids)
+    if not wanted:
+        return 0
+    tags = _tags_by_task(client.hgetall(Channel.unacked_key), wanted)
+    if tags:
+        client.zadd(Channel.unacked_index_key, {tag: now for tag in tags.values()}, xx=True)
+    return len(tags)
 
 
 def acknowledge_tags(channel: Any, tags: Iterable[str]) -> None:

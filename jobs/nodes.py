@@ -24,6 +24,7 @@ import redis
 from celery import Celery
 
 from . import keys
+from .broker import unacked_tags
 from .job import ACTIVE_STATUSES, JobStatus, job_queue_name
 
 if TYPE_CHECKING:
@@ -78,27 +79,6 @@ def drop_queue(celery: Celery, queue: str) -> None:
         channel = conn.default_channel
         channel.queue_purge(queue)
         channel.queue_delete(queue)
-
-
-def unacked_tags_of(channel: Any, task_ids: set[str]) -> list[str]:
-    """kombu's delivery tags of the unacknowledged messages carrying these Celery tasks.
-
-    kombu's Redis transport keeps each unacknowledged message in a hash (tag -> JSON of the
-    message, exchange and routing key) until it is acknowledged; Celery does not tell a task its
-    tag, so the messages are found by the task id in their headers. The hash holds one entry per
-    batch running anywhere, so it stays small.
-    """
-    tags = []
-    with channel.conn_or_acquire() as client:
-        unacked = client.hgetall(channel.unacked_key)
-    for tag, raw in unacked.items():
-        try:
-            message = json.loads(raw)[0]
-        except (ValueError, IndexError, TypeError):
-            continue
-        if (message.get("headers") or {}).get("id") in task_ids:
-            tags.append(tag.decode() if isinstance(tag, bytes) else tag)
-    return tags
 
 
 class JobStatuses(Protocol):
@@ -192,7 +172,7 @@ class Nodes:
         statuses = jobs.statuses(sorted(job_ids))
         with self._celery.connection_for_write() as conn:
             channel = conn.default_channel
-            for tag in unacked_tags_of(channel, set(entries)):
+            for tag in unacked_tags(channel, set(entries)).values():
                 channel.qos.restore_by_tag(tag)  # to the end BRPOP takes next; a no-op if acknowledged meanwhile
         for job_id in job_ids:
             if statuses.get(job_id) not in ACTIVE_STATUSES:

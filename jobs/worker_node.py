@@ -16,6 +16,7 @@ from kombu.exceptions import KombuError
 from predictors_runtime.log import configure_json_logging
 
 from . import keys
+from .broker import keep_visible
 from .nodes import write_heartbeat
 from .settings import Settings
 
@@ -39,7 +40,10 @@ class Heartbeat:
         return list(self._app.amqp.queues.consume_from.keys())
 
     def beat_once(self, client: redis.Redis) -> None:
-        write_heartbeat(client, self.node, self._queues(), time.time())
+        """Announce the node alive and keep the messages of the batches it runs from being re-delivered."""
+        now = time.time()
+        write_heartbeat(client, self.node, self._queues(), now)
+        keep_visible(client, [task.decode() for task in client.hkeys(keys.inflight(self.node))], now)
 
     def _run(self) -> None:
         # No retries: a beat that cannot be written is skipped, the next one is due soon.

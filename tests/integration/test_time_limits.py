@@ -52,6 +52,9 @@ class PythonPredictor:
         if "hang" in payload:
             while True:  # never returns, never raises
                 time.sleep(3600)
+        for item in payload:
+            if isinstance(item, str) and item.startswith("sleep:"):
+                time.sleep(float(item.split(":")[1]))
         if "gil" in payload:
             ctypes.PyDLL(None).sleep(3600)  # a C call that keeps the GIL: no other thread of the process runs
 
@@ -75,6 +78,18 @@ def one_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     yield from _stack(tmp_path_factory, workers=2)
+
+
+@pytest.fixture(scope="module")
+def two_nodes_short_visibility(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    data_dir = tmp_path_factory.mktemp("stack-short-visibility")
+    with Stack(port=free_port(), workers=2, data_dir=data_dir,
+               env={**FAST_LOOPS, "SLUICE_VISIBILITY_TIMEOUT": str(SHORT_VISIBILITY_S)}) as running:
+        yield running
+        print(running.logs())
+
+
+SHORT_VISIBILITY_S = 2
 
 
 def _deploy(stack: Stack, folder: Path) -> tuple[Client, str]:
@@ -231,3 +246,27 @@ def test_a_predictor_holding_the_gil_past_its_time_limit_is_ended_by_the_kernel(
     assert not any(_alive(e["pid"]) for e in tries)
     next_job = _submit(client, api, events, [10])
     assert client.wait(api, next_job, timeout=60)["status"] == "status_succeeded"
+
+
+def test_a_batch_running_past_the_visibility_timeout_is_not_delivered_again_while_its_node_lives(
+    two_nodes_short_visibility: Stack, tmp_path: Path,
+) -> None:
+    """kombu re-queues a message unacknowledged for the visibility timeout; the node's heartbeat
+    keeps the message of a batch it still runs from looking abandoned."""
+    from kombu import Connection
+
+    from jobs.broker import TRANSPORT_PATH
+
+    stack = two_nodes_short_visibility
+    client, api = _deploy(stack, tmp_path / "project")
+    events = tmp_path / "events.jsonl"
+    job_id = _submit(client, api, events, ["sleep:8"], workers=2)
+    _wait_for(lambda: _events(events), 60, "the batch to start")
+    time.sleep(SHORT_VISIBILITY_S + 2)
+    # What every worker's periodic sweep does (every ~100 s by default): re-queue what looks abandoned.
+    with Connection(stack.redis_url, transport=TRANSPORT_PATH,
+                    transport_options={"visibility_timeout": SHORT_VISIBILITY_S}) as connection:
+        connection.default_channel.qos.restore_visible(num=100, interval=1)
+    assert client.wait_job(api, job_id, timeout=60)["status"] == "status_succeeded"
+    assert len([e for e in _events(events) if e["event"] == "predict"]) == 1
+    assert len([e for e in _events(events) if e["event"] == "complete"]) == 1
