@@ -303,7 +303,8 @@ class Outputs:
         call_next(run)
         job = _job_of(run)
         if job.output is not None and isinstance(run.result, list):
-            rows = write_part(job.output, run.job_id, run.index, run.result)
+            rows = write_part(job.output, run.job_id, run.index, run.result,
+                              local_roots=self.runtime.services.settings.local_input_roots)
             self.runtime.services.store.record_part(run.job_id, run.index, rows)
 
 

@@ -18,6 +18,7 @@ gone (`JobNotFound`) is given up.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -31,6 +32,7 @@ from .redis_retry import TRANSIENT_ERRORS
 from .status import job_status_view
 from .nodes import COMPLETION_ENTRY, Delivery, inflight_entry
 from .store import Claim, JobState, new_token
+from .time_limit import hook_time_limit, timed_out_message
 
 if TYPE_CHECKING:
     from .runner import WorkerRuntime
@@ -53,6 +55,7 @@ class CompletionRun:
         self.task_id = delivery.task_id if delivery else ""
         self.token = f"{self.task_id}/{new_token()}"
         self.hook_message: str | None = None  # set once this run has called the hook
+        self.end_process: Callable[[int], Any] = os._exit  # how a hook past its time limit is stopped
 
     def attempt(self) -> None:
         store = self.services.store
@@ -105,7 +108,8 @@ class CompletionRun:
                 return False
         message = ""
         try:
-            predictor.on_job_complete(job_status_view(state))
+            with hook_time_limit(job.batch_timeout, lambda: self._hook_timed_out(job), self.end_process):
+                predictor.on_job_complete(job_status_view(state))
         except Exception as e:  # last-resort boundary: the user's hook may raise anything; the job
             # completes with failures
             message = f"on_job_complete raised: {error_text(e)}"
@@ -113,13 +117,22 @@ class CompletionRun:
         self.hook_message = message
         return True
 
+    def _hook_timed_out(self, job: Job) -> None:
+        """The hook ran past the job's batch time limit: the job completes with that failure (the
+        process ends next; a redelivered completion finds the hook done and settles nothing twice)."""
+        message = f"on_job_complete {timed_out_message(job.batch_timeout)}"
+        log.error("job %s: %s; ending this node process", self.job_id, message)
+        self.services.store.mark_hook_done(self.job_id, message)
+        self._settle(job, message)
+
     def _settle(self, job: Job, message: str) -> None:
         """Write the output manifest and the job's final status; repeatable."""
         store = self.services.store
         if job.output is not None:
             parts, failed = store.parts(self.job_id), store.failed_batches(self.job_id)
             try:
-                write_manifest(job.output, self.job_id, job.total_batch_count, parts, failed)
+                write_manifest(job.output, self.job_id, job.total_batch_count, parts, failed,
+                               local_roots=self.services.settings.local_input_roots)
             except (SluiceError, OSError) as e:  # storage refused it: the rows are there, the manifest is not
                 problem = f"writing the output manifest failed: {error_text(e)}"
                 message = "; ".join(filter(None, [message, problem]))

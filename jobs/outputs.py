@@ -6,7 +6,8 @@ import io
 import json
 from typing import Any
 
-from predictors_runtime.storage import join_uri, storage_for
+from predictors_runtime.storage import join_uri, split_uri, storage_for
+from predictors_runtime.storage.local import write_bytes_confined
 
 EXTENSIONS = {"jsonl": "jsonl", "parquet": "parquet", "csv": "csv"}
 MANIFEST = "_manifest.json"
@@ -38,15 +39,26 @@ def encode_rows(rows: list[Any], fmt: str) -> bytes:
     raise ValueError(f"unknown output format {fmt!r}")
 
 
-def write_part(output: dict[str, Any], job_id: str, index: int, rows: list[Any]) -> int:
+def write_bytes(uri: str, data: bytes, local_roots: tuple[str, ...] | None = None) -> None:
+    """Write an output object; a local one confined to `local_roots` (workers pass theirs; None: not checked),
+    as a folder on its way may have been swapped for a link since the submission was checked."""
+    scheme, _, path = split_uri(uri)
+    if not scheme and local_roots is not None:
+        write_bytes_confined(path, data, local_roots)
+    else:
+        storage_for(uri).write_bytes(uri, data)
+
+
+def write_part(output: dict[str, Any], job_id: str, index: int, rows: list[Any],
+               local_roots: tuple[str, ...] | None = None) -> int:
     """Write one batch's rows; a re-run of the batch overwrites its own part. Returns the row count."""
-    uri = part_uri(output, job_id, index)
-    storage_for(uri).write_bytes(uri, encode_rows(rows, output["format"]))
+    write_bytes(part_uri(output, job_id, index), encode_rows(rows, output["format"]), local_roots)
     return len(rows)
 
 
 def write_manifest(
-    output: dict[str, Any], job_id: str, total_batch_count: int, parts: dict[int, int], failed: list[dict[str, Any]]
+    output: dict[str, Any], job_id: str, total_batch_count: int, parts: dict[int, int], failed: list[dict[str, Any]],
+    local_roots: tuple[str, ...] | None = None,
 ) -> str:
     """`_manifest.json`: every part with its row count, and the failed batches."""
     manifest = {
@@ -60,5 +72,5 @@ def write_manifest(
         "failed_batches": [{"batch": f["index"], "error": f["error"], "tries": f["tries"]} for f in failed],
     }
     uri = join_uri(output["path"], job_id, MANIFEST)
-    storage_for(uri).write_bytes(uri, json.dumps(manifest, indent=2).encode())
+    write_bytes(uri, json.dumps(manifest, indent=2).encode(), local_roots)
     return uri

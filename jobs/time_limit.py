@@ -64,6 +64,37 @@ def timed_out_message(limit: float | None) -> str:
     return f"timed out after {limit:g} s" if limit is not None else "timed out"
 
 
+@contextmanager
+def hook_time_limit(limit: float | None, on_expiry: Callable[[], Any],
+                    end_process: Callable[[int], Any] = os._exit) -> Iterator[None]:
+    """Run the block (a job's `on_job_complete`) for at most `limit` seconds (None: no limit).
+
+    Past the limit a watchdog thread calls `on_expiry` (which records the job's outcome) and ends
+    the process, as for a batch: the node's supervisor starts it again and a hung hook never keeps
+    a node from the next job.
+    """
+    if limit is None:
+        yield
+        return
+    finished = threading.Event()
+
+    def watch() -> None:
+        if finished.wait(limit):
+            return
+        try:
+            on_expiry()
+        except Exception:  # noqa: BLE001 - the process ends either way; say why the record may be missing
+            log.exception("recording the timed-out on_job_complete failed")
+        end_process(EXIT_STOPPED_BATCH)
+
+    thread = threading.Thread(target=watch, name="sluice-hook-watchdog", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        finished.set()
+
+
 _timed_out_key = keys.job_timed_out
 
 

@@ -207,6 +207,49 @@ def open_confined(path: str, roots: Sequence[str]) -> BinaryIO:
         raise
 
 
+def write_bytes_confined(path: str, data: bytes, roots: Sequence[str]) -> None:
+    """Write a local file (beside, then renamed over), refused unless its folder lies under one of `roots`.
+
+    A job's output folder was checked at submission, but a folder on the way may have been
+    swapped for a link since. The folder is opened first (`O_PATH`), its real path checked, and
+    the file created and renamed relative to that open folder, with `O_NOFOLLOW`: no later swap
+    can send the bytes elsewhere.
+    """
+    if not roots:
+        raise AccessDenied(
+            f"{path}: local paths are not allowed here; the operator can allow folders with "
+            "SLUICE_LOCAL_INPUT_ROOTS (on the workers as on the API)"
+        )
+    folder, name = os.path.split(path)
+    tmp = f".{name}.{uuid.uuid4().hex}{TEMP_SUFFIX}"
+    with _errors(path):
+        os.makedirs(folder, exist_ok=True)
+        dir_fd = os.open(folder, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with _errors(path):
+            real = _opened_path(dir_fd, folder)
+        if not _inside(real, roots):
+            raise AccessDenied(
+                f"{path}: refused, its folder leads outside the allowed local roots ({os.pathsep.join(roots)}); "
+                "a link inside a root may only point inside a root"
+            )
+        with _errors(path):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                         dir_fd=dir_fd)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:
+                try:
+                    os.unlink(tmp, dir_fd=dir_fd)
+                except OSError:
+                    pass
+                raise
+    finally:
+        os.close(dir_fd)
+
+
 def read_range_confined(path: str, start: int, end: int, roots: Sequence[str]) -> bytes:
     """Bytes `[start, end)` of a local file, opened with `open_confined`."""
     if start < 0 or end < start:

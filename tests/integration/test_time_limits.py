@@ -41,6 +41,7 @@ class PythonPredictor:
     def __init__(self, config, job_spec):
         self.events = config["events"]
         self.job_id = job_spec["job_id"]
+        self.hang_on_complete = config.get("hang_on_complete", False)
 
     def _log(self, event, **fields):
         record = {"event": event, "pid": os.getpid(), "job_id": self.job_id, "t": time.time(), **fields}
@@ -60,6 +61,9 @@ class PythonPredictor:
 
     def on_job_complete(self):
         self._log("complete")
+        if self.hang_on_complete:
+            while True:
+                time.sleep(3600)
 '''
 
 
@@ -178,6 +182,28 @@ def test_a_hung_batch_is_stopped_at_its_time_limit_retried_then_failed_and_the_j
     next_job = _submit(client, api, events, [10, 11])
     assert client.wait(api, next_job, timeout=60)["status"] == "status_succeeded"
     assert not any(_alive(e["pid"]) for e in tries)
+
+
+def test_a_hung_on_job_complete_is_stopped_at_the_batch_time_limit_and_the_job_completes_with_the_reason(
+    one_node: Stack, tmp_path: Path
+) -> None:
+    client, api = _deploy(one_node, tmp_path / "project")
+    events = tmp_path / "events.jsonl"
+    body = {"workers": 1, "item_list": {"items": [0, 1], "batch_size": 1}, "batch_timeout": 2,
+            "config": {"events": str(events), "hang_on_complete": True}}
+    job_id = client.submit_raw(api, body)["job_id"]
+
+    final = client.wait(api, job_id, timeout=60)
+
+    assert final["status"] == "status_completed_with_failures", final
+    assert final["batch_metrics"]["succeeded"] == 2
+    assert "on_job_complete timed out after 2 s" in final.get("message", ""), final
+    [complete] = [e for e in _events(events) if e["event"] == "complete"]  # run once, never again
+    _wait_for(lambda: not _alive(complete["pid"]), 30, "the hung node process to end")
+    # The node came back and serves the next job.
+    next_job = _submit(client, api, events, [10, 11])
+    assert client.wait(api, next_job, timeout=60)["status"] == "status_succeeded"
+    assert len([e for e in _events(events) if e["event"] == "complete"]) == 2
 
 
 def test_a_job_timeout_ends_its_hung_batch_and_frees_the_only_node_for_the_next_job(

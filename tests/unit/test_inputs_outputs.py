@@ -179,3 +179,31 @@ def test_part_paths_sort_in_batch_order():
 
     assert part_uri(output, "job1", 7) == "s3://bucket/out/job1/part-00007.parquet"
     assert part_uri(output, "job1", 7) < part_uri(output, "job1", 10)
+
+
+def test_a_part_is_written_inside_its_root_and_an_output_folder_swapped_for_a_link_out_is_refused(tmp_path: Path):
+    from jobs.outputs import write_part
+    from predictors_runtime.errors import AccessDenied
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    output = {"path": str(root / "out"), "format": "jsonl"}
+    assert write_part(output, "job1", 0, [{"a": 1}], local_roots=(str(root),)) == 1
+    assert (root / "out" / "job1" / "part-00000.jsonl").read_text() == '{"a": 1}\n'
+
+    # After the submission was checked, the job's folder becomes a link leading out of the root.
+    (root / "out" / "job2").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(AccessDenied, match="outside the allowed local roots"):
+        write_part(output, "job2", 0, [{"a": 2}], local_roots=(str(root),))
+    assert list(outside.iterdir()) == []
+    # A part swapped for a link to a file outside is replaced, not written through.
+    target = outside / "victim"
+    target.write_text("keep")
+    (root / "out" / "job1" / "part-00001.jsonl").symlink_to(target)
+    write_part(output, "job1", 1, [{"a": 3}], local_roots=(str(root),))
+    assert target.read_text() == "keep"
+    assert (root / "out" / "job1" / "part-00001.jsonl").read_text() == '{"a": 3}\n'
+    # Without roots on the worker, local outputs are refused outright.
+    with pytest.raises(AccessDenied, match="not allowed"):
+        write_part(output, "job1", 2, [1], local_roots=())

@@ -155,3 +155,28 @@ def test_batch_timeout_is_bounded_wherever_it_is_given() -> None:
     for bad in ("0", "1e400", "soon"):
         with pytest.raises(ConfigError, match="SLUICE_BATCH_TIMEOUT"):
             Settings.from_env({"SLUICE_BATCH_TIMEOUT": bad})
+
+
+def test_a_hook_past_its_time_limit_is_recorded_then_its_process_ended() -> None:
+    from jobs.time_limit import hook_time_limit
+
+    ended, recorded, release = [], [], threading.Event()
+
+    def end_process(code: int) -> None:
+        ended.append(code)
+        release.set()  # in a node the process is gone here; the test lets the hook return instead
+
+    with hook_time_limit(0.2, lambda: recorded.append("timed out"), end_process):
+        assert release.wait(10), "the watchdog never fired"
+    assert recorded == ["timed out"] and ended == [EXIT_STOPPED_BATCH]
+
+
+def test_a_hook_within_its_time_limit_or_without_one_is_left_alone() -> None:
+    from jobs.time_limit import hook_time_limit
+
+    calls: list[str] = []
+    with hook_time_limit(30, lambda: calls.append("expired"), lambda code: calls.append(f"exit {code}")):
+        pass
+    with hook_time_limit(None, lambda: calls.append("expired"), lambda code: calls.append(f"exit {code}")):
+        pass
+    assert calls == []
