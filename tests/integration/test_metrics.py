@@ -24,6 +24,7 @@ from sluice.embedded import Stack
 from sluice.proxy import live_proxies
 
 from .test_realtime import write_realtime_project
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -76,15 +77,6 @@ def settled(url: str, done: Callable[[Samples], bool], timeout: float = 30) -> S
         samples = scrape(url)
     return samples
 
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not happen within {timeout:.0f}s")
 
 
 def test_a_batch_job_moves_jobs_batches_and_items_by_exactly_what_it_did(stack: Stack, client: Client,

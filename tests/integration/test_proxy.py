@@ -31,21 +31,13 @@ from api.replicas import ReplicaDirectory, ReplicaRecord
 from predictors_runtime.config import ApiConfig
 from sluice.embedded import free_port
 from sluice.proxy import PROXIES_KEY, ProxyController, unrouted
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 HERE = Path(__file__).resolve().parent
 BACKENDS = ("r1", "r2", "r3", "management")
 
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 # -- the servers behind the proxy -------------------------------------------------------------------

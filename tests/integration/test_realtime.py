@@ -28,6 +28,7 @@ from sluice.client import Client, ClientError
 from sluice.embedded import Stack, free_port
 
 from .conftest import FAST_LOOPS
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -134,15 +135,6 @@ def deploy_realtime(rt_client: Client, tmp_path: Path) -> Callable[..., str]:
 
     return deploy
 
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not happen within {timeout:.0f}s")
 
 
 def test_a_deployed_realtime_api_answers_json_at_the_public_url(rt_stack, rt_client, deploy_realtime, replicas):

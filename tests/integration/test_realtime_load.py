@@ -36,6 +36,7 @@ from sluice.embedded import Stack, free_port
 from sluice.proxy import HAProxy, live_proxies
 
 from .conftest import FAST_LOOPS
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -183,15 +184,6 @@ def write_project(folder: Path, api_name: str, source: str, config: dict[str, An
 
 
 # -- helpers --------------------------------------------------------------------------------------
-def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(interval)
-    raise AssertionError(f"{what} did not happen within {timeout:.0f}s")
-
 
 def only_replica(load_client: Client, name: str) -> str:
     (replica,) = load_client.api(name)["replicas"]

@@ -32,6 +32,7 @@ from sluice.embedded import Stack, free_port
 
 from .conftest import FAST_LOOPS, read_events, write_project
 from .redis_process import FAULTS_PREDICTOR, RedisProcess, read_marker
+from .waiting import wait_for as _wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -40,15 +41,6 @@ DOWN_S = 3.0  # a Redis restart: killed, then started again on its append-only f
 # The enqueuer's silence after which beat fails a job is kept at its default: above the retry window.
 ENV = {**FAST_LOOPS, "SLUICE_ENQUEUE_STALE_AFTER": "60"}
 
-
-def _wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def wait_job(client: Client, api: str, job_id: str, timeout: float) -> dict[str, Any]:

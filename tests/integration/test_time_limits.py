@@ -22,6 +22,7 @@ import yaml
 from jobs.store import JobStore
 from sluice.client import Client
 from sluice.embedded import Stack, free_port
+from .waiting import wait_for as _wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -117,15 +118,6 @@ def _events(path: Path) -> list[dict[str, Any]]:
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-
-def _wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def _hung(events: Path, job_id: str, count: int = 1) -> list[dict[str, Any]]:
