@@ -135,6 +135,27 @@ def refuse_open_bind(bind: str, settings: "Settings", what: str = "Sluice") -> N
     )
 
 
+def _open_bind_refusal() -> Response | None:
+    """Without keys, a request that reached this server on a non-loopback address is refused (403).
+
+    `sluice up`, `sluice proxy` and the Docker commands refuse such a bind at start
+    (`refuse_open_bind`); this covers a management gunicorn started by hand with `-b 0.0.0.0`,
+    judged by the address each connection actually arrived on.
+    """
+    sock = request.environ.get("gunicorn.socket")
+    try:
+        local = sock.getsockname() if sock is not None else None
+    except OSError:
+        local = None
+    if not isinstance(local, tuple) or is_loopback(str(local[0])):
+        return None  # not gunicorn, a Unix socket, or loopback
+    return error_response(
+        403, InsecureBind.kind,
+        f"this Sluice was reached on {local[0]} without API keys: anyone who reaches it could deploy and run code. "
+        f"Set {KEYS_VARIABLE} (or {KEYS_FILE_VARIABLE}), bind 127.0.0.1, or set {ALLOW_ANONYMOUS_VARIABLE}=1",
+    )
+
+
 def request_guard(settings: "Settings") -> Callable[[], Response | None]:
     """A Flask `before_request` hook: with keys set, a request without a valid key is answered 401
     (with `WWW-Authenticate: Bearer`) before any endpoint runs.
@@ -145,7 +166,9 @@ def request_guard(settings: "Settings") -> Callable[[], Response | None]:
     keys = settings.api_keys
 
     def guard() -> Response | None:
-        if not keys or request.path in OPEN_PATHS:
+        if not keys:
+            return None if settings.allow_anonymous or request.path in OPEN_PATHS else _open_bind_refusal()
+        if request.path in OPEN_PATHS:
             return None
         if not settings.protect_realtime and (request.endpoint or "").startswith("fallback."):
             return None

@@ -261,6 +261,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
 # Answered by every management operation but the open ones when API keys are set, and by a
 # realtime API with SLUICE_PROTECT_REALTIME=1.
 _UNAUTHORIZED = "unauthorized: API keys are set and the request has no valid `Authorization: Bearer <key>`"
+_INSECURE_BIND = ("insecure_bind: no API keys are set and the request reached the management API on a "
+                  "non-loopback address (set SLUICE_API_KEYS, bind 127.0.0.1, or SLUICE_ALLOW_ANONYMOUS=1)")
 
 
 # -- building the document ----------------------------------------------------------------------
@@ -375,6 +377,8 @@ def _answers(operation: Operation, refs: dict[tuple[type[BaseModel], Mode], dict
         error_model = schemas.RealtimeError if operation.realtime else schemas.Error
         answers.setdefault(401, _error(_UNAUTHORIZED, error_model, **{"WWW-Authenticate": {
             "description": "Bearer", "schema": {"type": "string"}}}))
+        if not operation.realtime:
+            answers.setdefault(403, _error(_INSECURE_BIND))
     out: dict[str, Any] = {}
     for status in sorted(answers):
         answer = answers[status]

@@ -42,7 +42,6 @@ import yaml
 
 from jobs.store import JobStore
 from sluice.client import TERMINAL_STATUSES, Client
-from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -272,6 +271,20 @@ class TwoHosts:
     def logs(self) -> str:
         return self.a.logs() + "\n" + self.b.logs()
 
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll `check` until it returns something true; its exceptions count as "not yet"."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception as e:  # noqa: BLE001 - a server still starting refuses connections
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last!r})")
 
 
 def _child_env(host: Host, *, redis_url: str, bucket: str, api_keys: str, work: Path) -> dict[str, str]:

@@ -231,3 +231,43 @@ def test_the_proxy_writes_the_accepted_headers_readable_by_its_user_only(redis_c
         f"Bearer {KEY}", f"bearer {KEY}", f"Bearer {OTHER_KEY}", f"bearer {OTHER_KEY}"]
     assert controller.keys_file.stat().st_mode & 0o077 == 0
     controller.haproxy.close()
+
+
+class _ArrivedOn:
+    """What gunicorn puts in the environ as `gunicorn.socket`: here only its local address matters."""
+
+    def __init__(self, address: Any) -> None:
+        self.address = address
+
+    def getsockname(self) -> Any:
+        return self.address
+
+
+@pytest.mark.parametrize("local, allowed", [
+    (("10.0.0.5", 8888), False),
+    (("0.0.0.0", 8888), False),
+    (("127.0.0.1", 8888), True),
+    (("::1", 8888, 0, 0), True),
+    ("/tmp/sluice.sock", True),  # a Unix socket
+])
+def test_without_keys_a_request_arriving_on_a_public_address_is_refused(local: Any, allowed: bool) -> None:
+    from flask import Flask
+
+    from api.auth import request_guard
+
+    app = Flask("t")
+    app.before_request(request_guard(Settings()))
+    app.add_url_rule("/apis", "apis", lambda: "ok")
+    app.add_url_rule("/healthz", "healthz", lambda: "ok")
+    client = app.test_client()
+    answer = client.get("/apis", environ_base={"gunicorn.socket": _ArrivedOn(local)})
+    assert (answer.status_code == 200) is allowed, answer.get_data(as_text=True)
+    if not allowed:
+        assert answer.status_code == 403 and answer.get_json()["kind"] == "insecure_bind"
+        assert "SLUICE_API_KEYS" in answer.get_json()["message"]
+    # Probes stay open, and the operator may accept anonymous callers.
+    assert client.get("/healthz", environ_base={"gunicorn.socket": _ArrivedOn(local)}).status_code == 200
+    anonymous = Flask("anonymous")
+    anonymous.before_request(request_guard(Settings(allow_anonymous=True)))
+    anonymous.add_url_rule("/apis", "apis", lambda: "ok")
+    assert anonymous.test_client().get("/apis", environ_base={"gunicorn.socket": _ArrivedOn(local)}).status_code == 200
