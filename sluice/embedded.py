@@ -288,8 +288,18 @@ class Stack:
         if self._supervisor is not None:
             self._supervisor.join()
             self._supervisor = None
+        # The proxy first: everything stops, so no replica has to drain for it (a replica drains
+        # until every live proxy has settled without it, which an old haproxy worker holding
+        # idle keep-alive connections delays by up to their timeout).
+        for child in self.children:
+            if child.name == "proxy" and child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+                try:
+                    child.process.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    os.killpg(child.process.pid, signal.SIGKILL)
+                    child.process.wait()
         if self.replicas is not None:
-            # First, while the proxy still runs: each replica drains before it stops.
             self.replicas.stop()
             self.replicas = None
         order = sorted(self.children, key=lambda c: c.name == "redis")
