@@ -12,8 +12,7 @@ install: $(STAMP)
 
 $(STAMP): setup.py requirements.txt requirements-dev.txt
 	python3 -m venv $(VENV)
-	@# --no-compile: modules are compiled as they are first imported; compiling all of TensorFlow up front cost a minute.
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -r requirements-dev.txt -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -e .
 	touch $(STAMP)
 
 redis-server:
