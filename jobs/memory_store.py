@@ -257,10 +257,8 @@ class MemoryJobStore:
         self, job_id: str, index: int, seconds: float, error: str, tries: int, payload: Any,
         payload_ref: dict[str, Any] | None = None, delivery: Delivery | None = None,
     ) -> Recorded:
-        record = {"index": index, "error": error, "tries": tries, "payload": payload}
-        if payload_ref is not None:
-            record["payload_ref"] = payload_ref
-        return self._record(job_id, index, False, seconds, json.dumps(record, default=str), delivery)
+        record = _redis_store.failed_batch_record(index, error, tries, payload, payload_ref)
+        return self._record(job_id, index, False, seconds, record, delivery)
 
     def recorded_indexes(self, job_id: str) -> set[int]:
         with self._lock:

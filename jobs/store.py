@@ -246,6 +246,15 @@ class JobState:
         return self.time_total / done if done else None
 
 
+
+def failed_batch_record(index: int, error: str, tries: int, payload: Any,
+                        payload_ref: dict[str, Any] | None = None) -> str:
+    """What is kept of a failed batch (its error, tries, and its items or where they live), as stored."""
+    record = {"index": index, "error": error, "tries": tries, "payload": payload}
+    if payload_ref is not None:
+        record["payload_ref"] = payload_ref
+    return json.dumps(record, default=str)
+
 class JobStore:
     """Job records and batch outcomes in Redis; the client is passed in, never found globally.
 
@@ -492,10 +501,8 @@ class JobStore:
         payload_ref: dict[str, Any] | None = None, delivery: Delivery | None = None,
     ) -> Recorded:
         """Count a failed batch once and keep it (error, tries, payload or where it lives) for inspection."""
-        record = {"index": index, "error": error, "tries": tries, "payload": payload}
-        if payload_ref is not None:
-            record["payload_ref"] = payload_ref
-        return self._record(job_id, index, "failed", seconds, json.dumps(record, default=str), delivery)
+        record = failed_batch_record(index, error, tries, payload, payload_ref)
+        return self._record(job_id, index, "failed", seconds, record, delivery)
 
     def record_part(self, job_id: str, index: int, rows: int) -> None:
         """Remember the output part a batch wrote, for the job's manifest."""

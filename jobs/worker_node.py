@@ -34,6 +34,7 @@ class Heartbeat:
         self._settings = settings
         self.node = node
         self._stop = threading.Event()
+        self._visible_until = 0.0  # kept visible up to here by the last restart of the clock
         self._thread = threading.Thread(target=self._run, name="sluice-heartbeat", daemon=True)
 
     def _queues(self) -> list[str]:
@@ -43,7 +44,11 @@ class Heartbeat:
         """Announce the node alive and keep the messages of the batches it runs from being re-delivered."""
         now = time.time()
         write_heartbeat(client, self.node, self._queues(), now)
-        keep_visible(client, [task.decode() for task in client.hkeys(keys.inflight(self.node))], now)
+        # A quarter of the visibility timeout between restarts (never less than a beat) leaves
+        # three beats' worth of slack; each restart reads kombu's whole unacked hash.
+        if now >= self._visible_until - 0.75 * self._settings.visibility_timeout_s:
+            keep_visible(client, [task.decode() for task in client.hkeys(keys.inflight(self.node))], now)
+            self._visible_until = now + self._settings.visibility_timeout_s
 
     def _run(self) -> None:
         # No retries: a beat that cannot be written is skipped, the next one is due soon.
