@@ -43,7 +43,7 @@ class WorkerRuntime:
         self._jobs: dict[str, Job] = {}
         self._predictors: dict[str, BatchPredictor] = {}
         self._last_sweep = 0.0
-        self.time_limit = BatchWatchdog(services)
+        self.time_limit = BatchWatchdog(services, hard_stop_grace_s=services.settings.hard_stop_grace_s)
         # Batches, items and model loads of this process, summed with every other's in Redis.
         self.figures = Recorder.for_url(services.settings.redis_url).start()
         process_figures.install(self.figures)

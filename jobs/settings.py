@@ -74,6 +74,9 @@ class Settings:
     model_poll_interval_s: float = 10.0
     # Seconds one try of a batch may run when neither the job nor its API says (None: no limit).
     batch_timeout_s: float | None = None
+    # How long past a batch's time limit the kernel ends a node whose watchdog thread could not
+    # run (a predictor holding the GIL; jobs/time_limit.py).
+    hard_stop_grace_s: float = 5.0
     # Local folders that job inputs and outputs may name; none by default.
     local_input_roots: tuple[str, ...] = ()
     # What one deployed project may unpack to, and the unpacked bundles a host's cache keeps.
@@ -114,6 +117,7 @@ class Settings:
             model_poll_interval_s=_number(env, "SLUICE_MODEL_POLL_INTERVAL", defaults.model_poll_interval_s),
             redis_retry_s=_number(env, "SLUICE_REDIS_RETRY_S", defaults.redis_retry_s),
             batch_timeout_s=_time_limit(env, "SLUICE_BATCH_TIMEOUT"),
+            hard_stop_grace_s=_number(env, "SLUICE_HARD_STOP_GRACE_S", defaults.hard_stop_grace_s),
             local_input_roots=tuple(
                 root for root in (env.get("SLUICE_LOCAL_INPUT_ROOTS") or "").split(os.pathsep) if root
             ),

@@ -13,7 +13,7 @@ a node from the next job.
 
 A predictor that holds the GIL (a C extension looping without releasing it) starves the watchdog
 thread too; for that case the kernel ends the process: SIGALRM, left at its default action, is
-armed for `HARD_STOP_GRACE_S` past the limit. Such a try is not recorded as timed out; the batch's
+armed for `SLUICE_HARD_STOP_GRACE_S` (default 5) past the limit. Such a try is not recorded as timed out; the batch's
 next delivery counts it as a lost one (see `LOST_DELIVERY_ALLOWANCE` in `jobs/batch_steps.py`).
 """
 
@@ -46,8 +46,6 @@ EXIT_STOPPED_BATCH = 75
 # How often a running batch's job status is read: a stopped or timed-out job frees its nodes
 # within this. Batches shorter than this never read it.
 STATUS_POLL_S = 0.5
-# How long past the limit the kernel ends a process whose watchdog could not run.
-HARD_STOP_GRACE_S = 5.0
 
 
 def batch_time_limit(requested: float | None, api_spec: dict[str, Any], settings: Settings) -> float | None:
@@ -134,8 +132,9 @@ class BatchWatchdog:
 
     def __init__(
         self, services: Services, status_poll_s: float = STATUS_POLL_S,
-        end_process: Callable[[int], Any] = os._exit, hard_stop_grace_s: float | None = HARD_STOP_GRACE_S,
+        end_process: Callable[[int], Any] = os._exit, hard_stop_grace_s: float | None = None,
     ) -> None:
+        """`hard_stop_grace_s`: seconds past the limit the kernel ends the process (None: never)."""
         self._services = services
         self._status_poll_s = status_poll_s
         self._end_process = end_process

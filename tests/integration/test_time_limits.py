@@ -32,6 +32,8 @@ FAST_LOOPS = {
     "SLUICE_NODE_TTL": "4",
     "SLUICE_MODEL_POLL_INTERVAL": "0.5",
     "SLUICE_ENQUEUE_STALE_AFTER": "3",
+    # Long enough for the watchdog thread to record a timed-out try first, short for the GIL case.
+    "SLUICE_HARD_STOP_GRACE_S": "2",
 }
 
 HANGING_PREDICTOR = '''

@@ -13,6 +13,7 @@ from jobs.job import Job, JobStatus
 from jobs.settings import Settings
 from jobs.store import JobStore
 from jobs.time_limit import EXIT_STOPPED_BATCH, BatchWatchdog, batch_time_limit
+from predictors_runtime.errors import ConfigError
 
 T0 = 1_700_000_000.0
 
@@ -180,3 +181,24 @@ def test_a_hook_within_its_time_limit_or_without_one_is_left_alone() -> None:
     with hook_time_limit(None, lambda: calls.append("expired"), lambda code: calls.append(f"exit {code}")):
         pass
     assert calls == []
+
+
+def test_the_kernel_hard_stop_comes_the_configured_grace_after_the_limit(
+    services: SimpleNamespace, ending: Ending, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A predictor holding the GIL starves the watchdog: SIGALRM ends the node `SLUICE_HARD_STOP_GRACE_S` later."""
+    import jobs.time_limit as time_limit
+
+    alarms: list[int] = []
+    monkeypatch.setattr(time_limit.signal, "alarm", lambda seconds: alarms.append(seconds) or 0)
+    monkeypatch.setattr(time_limit.signal, "getsignal", lambda signum: time_limit.signal.SIG_DFL)  # as in a node
+    assert Settings.from_env({}).hard_stop_grace_s == 5
+    grace = Settings.from_env({"SLUICE_HARD_STOP_GRACE_S": "2"}).hard_stop_grace_s
+    watchdog = BatchWatchdog(services, status_poll_s=0.05, end_process=ending, hard_stop_grace_s=grace)  # type: ignore[arg-type]
+    job = submit(services, "j-grace", batch_timeout=1.5)
+
+    with watchdog.running(job, index=0, attempt=1, payload=[1]):
+        assert alarms == [4]  # ceil(1.5 + 2): whole seconds, never sooner than the grace
+    assert alarms == [4, 0]  # disarmed once the batch ends
+    with pytest.raises(ConfigError, match="SLUICE_HARD_STOP_GRACE_S"):
+        Settings.from_env({"SLUICE_HARD_STOP_GRACE_S": "0"})
