@@ -9,8 +9,18 @@ for that row as JSON. Systems, all with the same processes (and one thread each,
 - (c) Sluice's replica directly (its gunicorn, no proxy);
 - (d) BentoML serving the same model (`bench/realtime_bento.py`, in its own virtual environment
   made by `make bench`; skipped with a note when absent);
-- for the mlp at the highest concurrency: (e) Sluice with server-side batching
-  (`max_batch_size` 32, threads 32 per process) against (b).
+- for the mlps at the highest concurrency: (e) Sluice with server-side batching
+  (`max_batch_size` 32, threads 32 per process) against (b), with the mean batch size it
+  reached and the best (e)/(b) any batching could reach on this machine (the ceiling, below).
+Models: iris, mlp (32-1024-1024-10, the target's model) and mlp-wide (32-2048-2048-10, ~4.3M
+parameters, run at the highest concurrency only): batching pays in proportion to the share of
+a request's cost that is the model's, and the wide one shows it where that share is large.
+The ceiling: wrk, HAProxy and the replica share this machine's cores, so a request costs the
+machine `cpu/req` (busy CPU time over the run, from /proc/stat, per answered request) of which
+the model is only a part. (f) is (b) with a predictor that parses the rows but returns zeros
+instead of running the model: its `cpu/req` is what a request costs besides the model. Perfect
+batching would leave that plus the model's time per row in batches of 32 (timed in-process),
+so (e)/(b) can reach at most `cpu/req (b) / (cpu/req (f) + model us/row in 32s)`.
 Load: wrk (Debian package), one thread, a fixed duration per run, at each concurrency; runs of
 different systems are interleaved so drift on the machine hits all alike. Figures: requests/s,
 p50 and p99 latency from wrk, and ratios to (a) (requests/s; p50 difference in ms).
@@ -60,6 +70,8 @@ class ONNXPredictor:
         out = self.client.predict(x)[0].tolist()
         return out if isinstance(payload, list) else out[0]
 '''
+# (f): the same work per request except the model, which it never calls.
+PREDICTOR_NO_MODEL = PREDICTOR.replace("self.client.predict(x)[0].tolist()", "np.zeros((len(x), 10), np.float32).tolist()")
 
 
 @dataclass
@@ -68,6 +80,37 @@ class Figures:
     p50_ms: float
     p99_ms: float
     errors: int
+    cpu_us: float  # busy CPU time of the whole machine per answered request
+
+
+def busy_cpu_seconds() -> float:
+    """CPU time all cores of this machine spent busy since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def model_us_per_row(model_path: Path, features: int, rows: int) -> float:
+    """In-process time of one onnxruntime call on `rows` rows, per row (one thread, as the servers)."""
+    from realtime_apps import onnx_session
+
+    session = onnx_session(str(model_path))
+    feed = {session.get_inputs()[0].name: np.random.default_rng(1).standard_normal((rows, features), np.float32)}
+    for _ in range(20):
+        session.run(None, feed)
+    calls = max(20, 4000 // rows)
+    start = time.perf_counter()
+    for _ in range(calls):
+        session.run(None, feed)
+    return (time.perf_counter() - start) / calls / rows * 1e6
+
+
+def mean_batch_size(stack_url: str, api: str) -> tuple[float, float]:
+    """(sum, count) of the stack's `sluice_realtime_batch_size` histogram for one API."""
+    text = requests.get(f"{stack_url}/metrics", timeout=10).text
+    found = {kind: float(value) for kind, value in re.findall(
+        rf'^sluice_realtime_batch_size_(sum|count)\{{api="{re.escape(api)}"\}} (\S+)$', text, re.M)}
+    return found.get("sum", 0.0), found.get("count", 0.0)
 
 
 def _ms(text: str) -> float:
@@ -80,16 +123,19 @@ def wrk(url: str, body: str, concurrency: int, duration: float, script_dir: Path
     script = script_dir / "post.lua"
     script.write_text(f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
                       'wrk.headers["Content-Type"] = "application/json"\n')
+    busy = busy_cpu_seconds()
     out = subprocess.run(
         ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(duration))}s", "--latency", "-s", str(script), url],
         capture_output=True, text=True, check=True,
     ).stdout
+    busy = busy_cpu_seconds() - busy
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     p50 = _ms(re.search(r"\s50%\s+(\S+)", out).group(1))
     p99 = _ms(re.search(r"\s99%\s+(\S+)", out).group(1))
     errors = sum(int(n) for n in re.findall(r"Non-2xx or 3xx responses:\s+(\d+)", out))
     errors += sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
-    return Figures(rps, p50, p99, errors)
+    answered = int(re.search(r"(\d+) requests in", out).group(1))
+    return Figures(rps, p50, p99, errors, busy / max(answered, 1) * 1e6)
 
 
 def wait_http(url: str, body: str, log: Path | None = None, timeout: float = 120.0) -> None:
@@ -125,10 +171,10 @@ def stop(process: subprocess.Popen | None) -> None:
 
 
 def write_project(folder: Path, api: str, model: bytes, features: int, processes: int,
-                  batching: bool) -> Path:
+                  batching: bool, predictor_source: str = PREDICTOR) -> Path:
     (folder / "models" / "1").mkdir(parents=True)
     (folder / "models" / "1" / "model.onnx").write_bytes(model)
-    (folder / "predictor.py").write_text(PREDICTOR)
+    (folder / "predictor.py").write_text(predictor_source)
     predictor = {"type": "onnx", "path": "predictor.py", "models": {"path": "models/"},
                  "config": {"features": features}, "processes_per_replica": processes, "threads_per_process": 1}
     if batching:
@@ -150,7 +196,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
     parser.add_argument("--concurrency", default="1,8,64")
-    parser.add_argument("--models", default="iris,mlp")
+    parser.add_argument("--models", default="iris,mlp,mlp-wide")
     parser.add_argument("--processes", type=int, default=2)
     args = parser.parse_args()
     if shutil.which("wrk") is None:
@@ -170,14 +216,14 @@ def main() -> None:
         if not have_bento:
             print(f"note: BentoML not installed in {BENTO_VENV} (`make bench` makes it): (d) skipped\n")
         print(f"{args.processes} processes per system, 1 thread each; wrk 1 thread, {args.duration:g} s per run\n")
-        print(f"{'model':>5} {'conc':>4} {'system':<26} {'req/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
-              f"{'err':>4} {'x (a) req/s':>11} {'p50 - (a)':>9}")
+        print(f"{'model':>8} {'conc':>4} {'system':<26} {'req/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+              f"{'err':>4} {'x (a) req/s':>11} {'p50 - (a)':>9} {'cpu/req us':>10}")
         for name in args.models.split(","):
             if name == "iris":
                 model, data = iris_model()
                 features, row = 4, data[rng.integers(0, len(data))].round(1).tolist()
             else:
-                model, features = mlp_model(), 32
+                model, features = mlp_model((32, 2048, 2048, 10) if name == "mlp-wide" else (32, 1024, 1024, 10)), 32
                 row = rng.standard_normal(32).round(4).tolist()
             body = json.dumps({f"f{i}": v for i, v in enumerate(row)})
             model_path = tmp / f"{name}.onnx"
@@ -201,40 +247,56 @@ def main() -> None:
                                       "--port", str(port), "--host", "127.0.0.1"],
                                      bench_env, BENCH, tmp / f"bento-{name}.log"))
                 systems["(d) bentoml"] = f"http://127.0.0.1:{port}/predict"
-            batched = None
-            if name == "mlp":
-                batched = f"{name}-rt-batched"
+            batched = no_model = None
+            if name.startswith("mlp"):
+                batched, no_model = f"{name}-rt-batched", f"{name}-rt-no-model"
                 client.deploy(write_project(tmp / batched, batched, model, features, args.processes, batching=True))
+                client.deploy(write_project(tmp / no_model, no_model, model, features, args.processes, batching=False,
+                                            predictor_source=PREDICTOR_NO_MODEL))
                 client.wait_ready(batched, timeout=120)
+                client.wait_ready(no_model, timeout=120)
             bodies = {label: (json.dumps({"row": json.loads(body)}) if "bentoml" in label else body)
                       for label in systems}
             for label, url in systems.items():
                 wait_http(url, bodies[label], tmp / f"{'bento' if 'bentoml' in label else 'baseline'}-{name}.log")
-            for concurrency in concurrencies:
+            for concurrency in [max(concurrencies)] if name == "mlp-wide" else concurrencies:
                 runs = dict(systems)
                 if batched is not None and concurrency == max(concurrencies):
                     runs["(e) sluice, batching 32"] = f"{stack.url}/{batched}"
-                    bodies["(e) sluice, batching 32"] = body
+                    runs["(f) sluice, no model"] = f"{stack.url}/{no_model}"
+                    bodies["(e) sluice, batching 32"] = bodies["(f) sluice, no model"] = body
                 figures = {}
+                batches = (0.0, 0.0)
                 for label, url in runs.items():
                     wrk(url, bodies[label], concurrency, min(2.0, args.duration), tmp)  # warm up
+                    if label.startswith("(e)"):
+                        batches = mean_batch_size(stack.url, batched)
                     figures[label] = wrk(url, bodies[label], concurrency, args.duration, tmp)
+                    if label.startswith("(e)"):
+                        time.sleep(2.5)  # replicas add their figures to Redis about once a second
+                        after = mean_batch_size(stack.url, batched)
+                        batches = (after[0] - batches[0], after[1] - batches[1])
                 base = figures["(a) gunicorn+flask"]
                 for label, f in figures.items():
-                    print(f"{name:>5} {concurrency:>4} {label:<26} {f.rps:>9,.0f} {f.p50_ms:>7.2f} {f.p99_ms:>7.2f} "
-                          f"{f.errors:>4} {f.rps / base.rps:>11.2f} {f.p50_ms - base.p50_ms:>+9.2f}")
+                    print(f"{name:>8} {concurrency:>4} {label:<26} {f.rps:>9,.0f} {f.p50_ms:>7.2f} {f.p99_ms:>7.2f} "
+                          f"{f.errors:>4} {f.rps / base.rps:>11.2f} {f.p50_ms - base.p50_ms:>+9.2f} {f.cpu_us:>10,.0f}")
                 b = figures["(b) sluice via proxy"]
                 if "(d) bentoml" in figures:
-                    print(f"{'':>5} {'':>4} (b) / (d) req/s: {b.rps / figures['(d) bentoml'].rps:.2f}")
+                    print(f"{'':>8} {'':>4} (b) / (d) req/s: {b.rps / figures['(d) bentoml'].rps:.2f}")
                 if "(e) sluice, batching 32" in figures:
-                    print(f"{'':>5} {'':>4} (e) / (b) req/s: {figures['(e) sluice, batching 32'].rps / b.rps:.2f}")
+                    many = model_us_per_row(model_path, features, 32)
+                    besides = figures["(f) sluice, no model"].cpu_us
+                    mean = batches[0] / batches[1] if batches[1] else float("nan")
+                    print(f"{'':>8} {'':>4} (e) / (b) req/s: {figures['(e) sluice, batching 32'].rps / b.rps:.2f} "
+                          f"(mean batch {mean:.1f}); ceiling for any batching here: {b.cpu_us:,.0f} / "
+                          f"({besides:,.0f} + {many:,.0f}) = {b.cpu_us / (besides + many):.2f}")
                 sys.stdout.flush()
             for process in servers:
                 stop(process)
             servers.clear()
-            client.delete_api(api)
-            if batched:
-                client.delete_api(batched)
+            for deployed in (api, batched, no_model):
+                if deployed:
+                    client.delete_api(deployed)
     finally:
         for process in servers:
             stop(process)
