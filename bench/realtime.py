@@ -192,6 +192,26 @@ def replica_url(stack_redis_url: str, api: str) -> str:
     return f"http://{replica.address}/{api}"
 
 
+def wait_proxy_settled(stack_redis_url: str, apis: list[str], timeout: float = 60.0) -> None:
+    """Until every proxy routes every replica of `apis` and runs one haproxy worker: a reload
+    during a run (a replica becoming routable just after it answered ready) would be measured."""
+    import redis
+
+    from api.replicas import ReplicaDirectory
+    from sluice.proxy import live_proxies
+
+    client = redis.Redis.from_url(stack_redis_url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = time.time()
+        wanted = {r.replica_id for api in apis for r in ReplicaDirectory(client).routable(now, api)}
+        proxies = live_proxies(client, now)
+        if wanted and proxies and all(p.settled and wanted <= set(p.routes) for p in proxies):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the proxy did not settle on the replicas of {', '.join(apis)} within {timeout:.0f}s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
@@ -259,6 +279,7 @@ def main() -> None:
                       for label in systems}
             for label, url in systems.items():
                 wait_http(url, bodies[label], tmp / f"{'bento' if 'bentoml' in label else 'baseline'}-{name}.log")
+            wait_proxy_settled(stack.redis_url, [a for a in (api, batched, no_model) if a])
             for concurrency in [max(concurrencies)] if name == "mlp-wide" else concurrencies:
                 runs = dict(systems)
                 if batched is not None and concurrency == max(concurrencies):
