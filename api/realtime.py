@@ -8,12 +8,13 @@ process leaves a readiness marker (`api/replicas.py`) and `GET /<api>` answers 2
 process of the replica has one. A predictor that fails to build leaves a failure marker and
 the process goes on answering 503 with the reason, instead of crash-looping.
 
-How it is launched (`sluice/replica.py`): `processes_per_replica` workers; the `sync` worker
-class when a process serves one request at a time, `gthread` with `--threads
-threads_per_process` otherwise. Server-side batching needs gthread: each request waiting in a
-batch holds one thread, so a batch is at most `threads_per_process` requests (config checks
-`max_batch_size` against it). `post_predict` runs on the request's own thread after the answer
-has been written (werkzeug's `call_on_close`), so a slow one holds that thread, as in Cortex.
+How it is launched (`sluice/replica_process.py`): `processes_per_replica` workers; the `sync`
+worker class when a process serves one request at a time, `gthread` with `--threads
+threads_per_process` otherwise, and gevent with server-side batching: each request waiting in
+a batch is a greenlet, the batch runs on the event loop's thread, and a batch is at most
+`threads_per_process` requests (config checks `max_batch_size` against it). `post_predict`
+runs on the request's own thread (or greenlet) after the answer has been written (werkzeug's
+`call_on_close`), so a slow one holds it, as in Cortex.
 
 The request path is kept lean (it is measured against a bare Flask app): nothing is inspected
 or looked up per request beyond the request itself, and nothing leaves the process on the request's

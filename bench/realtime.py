@@ -10,17 +10,17 @@ for that row as JSON. Systems, all with the same processes (and one thread each,
 - (d) BentoML serving the same model (`bench/realtime_bento.py`, in its own virtual environment
   made by `make bench`; skipped with a note when absent);
 - for the mlps at the highest concurrency: (e) Sluice with server-side batching
-  (`max_batch_size` 32, threads 32 per process) against (b), with the mean batch size it
-  reached and the best (e)/(b) any batching could reach on this machine (the ceiling, below).
+  (`max_batch_size` 32, threads 32 per process, gunicorn's gevent worker) against (b), with
+  the mean batch size it reached, and (f): (b) with a predictor that parses the rows but
+  returns zeros instead of running the model.
 Models: iris, mlp (32-1024-1024-10, the target's model) and mlp-wide (32-2048-2048-10, ~4.3M
 parameters, run at the highest concurrency only): batching pays in proportion to the share of
 a request's cost that is the model's, and the wide one shows it where that share is large.
-The ceiling: wrk, HAProxy and the replica share this machine's cores, so a request costs the
-machine `cpu/req` (busy CPU time over the run, from /proc/stat, per answered request) of which
-the model is only a part. (f) is (b) with a predictor that parses the rows but returns zeros
-instead of running the model: its `cpu/req` is what a request costs besides the model. Perfect
-batching would leave that plus the model's time per row in batches of 32 (timed in-process),
-so (e)/(b) can reach at most `cpu/req (b) / (cpu/req (f) + model us/row in 32s)`.
+`cpu/req`: wrk, HAProxy and the replica share this machine's cores, so each run reports the
+machine's busy CPU time (from /proc/stat) per answered request. (f)'s is what a request costs
+without batching besides its model: batching on the same serving path could save at most the
+rest, the model's share; (e) costs less than that because its serving path is cheaper too
+(greenlets instead of threads, connections kept alive; sluice/replica_process.py).
 Load: wrk (Debian package), one thread, a fixed duration per run, at each concurrency; runs of
 different systems are interleaved so drift on the machine hits all alike. Figures: requests/s,
 p50 and p99 latency from wrk, and ratios to (a) (requests/s; p50 difference in ms).
@@ -305,12 +305,13 @@ def main() -> None:
                 if "(d) bentoml" in figures:
                     print(f"{'':>8} {'':>4} (b) / (d) req/s: {b.rps / figures['(d) bentoml'].rps:.2f}")
                 if "(e) sluice, batching 32" in figures:
+                    e = figures["(e) sluice, batching 32"]
                     many = model_us_per_row(model_path, features, 32)
                     besides = figures["(f) sluice, no model"].cpu_us
                     mean = batches[0] / batches[1] if batches[1] else float("nan")
-                    print(f"{'':>8} {'':>4} (e) / (b) req/s: {figures['(e) sluice, batching 32'].rps / b.rps:.2f} "
-                          f"(mean batch {mean:.1f}); ceiling for any batching here: {b.cpu_us:,.0f} / "
-                          f"({besides:,.0f} + {many:,.0f}) = {b.cpu_us / (besides + many):.2f}")
+                    print(f"{'':>8} {'':>4} (e) / (b) req/s: {e.rps / b.rps:.2f} (mean batch {mean:.1f}); "
+                          f"CPU per request: (b) {b.cpu_us:,.0f} us, (e) {e.cpu_us:,.0f} us, (f) {besides:,.0f} us "
+                          f"without the model, which takes {many:,.0f} us per row in batches of 32")
                 sys.stdout.flush()
             for process in servers:
                 stop(process)

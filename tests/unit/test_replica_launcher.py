@@ -48,11 +48,15 @@ def test_a_single_threaded_replica_runs_sync_workers_with_a_timeout_no_predict_r
     assert argv[-1] == REPLICA_APP == "api.realtime:create_replica_app()"
 
 
-def test_threads_or_server_side_batching_choose_gthread():
+def test_threads_choose_gthread_and_server_side_batching_gevent():
+    assert _option(gunicorn_argv(_config().predictor, "h:1"), "--worker-class") == "sync"
     threaded = gunicorn_argv(_config(threads_per_process=8).predictor, "h:1")
     assert _option(threaded, "--worker-class") == "gthread" and _option(threaded, "--threads") == "8"
-    batching = _config(server_side_batching={"max_batch_size": 1, "batch_interval": "10ms"})
-    assert _option(gunicorn_argv(batching.predictor, "h:1"), "--worker-class") == "gthread"
+    batching = _config(threads_per_process=16, server_side_batching={"max_batch_size": 8, "batch_interval": "10ms"})
+    argv = gunicorn_argv(batching.predictor, "h:1")
+    # Requests waiting in a batch are greenlets; idle connections kept alive for the proxy get room besides.
+    assert _option(argv, "--worker-class") == "gevent" and _option(argv, "--worker-connections") == "32"
+    assert int(_option(argv, "--keep-alive")) > 60
 
 
 def test_a_long_request_timeout_lengthens_the_graceful_stop():
