@@ -354,6 +354,42 @@ def test_cortexs_tensorflow_iris_classifier_runs_unchanged(stack, serve, tmp_pat
     assert [a.text for a in answers] == expected
 
 
+BATCHED_TENSORFLOW_IRIS = '''
+labels = ["setosa", "versicolor", "virginica"]
+
+
+class TensorFlowPredictor:
+    def __init__(self, tensorflow_client, config):
+        self.client = tensorflow_client
+
+    def predict(self, payload):
+        columns = {name: [flower[name] for flower in payload] for name in payload[0]}
+        class_ids = self.client.predict(columns)["class_ids"]
+        return [{"label": labels[int(c)], "batch": len(payload)} for c in class_ids]
+'''
+
+
+def test_a_tensorflow_predictor_with_server_side_batching_answers_each_concurrent_request(stack, serve, tmp_path, iris):
+    """Batching replicas run on gevent's event loop; TensorFlow runs there as everywhere else."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    models = tmp_path / "models" / "iris-classifier"
+    weights = save_tensorflow_iris(models / "1", iris)
+    serve(write_realtime_project(tmp_path / "project", "iris-tf-batched", "tensorflow", BATCHED_TENSORFLOW_IRIS, {
+        "models": {"path": str(models)}, "threads_per_process": 8,
+        "server_side_batching": {"max_batch_size": 8, "batch_interval": "200ms"}}))
+    flowers = FLOWERS * 8
+
+    with ThreadPoolExecutor(len(flowers)) as pool:
+        answers = list(pool.map(lambda flower: post_json(stack, "iris-tf-batched", flower), flowers))
+
+    rows = np.hstack([np.array([[f[n] for n in FEATURES] for f in flowers], dtype=np.float32),
+                      np.ones((len(flowers), 1), dtype=np.float32)])
+    assert [a.status_code for a in answers] == [200] * len(flowers)
+    assert [a.json()["label"] for a in answers] == [LABELS[i] for i in np.argmax(rows @ weights, axis=1)]
+    assert max(a.json()["batch"] for a in answers) > 1  # requests were gathered, each answered with its own row
+
+
 def mpg_regressors() -> dict[int, Any]:
     """Three different fitted regressors of miles per gallon, one per model version."""
     from sklearn.linear_model import LinearRegression, Ridge
