@@ -105,12 +105,18 @@ def model_us_per_row(model_path: Path, features: int, rows: int) -> float:
     return (time.perf_counter() - start) / calls / rows * 1e6
 
 
-def mean_batch_size(stack_url: str, api: str) -> tuple[float, float]:
+def batch_size_totals(stack_url: str, api: str) -> tuple[float, float]:
     """(sum, count) of the stack's `sluice_realtime_batch_size` histogram for one API."""
-    text = requests.get(f"{stack_url}/metrics", timeout=10).text
-    found = {kind: float(value) for kind, value in re.findall(
-        rf'^sluice_realtime_batch_size_(sum|count)\{{api="{re.escape(api)}"\}} (\S+)$', text, re.M)}
-    return found.get("sum", 0.0), found.get("count", 0.0)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {"sum": 0.0, "count": 0.0}
+    for family in text_string_to_metric_families(requests.get(f"{stack_url}/metrics", timeout=10).text):
+        if family.name == "sluice_realtime_batch_size":
+            for sample in family.samples:
+                kind = sample.name.rsplit("_", 1)[-1]
+                if sample.labels.get("api") == api and kind in found:
+                    found[kind] = sample.value
+    return found["sum"], found["count"]
 
 
 def _ms(text: str) -> float:
@@ -198,15 +204,14 @@ def wait_proxy_settled(stack_redis_url: str, apis: list[str], timeout: float = 6
     import redis
 
     from api.replicas import ReplicaDirectory
-    from sluice.proxy import live_proxies
+    from sluice.proxy import routed_everywhere
 
     client = redis.Redis.from_url(stack_redis_url)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         now = time.time()
         wanted = {r.replica_id for api in apis for r in ReplicaDirectory(client).routable(now, api)}
-        proxies = live_proxies(client, now)
-        if wanted and proxies and all(p.settled and wanted <= set(p.routes) for p in proxies):
+        if wanted and routed_everywhere(client, wanted, now):
             return
         time.sleep(0.2)
     raise RuntimeError(f"the proxy did not settle on the replicas of {', '.join(apis)} within {timeout:.0f}s")
@@ -291,11 +296,11 @@ def main() -> None:
                 for label, url in runs.items():
                     wrk(url, bodies[label], concurrency, min(2.0, args.duration), tmp)  # warm up
                     if label.startswith("(e)"):
-                        batches = mean_batch_size(stack.url, batched)
+                        batches = batch_size_totals(stack.url, batched)
                     figures[label] = wrk(url, bodies[label], concurrency, args.duration, tmp)
                     if label.startswith("(e)"):
                         time.sleep(2.5)  # replicas add their figures to Redis about once a second
-                        after = mean_batch_size(stack.url, batched)
+                        after = batch_size_totals(stack.url, batched)
                         batches = (after[0] - batches[0], after[1] - batches[1])
                 base = figures["(a) gunicorn+flask"]
                 for label, f in figures.items():

@@ -13,8 +13,8 @@ a node from the next job.
 
 A predictor that holds the GIL (a C extension looping without releasing it) starves the watchdog
 thread too; for that case the kernel ends the process: SIGALRM, left at its default action, is
-armed for `SLUICE_HARD_STOP_GRACE_S` (default 5) past the limit. Such a try is not recorded as timed out; the batch's
-next delivery counts it as a lost one (see `LOST_DELIVERY_ALLOWANCE` in `jobs/batch_steps.py`).
+armed for `SLUICE_HARD_STOP_GRACE_S` (default 5) past the limit. Such a try is not recorded as
+timed out; the batch's next delivery counts it as a lost one (see `LOST_DELIVERY_ALLOWANCE` in `jobs/batch_steps.py`).
 """
 
 from __future__ import annotations

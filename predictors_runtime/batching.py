@@ -1,7 +1,7 @@
 """Server-side batching inside one replica process: concurrent requests gathered into one call.
 
-The requests are the threads of the process (or, in a replica, the greenlets of gunicorn's
-gevent worker, which patches `threading` so that the same code waits cooperatively). The first request
+The requests are the threads of the process (in a replica, the greenlets of gunicorn's gevent
+worker, which patches `threading` so that the same code waits cooperatively). The first request
 to arrive opens a window and becomes its leader; requests arriving while the window is open
 join it. The window closes when it holds `max_batch_size` requests or `interval_s` after it
 opened, whichever comes first. The leader then runs the batch on its own thread and hands

@@ -104,6 +104,13 @@ def unrouted(client: redis.Redis, replica_id: str, now: float) -> bool:
     return all(p.settled and replica_id not in p.routes for p in live_proxies(client, now))
 
 
+def routed_everywhere(client: redis.Redis, replica_ids: set[str], now: float) -> bool:
+    """True when some proxy runs and every live one has settled on a configuration routing all
+    of `replica_ids` (no reload in progress, no older haproxy worker left)."""
+    proxies = live_proxies(client, now)
+    return bool(proxies) and all(p.settled and replica_ids <= set(p.routes) for p in proxies)
+
+
 # -- one haproxy master ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class HAProxyState:

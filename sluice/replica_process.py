@@ -2,8 +2,9 @@
 
 A replica is `gunicorn 'api.realtime:create_replica_app()'` in the API's project folder. It gets
 no `--preload` (each process builds its own predictor after the fork, so CUDA and threads are
-its own), sync workers unless the API wants several requests per process at once (gthread),
-or gathers them into batches (gevent), and a process group of its own, tied to the launcher's life, so that nothing outlives the launcher.
+its own), sync workers unless the API wants several requests per process at once (gthread)
+or gathers them into batches (gevent), and a process group of its own, tied to the launcher's
+life, so that nothing outlives the launcher.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import yaml
 from api.replicas import ReplicaDirectory
 from sluice.client import Client
 from sluice.embedded import Stack, free_port
-from sluice.proxy import HAProxy, live_proxies
+from sluice.proxy import HAProxy, routed_everywhere
 
 from .conftest import FAST_LOOPS
 from .waiting import wait_for
@@ -193,11 +193,8 @@ def only_replica(load_client: Client, name: str) -> str:
 def wait_until_settled_on(redis_client: redis.Redis, replica_id: str) -> None:
     """Every proxy routes the replica and runs a single haproxy worker (no reload in progress),
     so the per-replica limits the test relies on are counted by one process."""
-    def settled() -> bool:
-        proxies = live_proxies(redis_client, time.time())
-        return bool(proxies) and all(p.settled and replica_id in p.routes for p in proxies)
-
-    wait_for(settled, 60, f"the proxy to settle on {replica_id}")
+    wait_for(lambda: routed_everywhere(redis_client, {replica_id}, time.time()), 60,
+             f"the proxy to settle on {replica_id}")
 
 
 def haproxy_of(stack: Stack) -> HAProxy:

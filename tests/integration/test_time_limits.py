@@ -22,19 +22,14 @@ import yaml
 from jobs.store import JobStore
 from sluice.client import Client
 from sluice.embedded import Stack, free_port
+from .conftest import FAST_LOOPS as CONFTEST_LOOPS
 from .waiting import wait_for as _wait_for
 
 pytestmark = pytest.mark.integration
 
-FAST_LOOPS = {
-    "SLUICE_BEAT_INTERVAL": "1",
-    "SLUICE_HEARTBEAT_INTERVAL": "0.5",
-    "SLUICE_NODE_TTL": "4",
-    "SLUICE_MODEL_POLL_INTERVAL": "0.5",
-    "SLUICE_ENQUEUE_STALE_AFTER": "3",
-    # Long enough for the watchdog thread to record a timed-out try first, short for the GIL case.
-    "SLUICE_HARD_STOP_GRACE_S": "2",
-}
+# The hard stop's grace: long enough for the watchdog thread to record a timed-out try first,
+# short for the GIL case.
+FAST_LOOPS = {**CONFTEST_LOOPS, "SLUICE_HARD_STOP_GRACE_S": "2"}
 
 HANGING_PREDICTOR = '''
 import ctypes, json, os, time
