@@ -16,6 +16,7 @@ from predictors_runtime.config import ApiConfig, parse_api_configs
 from predictors_runtime.errors import AccessDenied, BadRequest, ConfigError, Conflict, NotFound, SluiceError
 from predictors_runtime.storage import split_uri
 
+from .batch import endpoint_url
 from .context import registry, services
 from .registry import DeployedApi
 from .replicas import ReplicaDirectory
@@ -106,11 +107,12 @@ def replicas_of(api: DeployedApi, now: float) -> list[dict[str, Any]]:
 
 @blueprint.get("/apis/<name>")
 def get_api(name: str):
-    """The API's summary; a realtime API's also lists its replicas (launchers announce them)."""
+    """The API's summary with its endpoint; a realtime API's also lists its replicas (launchers
+    announce them)."""
     api = registry().get(name)
     body = api.summary()
+    body["endpoint"] = endpoint_url(api.name)
     if api.kind == REALTIME_KIND:
-        body["endpoint"] = f"/{api.name}"
         body["replicas"] = replicas_of(api, time.time())
     return Api.model_validate(body).response()
 

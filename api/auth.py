@@ -171,13 +171,22 @@ def request_guard(settings: "Settings") -> Callable[[], Response | None]:
         if request.path in OPEN_PATHS:
             return None
         if not settings.protect_realtime and (request.endpoint or "").startswith("fallback."):
-            return None
-        try:
-            authenticate(request.headers.get("Authorization"), keys)
-        except Unauthorized as e:
-            response = error_response(e.http_status, e.kind, e.message)
-            response.headers["WWW-Authenticate"] = "Bearer"
-            return response
-        return None
+            return None  # the fallback asks for a key itself when `/<name>` is a BatchAPI's
+        return key_refusal(keys)
 
     return guard
+
+
+def key_refusal(keys: Iterable[str]) -> Response | None:
+    """The 401 (with `WWW-Authenticate: Bearer`) for a request without a valid key; None when it
+    has one, or when no keys are set (the guard has then judged the bind already)."""
+    keys = tuple(keys)
+    if not keys:
+        return None
+    try:
+        authenticate(request.headers.get("Authorization"), keys)
+    except Unauthorized as e:
+        response = error_response(e.http_status, e.kind, e.message)
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+    return None

@@ -1,4 +1,9 @@
-"""The Batch API: submit, watch, list and stop jobs (`/batch/<api_name>`), as Cortex spelled it."""
+"""The Batch API: submit, watch, list and stop jobs, as Cortex spelled it.
+
+Every operation is served at `/batch/<api_name>`, and the three of Cortex's endpoint (submit,
+read, stop) at the API's own path `/<api_name>` too: `api/fallback.py` hands those here when the
+name is a BatchAPI's.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +14,18 @@ from flask import Blueprint, request
 from jobs.enqueue import plan_job, stop_job, submit_job
 from jobs.status import job_status_view
 from jobs.submission import parse_job_request
-from predictors_runtime.errors import BadRequest, Conflict, JobNotFound
+from predictors_runtime.errors import ApiNotFound, BadRequest, Conflict, JobNotFound
 
 from .context import registry, services
 from .json_body import parse_json_body
+from .registry import DeployedApi
 from .metrics import JOBS_SUBMITTED
 from .schemas import (DryRun, FailedBatches, JobList, JobQuery, JobSpec, JobsQuery, JobStatusAnswer, Stopped,
                       SubmitQuery, parse_query)
 
 blueprint = Blueprint("batch", __name__)
+
+BATCH_KIND = "BatchAPI"
 
 
 def _json_body() -> Any:
@@ -27,13 +35,22 @@ def _json_body() -> Any:
     return parse_json_body(raw)
 
 
-def _endpoint(api_name: str) -> str:
-    return f"{request.host_url.rstrip('/')}/batch/{api_name}"
+def endpoint_url(api_name: str) -> str:
+    """The API's endpoint as Cortex gave it: its own path at the address the request came to."""
+    return f"{request.host_url.rstrip('/')}/{api_name}"
+
+
+def batch_api(api_name: str) -> DeployedApi:
+    """The deployed BatchAPI of that name; any other kind takes no jobs (`api_not_found`)."""
+    api = registry().get(api_name)
+    if api.kind != BATCH_KIND:
+        raise ApiNotFound(f"{api_name} is a {api.kind}, not a BatchAPI: it takes no jobs")
+    return api
 
 
 @blueprint.post("/batch/<api_name>")
 def submit(api_name: str):
-    api = registry().get(api_name)
+    api = batch_api(api_name)
     query = parse_query(SubmitQuery)
     plan = plan_job(services(), parse_job_request(_json_body()), api.name)
     if query.dryRun:
@@ -46,13 +63,13 @@ def submit(api_name: str):
 @blueprint.get("/batch/<api_name>")
 def get_jobs(api_name: str):
     """With `jobID`: that job's status; without: the API's jobs, newest first."""
-    api = registry().get(api_name)
+    api = batch_api(api_name)
     store = services().store
     query = parse_query(JobsQuery)
     if query.jobID is not None:
         state = store.state(query.jobID, api_name=api.name)
         return JobStatusAnswer.model_validate(
-            {"job_status": job_status_view(state), "endpoint": _endpoint(api.name), "api_spec": api.spec}
+            {"job_status": job_status_view(state), "endpoint": endpoint_url(api.name), "api_spec": api.spec}
         ).response()
     limit = query.limit
     views = []
@@ -66,7 +83,7 @@ def get_jobs(api_name: str):
 
 @blueprint.delete("/batch/<api_name>")
 def stop(api_name: str):
-    api = registry().get(api_name)
+    api = batch_api(api_name)
     state = services().store.state(parse_query(JobQuery).jobID, api_name=api.name)
     if not stop_job(services(), state.job):
         current = services().store.state(state.job.job_id)
@@ -77,8 +94,12 @@ def stop(api_name: str):
 @blueprint.get("/batch/<api_name>/failed")
 def failed_batches(api_name: str):
     """The batches of a job that failed after all their tries, with error and payload."""
-    api = registry().get(api_name)
+    api = batch_api(api_name)
     state = services().store.state(parse_query(JobQuery).jobID, api_name=api.name)
     return FailedBatches.model_validate(
         {"job_id": state.job.job_id, "failed_batches": services().store.failed_batches(state.job.job_id)}
     ).response()
+
+
+# Cortex's endpoint, `/<api_name>`, as the fallback dispatches it (after checking the API key).
+AT_API_PATH = {"POST": submit, "GET": get_jobs, "DELETE": stop}

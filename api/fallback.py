@@ -1,8 +1,10 @@
-"""`GET/POST /<name>` when the proxy has no replica to send them to.
+"""`/<name>` when the proxy has no replica to send it to.
 
-The proxy routes `/<name>` of a realtime API to its ready replicas; anything else comes here,
-so these answers say why there was no replica: the API is a BatchAPI (jobs go to
-`/batch/<name>`), is not deployed, or is a realtime API whose replicas are not ready yet.
+The proxy routes `/<name>` of a realtime API to its ready replicas; anything else comes here.
+A BatchAPI's `/<name>` is Cortex's job endpoint (`POST` submits, `GET ?jobID=` reads, `DELETE
+?jobID=` stops), served by the Batch API's own handlers behind the API key. For the rest these
+answers say why there was no replica: the API is not deployed, or is a realtime API whose
+replicas are not ready yet.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import re
 import time
 import uuid
 
-from flask import Blueprint, request
+from flask import Blueprint, Response, request
+from werkzeug.exceptions import MethodNotAllowed
 from werkzeug.routing import BaseConverter
 
 from jobs.figures import REALTIME_REJECTED, REALTIME_REQUESTS
@@ -19,6 +22,7 @@ from predictors_runtime import figures
 from predictors_runtime.config import RESERVED_NAMES
 from predictors_runtime.errors import ApiNotFound
 
+from . import auth, batch
 from .apis import REALTIME_KIND
 from .context import registry, services
 from .replicas import ReplicaDirectory
@@ -47,15 +51,27 @@ def _answer(status: int, kind: str, message: str, request_id: str | None = None)
     return response
 
 
-@blueprint.route("/<unreserved:api_name>", methods=["GET", "POST"])
-def unrouted_api(api_name: str):
+# What `/<name>` of a realtime API answers (its replicas serve these two).
+REALTIME_METHODS = ("GET", "POST")
+
+
+@blueprint.route("/<unreserved:api_name>", methods=["GET", "POST", "DELETE"])
+def unrouted_api(api_name: str) -> Response:
     name = api_name
     try:
         api = registry().get(name)
     except ApiNotFound:
         return _answer(404, ApiNotFound.kind, f"api {name} is not deployed")
+    if api.kind == batch.BATCH_KIND:
+        # Open only as far as realtime APIs are: a job submission always wants the key.
+        refusal = auth.key_refusal(services().settings.api_keys)
+        if refusal is not None:
+            return refusal
+        return batch.AT_API_PATH[request.method](name)
     if api.kind != REALTIME_KIND:
-        return _answer(404, ApiNotFound.kind, f"{name} is a {api.kind}: submit jobs with POST /batch/{name}")
+        return _answer(404, ApiNotFound.kind, f"{name} is a {api.kind}: it answers nothing at /{name}")
+    if request.method not in REALTIME_METHODS:
+        raise MethodNotAllowed(valid_methods=list(REALTIME_METHODS))
     request_id = request.headers.get("X-Request-ID") or uuid.uuid4().hex
     replicas = ReplicaDirectory(services().redis).live(time.time(), name)
     reasons = [r.message for r in replicas if r.message and not r.ready]

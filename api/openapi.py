@@ -207,17 +207,24 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         query=schemas.LogsQuery,
     ),
     ("GET", "/<api_name>"): Operation(
-        "getRealtimeReadiness", "Readiness of a realtime API",
-        {200: Answer("ready, with the model versions being served", (schemas.Readiness,)),
-         404: _error("api_not_found (not deployed, or a BatchAPI) or model_not_found", schemas.RealtimeError),
+        "getAtApiPath", "Readiness of a realtime API; a batch API's job status or jobs",
+        {200: Answer("a RealtimeAPI: ready, with the model versions being served; a BatchAPI: as GET "
+                     "/batch/{api_name}", (schemas.Readiness, schemas.JobStatusAnswer, schemas.JobList)),
+         400: _error("bad_request (a BatchAPI's query parameter out of range)"),
+         404: _error("api_not_found (not deployed), model_not_found, or job_not_found (a BatchAPI's jobID)",
+                     schemas.RealtimeError),
          503: _error("not_ready: no replica is ready yet; the message says why", schemas.RealtimeError)},
-        description="200 once a replica of the API has built its predictor and loaded its models.",
+        description="A RealtimeAPI: 200 once a replica of the API has built its predictor and loaded its "
+                    "models. A BatchAPI (Cortex's endpoint): with jobID the job's status, without the API's "
+                    "jobs, as GET /batch/{api_name}; it wants the API key whenever keys are set.",
         header_parameters=(_REQUEST_ID_PARAMETER,),
+        query=schemas.JobsQuery,
         realtime=True,
     ),
     ("POST", "/<api_name>"): Operation(
-        "predict", "Predict: the predictor's predict(payload, query_params, headers)",
-        {200: Answer("what predict returned", content={
+        "predictOrSubmitJob", "A RealtimeAPI's predict(payload, query_params, headers); a BatchAPI's job submission",
+        {200: Answer("what predict returned; for a BatchAPI the job as submitted (as POST /batch/{api_name})",
+                     content={
             "application/json": {"schema": {}},
             "text/plain": {"schema": {"type": "string"}},
             "application/octet-stream": {"schema": _BINARY},
@@ -235,10 +242,12 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
          504: _error("request_timeout: the API's request_timeout ran out while the request waited or ran",
                      schemas.RealtimeError)},
         description=(
-            "The payload predict receives depends on the Content-Type: parsed JSON, a multi-dict of "
-            "form fields and files, decoded text, or the body's bytes for any other type. The answer "
-            "is JSON for a JSON-able result, text/plain for a str, application/octet-stream for bytes, "
-            "or whatever response the predictor built."
+            "A RealtimeAPI: the payload predict receives depends on the Content-Type: parsed JSON, a "
+            "read-only mapping of form fields and files, decoded text, or the body's bytes for any other "
+            "type. The answer is JSON for a JSON-able result, text/plain for a str, "
+            "application/octet-stream for bytes, or whatever response the predictor built. A BatchAPI "
+            "(Cortex's endpoint): a job submission, with the body, query and answers of POST "
+            "/batch/{api_name}; it wants the API key whenever keys are set."
         ),
         header_parameters=(_REQUEST_ID_PARAMETER, {
             "name": "query_params", "in": "query", "required": False, "style": "form", "explode": True,
@@ -255,6 +264,16 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             "*/*": {"schema": _BINARY},
         }},
         realtime=True,
+    ),
+    ("DELETE", "/<api_name>"): Operation(
+        "stopJobAtApiPath", "Stop a batch API's job (Cortex's endpoint)",
+        {200: Answer("stopped: no new batch starts; running ones finish", (schemas.Stopped,)),
+         400: _error("bad_request: jobID is missing"),
+         404: _error("api_not_found (not deployed) or job_not_found"),
+         405: _error("method_not_allowed: the API is a RealtimeAPI"),
+         409: _error("conflict: the job has already ended")},
+        description="As DELETE /batch/{api_name}.",
+        query=schemas.JobQuery,
     ),
 }
 

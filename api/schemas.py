@@ -122,7 +122,7 @@ class JobStatusAnswer(Body):
     """`GET /batch/<api>?jobID=...`, as Cortex answered it."""
 
     job_status: JobStatusView
-    endpoint: str
+    endpoint: str = Field(description="the API's endpoint, <address>/<api>, where jobs are submitted and read")
     api_spec: ApiConfig
 
 
@@ -165,7 +165,7 @@ class Replica(Body):
 
 
 class Api(Body):
-    """A deployed API; `GET /apis/<name>` of a realtime API adds its endpoint and live replicas."""
+    """A deployed API; `GET /apis/<name>` adds its endpoint, and for a realtime API its live replicas."""
 
     name: str
     kind: Literal["BatchAPI", "RealtimeAPI"]
@@ -174,7 +174,9 @@ class Api(Body):
     deployed_at: float
     ignored_fields: list[str]
     spec: ApiConfig
-    endpoint: str | None = Field(default=None, description="RealtimeAPI only: /<name>")
+    endpoint: str | None = Field(default=None, description="in GET /apis/{name}: the URL of /<name> at the "
+                                 "address the request came to (a BatchAPI's job endpoint, a RealtimeAPI's "
+                                 "predictions)")
     replicas: list[Replica] | None = Field(default=None, description="RealtimeAPI only, in GET /apis/{name}")
 
 

@@ -1,10 +1,12 @@
 """The `payload` a realtime predictor receives, chosen by the request's Content-Type as Cortex did.
 
 - `application/json` and any `+json` type: the parsed value.
-- `multipart/form-data` and `application/x-www-form-urlencoded`: a read-only multi-dict
+- `multipart/form-data` and `application/x-www-form-urlencoded`: a read-only mapping
   (`FormPayload`) of strings and uploaded files (`UploadedFile`: `.file`, `.filename`,
   `.content_type`, `.read()`), so Cortex's `payload["image"].file.read()` and
-  `pickle.load(payload["object"].file)` work unchanged.
+  `pickle.load(payload["object"].file)` work unchanged. Like starlette's `FormData`, which
+  Cortex handed over, it is a `Mapping` but not a `dict`: predictors that tell JSON objects
+  from forms with `isinstance(payload, dict)` keep working.
 - `text/plain`: a str decoded with the request's charset (utf-8 unless it says otherwise).
 - anything else, or no Content-Type: the body's bytes.
 
@@ -17,10 +19,11 @@ from __future__ import annotations
 
 import codecs
 import json
+from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
 import orjson
-from werkzeug.datastructures import FileStorage, ImmutableMultiDict
+from werkzeug.datastructures import FileStorage
 from werkzeug.wrappers import Request
 
 from .errors import BadRequest
@@ -40,15 +43,45 @@ class UploadedFile(FileStorage):
         return cls(stream=storage.stream, filename=storage.filename, name=storage.name, headers=storage.headers)
 
 
-class FormPayload(ImmutableMultiDict):  # type: ignore[type-arg]
-    """A form's fields (str) and files (`UploadedFile`), by name; read-only.
+class FormPayload(Mapping[str, Any]):
+    """A form's fields (str) and files (`UploadedFile`) by name; read-only, as starlette's `FormData`.
 
-    `payload[name]` is the first value sent under that name, `payload.getlist(name)` all of them.
+    Not a `dict` (werkzeug's multi-dicts are), because Cortex predictors tell a JSON object from
+    a form with `isinstance(payload, dict)`. The semantics follow starlette's, which Cortex
+    served: `payload[name]` is the last value sent under that name, `getlist(name)` all of them
+    in the order sent, `multi_items()` every (name, value) pair (text fields before files, each
+    name's values in the order sent).
     """
+
+    __slots__ = ("_items", "_last")
+
+    def __init__(self, items: Iterable[tuple[str, Any]] = ()) -> None:
+        self._items: tuple[tuple[str, Any], ...] = tuple(items)
+        self._last: dict[str, Any] = dict(self._items)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._last[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._last)
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self._items)!r})"
+
+    def getlist(self, name: str) -> list[Any]:
+        """Every value sent under `name`, in the order sent (empty when none was)."""
+        return [value for key, value in self._items if key == name]
+
+    def multi_items(self) -> list[tuple[str, Any]]:
+        """Every (name, value) pair, repeated names included."""
+        return list(self._items)
 
     def close(self) -> None:
         """Close the uploaded files (the temporary files of large uploads go with them)."""
-        for value in self.values():
+        for _, value in self._items:
             if isinstance(value, UploadedFile):
                 value.close()
 

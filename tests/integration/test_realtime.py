@@ -211,17 +211,59 @@ def test_a_predictor_exception_is_a_500_and_the_api_keeps_serving(rt_stack, rt_c
     assert rt_client.predict(name, {"fine": True})["echo"] == {"fine": True}
 
 
-def test_posting_to_a_batch_api_at_its_name_points_to_the_batch_endpoint(rt_stack, rt_client, tmp_path):
+# How Cortex projects told a JSON object from a form (starlette's FormData is no dict).
+FORM_OR_JSON_PREDICTOR = '''
+class PythonPredictor:
+    def __init__(self, config):
+        pass
+
+    def predict(self, payload):
+        if isinstance(payload, dict):
+            return {"json": sorted(payload)}
+        fields = {name: payload[name] for name in payload if isinstance(payload[name], str)}
+        files = {name: [payload[name].filename, payload[name].content_type, payload[name].file.read().decode()]
+                 for name in payload if not isinstance(payload[name], str)}
+        return {"form": fields, "tags": payload.getlist("tag"), "files": files}
+'''
+
+
+def test_a_cortex_predictor_tells_forms_from_json_objects_as_it_did_on_cortex(rt_stack, rt_client, deploy_realtime):
+    name = deploy_realtime(source=FORM_OR_JSON_PREDICTOR)
+    rt_client.wait_ready(name, timeout=120)
+    url = f"{rt_stack.url}/{name}"
+
+    as_json = requests.post(url, json={"tag": "a", "name": "iris"}, timeout=30)
+    urlencoded = requests.post(url, data="tag=a&name=iris&tag=b", timeout=30,
+                               headers={"Content-Type": "application/x-www-form-urlencoded"})
+    multipart = requests.post(url, data={"name": "iris"}, timeout=30,
+                              files={"rows": ("rows.csv", b"1,2,3", "text/csv")})
+
+    assert as_json.json() == {"json": ["name", "tag"]}
+    assert urlencoded.json() == {"form": {"tag": "b", "name": "iris"}, "tags": ["a", "b"], "files": {}}
+    assert multipart.json() == {"form": {"name": "iris"}, "tags": [], "files": {"rows": ["rows.csv", "text/csv", "1,2,3"]}}
+
+
+def test_a_batch_apis_own_path_at_the_public_address_takes_reads_and_stops_jobs_as_on_cortex(
+        rt_stack, rt_client, tmp_path):
     from .conftest import write_project
 
     name = f"batch-{uuid.uuid4().hex[:8]}"
     rt_client.deploy(write_project(tmp_path / name, name))
-    for method in ("GET", "POST"):
-        response = requests.request(method, f"{rt_stack.url}/{name}", json={}, timeout=30)
-        assert response.status_code == 404
-        assert response.json() == {
-            "kind": "api_not_found", "message": f"{name} is a BatchAPI: submit jobs with POST /batch/{name}",
-        }
+    endpoint = f"{rt_stack.url}/{name}"
+    # Cortex's curl lines with only the host changed (this stack runs no worker: the job waits)
+    submitted = requests.post(endpoint, json={"workers": 1, "item_list": {"items": [1, 2, 3], "batch_size": 2}},
+                              timeout=30)
+    assert submitted.status_code == 200, submitted.text
+    job_id = submitted.json()["job_id"]
+
+    read = requests.get(endpoint, params={"jobID": job_id}, timeout=30).json()
+    stopped = requests.delete(endpoint, params={"jobID": job_id}, timeout=30)
+
+    assert read["endpoint"] == endpoint and read["api_spec"]["name"] == name
+    assert read["job_status"]["job_id"] == job_id and read["job_status"]["total_batch_count"] == 2
+    assert stopped.status_code == 200 and stopped.json() == {"message": f"stopped job {job_id}"}
+    assert rt_client.job(name, job_id)["status"] == "status_stopped"
+    assert rt_client.get_api(name)["endpoint"] == endpoint
 
 
 def test_an_unknown_api_is_a_404_and_reserved_paths_keep_their_meaning(rt_stack):

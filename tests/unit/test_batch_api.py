@@ -145,3 +145,72 @@ def test_a_dry_run_checks_the_submission_and_creates_no_job(client: FlaskClient,
     assert answer.status_code == 200
     assert (answer.get_json()["dry_run"], answer.get_json()["total_batch_count"]) == (True, 2)
     assert services.store.list_ids("iris") == []
+
+
+def test_cortexs_endpoint_at_the_apis_own_path_submits_reads_lists_and_stops_a_job(client: FlaskClient) -> None:
+    answer = client.post("/iris", json={"item_list": {"items": [1, 2, 3], "batch_size": 2}, "workers": 1})
+    assert answer.status_code == 200, answer.get_json()
+    job_id = answer.get_json()["job_id"]
+    for thread in threading.enumerate():
+        if thread.name == f"enqueue-{job_id}":
+            thread.join()
+
+    read = client.get(f"/iris?jobID={job_id}").get_json()
+    assert read["job_status"]["job_id"] == job_id and read["job_status"]["status"] == "status_running"
+    assert read["endpoint"] == "http://localhost/iris"  # Cortex's: the API's own path
+    assert read["api_spec"]["name"] == "iris"
+    assert client.get(f"/batch/iris?jobID={job_id}").get_json()["endpoint"] == "http://localhost/iris"
+    assert [job["job_id"] for job in client.get("/iris").get_json()["jobs"]] == [job_id]
+
+    stopped = client.delete(f"/iris?jobID={job_id}")
+    assert stopped.status_code == 200 and stopped.get_json() == {"message": f"stopped job {job_id}"}
+    assert job_status(client, job_id)["status"] == JobStatus.STOPPED.value
+    assert client.delete(f"/iris?jobID={job_id}").status_code == 409
+    assert client.delete("/iris").status_code == 400  # jobID is required
+    assert client.get("/iris?jobID=0123456789abcdef0000").get_json()["kind"] == "job_not_found"
+
+
+def test_the_api_description_carries_an_absolute_endpoint(client: FlaskClient) -> None:
+    assert client.get("/apis/iris").get_json()["endpoint"] == "http://localhost/iris"
+
+
+def test_a_realtime_api_takes_no_jobs_and_its_path_refuses_delete(client: FlaskClient, services: Services) -> None:
+    realtime = {"name": "live", "kind": "RealtimeAPI", "predictor": {"type": "python", "path": "predictor.py"}}
+    ApiRegistry(services.redis).put(ApiConfig.from_dict(realtime), "sha256-def")
+    body = {"item_list": {"items": [1], "batch_size": 1}}
+
+    at_batch = client.post("/batch/live", json=body)
+    deleted = client.delete("/live?jobID=0123456789abcdef0000")
+
+    assert at_batch.status_code == 404 and at_batch.get_json()["kind"] == "api_not_found"
+    assert "RealtimeAPI" in at_batch.get_json()["message"]
+    assert services.store.list_ids("live") == []
+    assert deleted.status_code == 405 and set(deleted.headers["Allow"].split(", ")) >= {"GET", "POST"}
+    assert client.post("/live", json=body).get_json()["kind"] == "not_ready"  # no replica: the fallback's answer
+
+
+def test_with_api_keys_a_job_at_the_apis_own_path_wants_a_key_while_realtime_answers_stay_open(
+    services: Services,
+) -> None:
+    from dataclasses import replace
+
+    keyed = replace(services, settings=replace(services.settings, api_keys=("s3cret",)))
+    registry = ApiRegistry(services.redis)
+    registry.put(ApiConfig.from_dict(API), "sha256-abc")
+    registry.put(ApiConfig.from_dict({**API, "name": "live", "kind": "RealtimeAPI"}), "sha256-def")
+    app = create_app(services=keyed)
+    body = {"item_list": {"items": [1], "batch_size": 1}}
+    try:
+        with app.test_client() as client:
+            refused = [client.open("/iris", method=method, json=body if method == "POST" else None)
+                       for method in ("POST", "GET", "DELETE")]
+            accepted = client.post("/iris", json=body, headers={"Authorization": "Bearer s3cret"})
+            realtime = client.post("/live", json=body)
+    finally:
+        app.extensions["sluice.figures"].close()
+
+    assert [r.status_code for r in refused] == [401, 401, 401]
+    assert all(r.headers["WWW-Authenticate"] == "Bearer" for r in refused)
+    assert accepted.status_code == 200
+    assert services.store.list_ids("iris") == [accepted.get_json()["job_id"]]
+    assert realtime.status_code == 503  # open as realtime APIs are without SLUICE_PROTECT_REALTIME

@@ -141,8 +141,9 @@ def test_a_field_an_answer_gains_without_its_model_is_refused():
 
 
 def test_a_realtime_api_answers_readiness_and_predictions_with_a_request_id_on_every_answer(document):
-    path = document["paths"]["/{api_name}"]
-    assert set(path["get"]["responses"]) == {"200", "401", "404", "503"}
+    path = {method: operation for method, operation in document["paths"]["/{api_name}"].items()
+            if method in ("get", "post")}
+    assert set(path["get"]["responses"]) == {"200", "400", "401", "404", "503"}
     assert set(path["post"]["responses"]) >= {"200", "400", "404", "500", "503", "504"}
     assert set(path["post"]["requestBody"]["content"]) >= {
         "application/json", "application/x-www-form-urlencoded", "multipart/form-data", "text/plain",
@@ -155,6 +156,16 @@ def test_a_realtime_api_answers_readiness_and_predictions_with_a_request_id_on_e
     error = _resolve(document, path["post"]["responses"]["503"]["content"]["application/json"]["schema"])
     assert {"kind", "message", "request_id"} <= set(error["properties"])
     assert "Retry-After" in path["post"]["responses"]["503"]["headers"]
+
+
+def test_a_batch_apis_own_path_is_cortexs_job_endpoint(document):
+    path = document["paths"]["/{api_name}"]
+    options = path["get"]["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"]
+    answers = [set(_resolve(document, option)["properties"]) for option in options]
+    assert {"job_status", "endpoint", "api_spec"} in answers
+    assert "BatchAPI" in path["post"]["description"]
+    assert set(path["delete"]["responses"]) >= {"200", "400", "401", "404", "405", "409"}
+    assert any(p["name"] == "jobID" and p["required"] for p in path["delete"]["parameters"])
 
 
 def test_a_realtime_api_lists_its_replicas(document):

@@ -114,3 +114,40 @@ def test_no_content_type_gives_the_raw_bytes():
     request = request_with(data=b"\x00\x01binary")
     request.environ.pop("CONTENT_TYPE", None)
     assert parse_payload(request) == b"\x00\x01binary"
+
+
+def test_a_form_payload_is_a_mapping_but_not_a_dict_as_cortexs_form_data_was():
+    """Cortex predictors tell JSON objects from forms with `isinstance(payload, dict)`."""
+    from collections.abc import Mapping
+
+    form = parse_payload(request_with(data="key=value", content_type="application/x-www-form-urlencoded"))
+    parsed_json = parse_payload(request_with(json={"key": "value"}))
+
+    assert isinstance(form, Mapping) and not isinstance(form, dict)
+    assert isinstance(parsed_json, dict)
+    assert dict(form) == {"key": "value"} and list(form) == ["key"] and len(form) == 1
+    assert "key" in form and "other" not in form and form.get("other") is None
+
+
+def test_a_repeated_form_field_reads_as_starlette_read_it():
+    request = request_with(data="tag=a&name=iris&tag=b&tag=c", content_type="application/x-www-form-urlencoded")
+
+    payload = parse_payload(request)
+
+    assert payload["tag"] == "c"  # the last value sent, as starlette's FormData answers
+    assert payload.getlist("tag") == ["a", "b", "c"]
+    assert payload.getlist("missing") == []
+    assert sorted(payload.multi_items()) == [("name", "iris"), ("tag", "a"), ("tag", "b"), ("tag", "c")]
+    assert dict(payload.items()) == {"tag": "c", "name": "iris"}
+
+
+def test_closing_a_form_payload_closes_every_uploaded_file_even_repeated_ones():
+    request = request_with(data={"upload": [(io.BytesIO(b"one"), "1.txt"), (io.BytesIO(b"two"), "2.txt")],
+                                 "name": "rows"})
+    payload = parse_payload(request)
+    files = payload.getlist("upload")
+    assert [f.filename for f in files] == ["1.txt", "2.txt"]
+
+    payload.close()
+
+    assert all(f.file.closed for f in files)
