@@ -2,12 +2,12 @@
 
 from .client import (
     ApiNotFound, BadRequest, Client, ClientError, Conflict, InvalidConfig, InvalidModelInput, JobNotFound,
-    ModelNotFound, NotFound, NotReady, Overloaded, PredictorError, RequestTimeout, ServerError, Unreachable,
-    client,
+    ModelNotFound, NotFound, NotReady, Overloaded, PredictorError, RequestTimeout, RetryPolicy, ServerError,
+    Unreachable, client,
 )
 
 __all__ = [
     "ApiNotFound", "BadRequest", "Client", "ClientError", "Conflict", "InvalidConfig", "InvalidModelInput",
     "JobNotFound", "ModelNotFound", "NotFound", "NotReady", "Overloaded", "PredictorError", "RequestTimeout",
-    "ServerError", "Unreachable", "client",
+    "RetryPolicy", "ServerError", "Unreachable", "client",
 ]

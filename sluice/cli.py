@@ -1,8 +1,9 @@
 """The `sluice` command: Cortex's verbs (deploy, get, submit, wait, stop, predict, delete) for Sluice.
 
-Read commands print tables (rich) or, with `-o json`, one JSON document for scripts. Every
-failure exits non-zero with one line on stderr (`error: 404 api_not_found: ...`), never a
-traceback; `--url` / SLUICE_URL names a remote Sluice.
+Commands print tables or lines for people (rich) or, with `-o json`, one JSON document on stdout
+for scripts (`logs -o json`: one per line). Every failure exits non-zero with one line on
+stderr (`error: 404 api_not_found: ...`), never a traceback; `--url` / SLUICE_URL names a
+remote Sluice.
 """
 
 from __future__ import annotations
@@ -75,9 +76,12 @@ def one_line(message: str) -> str:
     return lines[0] + (" (...)" if len(lines) > 1 else "")
 
 
-def output_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("-o", "--output", type=click.Choice(OUTPUT_FORMATS), default="table", show_default=True,
-                        help="table for people, json for scripts.")(command)
+def output_option(command: Callable[..., Any] | None = None, *, default: str = "table",
+                  help: str = "table for people, json for scripts (one JSON document on stdout).") -> Any:
+    """`-o/--output table|json`, on every command that prints, as Cortex's CLI had it."""
+    option = click.option("-o", "--output", type=click.Choice(OUTPUT_FORMATS), default=default, show_default=True,
+                          help=help)
+    return option(command) if command is not None else option
 
 
 def _client(ctx: click.Context) -> Client:
@@ -308,7 +312,7 @@ def _get_api(client: Client, name: str, output: str) -> None:
         _print({**api, "jobs": jobs})
         return
     click.echo(f"{name}  {api['kind']}  queue {api['queue']}  deployed {_ago(api['deployed_at'], now)}")
-    click.echo(f"endpoint: {client.url}/batch/{name}")
+    click.echo(f"endpoint: {api['endpoint']}")
     if not jobs:
         click.echo("no jobs")
         return
@@ -341,7 +345,8 @@ def _versions(info: Any) -> str:
 
 def _get_job(client: Client, api: str, job_id: str, output: str) -> None:
     now = time.time()
-    job = client.job(api, job_id)
+    answer = client.get_job(api, job_id)
+    job = answer["job_status"]
     failed = client.failed_batches(api, job_id)
     location = None
     if job.get("output"):
@@ -349,7 +354,9 @@ def _get_job(client: Client, api: str, job_id: str, output: str) -> None:
 
         location = join_uri(job["output"]["path"], job_id)
     if output == "json":
-        _print({**job, "failed_batches": failed, "output_location": location})
+        # Cortex's `get API JOB_ID -o json` shape; Sluice's extras beside it.
+        _print({"job_status": job, "endpoint": answer["endpoint"], "api_spec": answer["api_spec"],
+                "failed_batches": failed, "output_location": location})
         return
     metrics = job["batch_metrics"]
     workers = job["worker_counts"]
@@ -384,10 +391,13 @@ def _get_job(client: Client, api: str, job_id: str, output: str) -> None:
 @click.option("--timeout", default=None, type=int, help="Seconds before the job is timed out.")
 @click.option("--tries", default=None, type=int, help="Tries per batch (default 1).")
 @click.option("--wait", is_flag=True, help="Wait for the job to end, showing progress; non-zero unless it succeeds.")
+@output_option(default="json", help="json (one document: the job's spec, or with --wait its final job_status) "
+               "or table (a line for people).")
 @click.pass_context
 def submit(ctx: click.Context, api: str, submission, items_file, body_file, batch_size: int | None,
-           workers: int | None, config_json: str | None, timeout: int | None, tries: int | None, wait: bool) -> None:
-    """Submit a job to a BatchAPI and print its spec (JSON).
+           workers: int | None, config_json: str | None, timeout: int | None, tries: int | None, wait: bool,
+           output: str) -> None:
+    """Submit a job to a BatchAPI and print its spec (JSON), or with --wait its final job_status.
 
     \b
     sluice submit API job.json                       # any submission body (item_list, file_path_lister, ...)
@@ -422,11 +432,16 @@ def submit(ctx: click.Context, api: str, submission, items_file, body_file, batc
                                  timeout=timeout, tries=tries)
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not valid JSON: {e}") from e
-    _print(spec)
-    if wait:
-        final = _wait_with_progress(client, api, spec["job_id"], timeout=None)
-        _print(final)
-        _exit_for(final)
+    if output == "table":
+        click.echo(f"submitted job {spec['job_id']} to {api}: {spec['total_batch_count']} batches, "
+                   f"{spec['workers']} worker(s)")
+    if not wait:
+        if output == "json":
+            _print(spec)
+        return
+    final = _wait_with_progress(client, api, spec["job_id"], timeout=None)
+    _print(final) if output == "json" else click.echo(_final_line(final))
+    _exit_for(final)
 
 
 def _wait_with_progress(client: Client, api: str, job_id: str, timeout: float | None) -> dict[str, Any]:
@@ -460,6 +475,12 @@ def _wait_with_progress(client: Client, api: str, job_id: str, timeout: float | 
         return client.wait(api, job_id, timeout=timeout, on_progress=show)
 
 
+def _final_line(final: dict[str, Any]) -> str:
+    metrics = final["batch_metrics"]
+    return (f"job {final['job_id']}: {final['status']} ({metrics['succeeded']} succeeded, {metrics['failed']} failed "
+            f"of {final['total_batch_count']} batches)")
+
+
 def _exit_for(final: dict[str, Any]) -> None:
     if final["status"] != "status_succeeded":
         message = f": {one_line(final['message'])}" if final.get("message") else ""
@@ -475,12 +496,7 @@ def _exit_for(final: dict[str, Any]) -> None:
 def wait(ctx: click.Context, api: str, job_id: str, timeout: float | None, output: str) -> None:
     """Follow a job with a live progress bar until it ends; exit 0 only if it succeeded."""
     final = _wait_with_progress(_client(ctx), api, job_id, timeout)
-    if output == "json":
-        _print(final)
-    else:
-        metrics = final["batch_metrics"]
-        click.echo(f"job {job_id}: {final['status']} ({metrics['succeeded']} succeeded, {metrics['failed']} failed "
-                   f"of {final['total_batch_count']} batches)")
+    _print(final) if output == "json" else click.echo(_final_line(final))
     _exit_for(final)
 
 
@@ -579,8 +595,10 @@ def logs(ctx: click.Context, api: str, job_id: str | None, follow: bool, output:
 @click.argument("api")
 @click.option("--json", "json_file", type=click.File("rb"), help="File holding the JSON request body ('-': stdin).")
 @click.option("--data", "data", default=None, help="The request body; sent as JSON when it parses as JSON, else as text.")
+@output_option(help="table: the answer as it came (JSON pretty-printed); json: the answer as one JSON document "
+               "(a text answer as a JSON string).")
 @click.pass_context
-def predict(ctx: click.Context, api: str, json_file, data: str | None) -> None:
+def predict(ctx: click.Context, api: str, json_file, data: str | None, output: str) -> None:
     """Send one request to a RealtimeAPI and print its answer."""
     if (json_file is None) == (data is None):
         raise click.UsageError("give exactly one of --json FILE or --data TEXT")
@@ -599,7 +617,13 @@ def predict(ctx: click.Context, api: str, json_file, data: str | None) -> None:
         except ValueError:
             content_type = "text/plain"
     answer = _client(ctx).predict_raw(api, body, content_type)
-    if isinstance(answer, (dict, list, int, float, bool)) or answer is None:
+    if output == "json" and isinstance(answer, bytes):
+        try:
+            answer = answer.decode()
+        except UnicodeDecodeError as e:
+            raise Failure(f"the answer is {len(answer)} bytes of binary data, not JSON or text; "
+                          "leave out -o json to write it to stdout as it is") from e
+    if output == "json" or isinstance(answer, (dict, list, int, float, bool)) or answer is None:
         _print(answer)
     elif isinstance(answer, bytes):
         sys.stdout.buffer.write(answer)
@@ -609,12 +633,22 @@ def predict(ctx: click.Context, api: str, json_file, data: str | None) -> None:
 
 @main.command()
 @click.argument("api")
-@click.option("--force", is_flag=True, help="Stop the API's running jobs first.")
+@click.argument("job_id", required=False)
+@click.option("--force", is_flag=True, help="Stop the API's running jobs first (not with JOB_ID).")
 @output_option
 @click.pass_context
-def delete(ctx: click.Context, api: str, force: bool, output: str) -> None:
-    """Delete an API (refused while it has running jobs, unless --force)."""
-    answer = _client(ctx).delete_api(api, force=force)
+def delete(ctx: click.Context, api: str, job_id: str | None, force: bool, output: str) -> None:
+    """Delete an API (refused while it has running jobs, unless --force); with JOB_ID, stop that job
+    instead, as `cortex delete API JOB_ID` did (same as `sluice stop API JOB_ID`).
+
+    \b
+    sluice delete API [--force]     # delete the API
+    sluice delete API JOB_ID        # stop one of its jobs; the API stays
+    """
+    if job_id is not None and force:
+        raise click.UsageError("--force is for deleting an API; `delete API JOB_ID` stops only that job")
+    client = _client(ctx)
+    answer = client.stop(api, job_id) if job_id is not None else client.delete_api(api, force=force)
     _print(answer) if output == "json" else click.echo(answer["message"])
 
 
@@ -622,26 +656,37 @@ def delete(ctx: click.Context, api: str, force: bool, output: str) -> None:
 @main.command(hidden=True)
 @click.argument("api")
 @click.argument("job_id")
+@output_option(default="json", help="Always the job_status as JSON; accepted for uniformity.")
 @click.pass_context
-def status(ctx: click.Context, api: str, job_id: str) -> None:
+def status(ctx: click.Context, api: str, job_id: str, output: str) -> None:
     """A job's status as JSON (`sluice get API JOB_ID -o json` shows more)."""
     _print(_client(ctx).job(api, job_id))
 
 
 @main.command(hidden=True)
 @click.argument("api")
+@output_option
 @click.pass_context
-def jobs(ctx: click.Context, api: str) -> None:
+def jobs(ctx: click.Context, api: str, output: str) -> None:
     """An API's jobs, newest first (`sluice get API`)."""
-    for job in _client(ctx).jobs(api):
+    listed = _client(ctx).jobs(api)
+    if output == "json":
+        _print(listed)
+        return
+    for job in listed:
         click.echo(f"{job['job_id']}  {job['status']:<32} {job['batch_metrics']['succeeded']}/{job['total_batch_count']}")
 
 
 @main.command(hidden=True)
+@output_option
 @click.pass_context
-def apis(ctx: click.Context) -> None:
+def apis(ctx: click.Context, output: str) -> None:
     """Deployed APIs (`sluice get`)."""
-    for api in _client(ctx).apis():
+    listed = _client(ctx).apis()
+    if output == "json":
+        _print(listed)
+        return
+    for api in listed:
         click.echo(f"{api['name']:<30} {api['kind']:<12} queue={api['queue']} bundle={api['bundle'][:12]}")
 
 

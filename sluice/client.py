@@ -2,14 +2,19 @@
 
 Errors come back typed: the server's `{"kind", "message"}` body becomes the `ClientError`
 subclass registered for that kind (`ApiNotFound`, `JobNotFound`, `Conflict`, ...), so callers
-catch what they mean instead of parsing messages.
+catch what they mean instead of parsing messages. A request the proxy refused for want of
+capacity (503 with `Retry-After`) is tried again after a while (`RetryPolicy`) before its
+`Overloaded` is raised.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random as _random
 import time
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
@@ -145,10 +150,70 @@ def _error_of(response: requests.Response) -> ClientError:
     return error_for(response.status_code, str(body.get("kind", "error")), str(body.get("message", "")))
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a request refused with 503 and `Retry-After` is sent again.
+
+    Such a refusal (the proxy's `overloaded`: every slot taken and the queue full) comes before
+    the request ran, so sending it again is safe even for a POST; any other error, and a 503
+    without `Retry-After`, is raised at once. Each wait is at least the server's `Retry-After`
+    and at least `backoff` doubled per retry, stretched at random by up to `jitter` of itself so
+    that clients refused together do not return together, and cut to `max_wait`. A call gives up
+    (raising the last refusal's `Overloaded`) after `retries` retries, or sooner when the next
+    wait would end more than `max_total` seconds after the call began. `sleep`, `clock` and
+    `random` are there for tests.
+    """
+
+    retries: int = 3
+    max_wait: float = 10.0
+    max_total: float = 30.0
+    backoff: float = 0.5
+    jitter: float = 0.5
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False, compare=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    random: Callable[[], float] = field(default=_random.random, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or self.max_wait < 0 or self.max_total < 0 or self.backoff < 0 or self.jitter < 0:
+            raise ValueError(f"a RetryPolicy's numbers cannot be negative: {self!r}")
+
+    def delay(self, retry: int, retry_after: float) -> float:
+        """Seconds to wait before retry number `retry` (0 for the first) when told `retry_after`."""
+        base = max(retry_after, self.backoff * 2 ** retry)
+        return min(self.max_wait, base * (1 + self.jitter * self.random()))
+
+
+def _retry_after_s(response: requests.Response) -> float | None:
+    """The seconds a 503's `Retry-After` asks for (delta-seconds or an HTTP date), else None.
+
+    None (no header, or one that is not a time) means the answer is not to be retried.
+    """
+    if response.status_code != 503:
+        return None
+    value = response.headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
 class Client:
-    def __init__(self, url: str | None = None, timeout: float = 60.0, api_key: str | None = None) -> None:
+    """Sluice's HTTP API as methods; Cortex's client's names (`get_job`, `create_api`, ...) among them.
+
+    `retries` (a count, or a `RetryPolicy`; 0 disables) says how a request refused as overloaded
+    (503 with `Retry-After`) is tried again before `Overloaded` is raised.
+    """
+
+    def __init__(self, url: str | None = None, timeout: float = 60.0, api_key: str | None = None,
+                 retries: int | RetryPolicy = 3) -> None:
         self.url = (url or default_url()).rstrip("/")
         self.timeout = timeout
+        self.retry_policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries=retries)
         self._session = requests.Session()
         # Sluice with API keys (api/auth.py) wants one on every call but /healthz.
         api_key = api_key or os.environ.get("SLUICE_API_KEY")
@@ -156,15 +221,41 @@ class Client:
             self._session.headers["Authorization"] = f"Bearer {api_key}"
 
     def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """Send a request; a refusal that asks to be retried (503 + Retry-After) is sent again as
+        `self.retry_policy` allows. Any other error answer is raised as its typed `ClientError`."""
+        policy = self.retry_policy
+        started = policy.clock()
+        retry = 0
+        while True:
+            response = self._send(method, path, **kwargs)
+            if response.ok:
+                return response
+            retry_after = _retry_after_s(response)
+            if retry_after is None or retry >= policy.retries:
+                raise _error_of(response)
+            wait = policy.delay(retry, retry_after)
+            if policy.clock() - started + wait > policy.max_total:
+                raise _error_of(response)
+            response.close()
+            policy.sleep(wait)
+            retry += 1
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         try:
-            response = self._session.request(method, f"{self.url}{path}", timeout=self.timeout, **kwargs)
+            return self._session.request(method, f"{self.url}{path}", timeout=self.timeout, **kwargs)
         except requests.ConnectionError as e:
             raise Unreachable(0, "unreachable", f"cannot reach Sluice at {self.url} (is `sluice up` running?)") from e
         except requests.Timeout as e:
             raise Unreachable(0, "unreachable", f"no answer from Sluice at {self.url} within {self.timeout:g}s") from e
-        if not response.ok:
-            raise _error_of(response)
-        return response
+
+    def _absolute(self, endpoint: Any, name: str) -> str:
+        """An API's endpoint as an absolute URL: a server before Cortex's shape answered `/<name>`
+        (or nothing, for a BatchAPI); such answers are joined to this client's URL."""
+        if isinstance(endpoint, str) and endpoint.startswith(("http://", "https://")):
+            return endpoint
+        if isinstance(endpoint, str) and endpoint.startswith("/"):
+            return f"{self.url}{endpoint}"
+        return f"{self.url}/{quote(name, safe='')}"
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self._request(method, path, **kwargs)
@@ -228,10 +319,14 @@ class Client:
         return self.apis()
 
     def api(self, name: str) -> dict[str, Any]:
-        return self._call("GET", f"/apis/{name}")
+        """One API's summary with its absolute `endpoint`; a realtime API's also has its live replicas."""
+        answer = self._call("GET", f"/apis/{name}")
+        answer["endpoint"] = self._absolute(answer.get("endpoint"), answer.get("name", name))
+        return answer
 
     def get_api(self, api_name: str) -> dict[str, Any]:
-        """One API's summary; a realtime API's also has its endpoint and live replicas."""
+        """One API's summary with its absolute `endpoint` (`<url>/<name>`, as Cortex's client gives
+        it); a realtime API's also has its live replicas."""
         return self.api(api_name)
 
     def delete_api(self, api_name: str, force: bool = False, keep_cache: bool = False) -> dict[str, Any]:
@@ -305,12 +400,15 @@ class Client:
         return self.submit_raw(api_name, body)
 
     def job(self, api_name: str, job_id: str) -> dict[str, Any]:
-        """The job's `job_status`."""
-        return self._call("GET", f"/batch/{api_name}", params={"jobID": job_id})["job_status"]
+        """The job's bare `job_status` (status, batch_metrics, worker_counts, times): Sluice's own."""
+        return self.get_job(api_name, job_id)["job_status"]
 
     def get_job(self, api_name: str, job_id: str) -> dict[str, Any]:
-        """The job's `job_status` (status, batch_metrics, worker_counts, times)."""
-        return self.job(api_name, job_id)
+        """The job as Cortex's client returned it: `{"job_status", "endpoint", "api_spec"}`, what
+        `GET /batch/<api>?jobID=` answers, with `endpoint` an absolute URL."""
+        answer = self._call("GET", f"/batch/{api_name}", params={"jobID": job_id})
+        answer["endpoint"] = self._absolute(answer.get("endpoint"), api_name)
+        return answer
 
     def jobs(self, api_name: str, limit: int = 100) -> list[dict[str, Any]]:
         return self._call("GET", f"/batch/{api_name}", params={"limit": limit})["jobs"]
@@ -360,6 +458,6 @@ class Client:
         return self.wait(api_name, job_id, timeout=timeout)
 
 
-def client(url: str | None = None) -> Client:
+def client(url: str | None = None, retries: int | RetryPolicy = 3) -> Client:
     """A client for the Sluice at `url`, else SLUICE_URL, else SLUICE_API_URL, else the local default."""
-    return Client(url)
+    return Client(url, retries=retries)

@@ -103,10 +103,15 @@ def test_a_job_is_submitted_from_a_file_waited_for_and_described(stack, batch_ap
 
     api = sluice("get", batch_api, url=stack.url)
     assert api.returncode == 0 and job_id in api.stdout and "3/0/3" in api.stdout and "succeeded" in api.stdout
+    assert f"endpoint: {stack.url}/{batch_api}\n" in api.stdout
     assert [j["job_id"] for j in json.loads(sluice("get", batch_api, "-o", "json", url=stack.url).stdout)["jobs"]] == [job_id]
 
+    # Cortex's shape (`cortex get API JOB_ID -o json`), with Sluice's extras beside it.
     job = json.loads(sluice("get", batch_api, job_id, "-o", "json", url=stack.url).stdout)
-    assert job["status"] == "status_succeeded" and job["batch_metrics"]["succeeded"] == 3
+    assert set(job) == {"job_status", "endpoint", "api_spec", "failed_batches", "output_location"}
+    assert job["job_status"]["status"] == "status_succeeded" and job["job_status"]["batch_metrics"]["succeeded"] == 3
+    assert job["job_status"]["job_id"] == job_id and job["api_spec"]["name"] == batch_api
+    assert job["endpoint"].startswith(stack.url) and job["endpoint"].endswith(f"/{batch_api}")
     assert job["failed_batches"] == [] and job["output_location"] is None
     described = sluice("get", batch_api, job_id, url=stack.url)
     assert "3 succeeded, 0 failed, 3 total" in described.stdout
@@ -131,7 +136,7 @@ def test_wait_on_a_job_with_failed_batches_exits_non_zero_and_get_shows_them(sta
     assert failed_with_one_line(waited).startswith(f"error: job {job_id} ended status_completed_with_failures")
     assert "status_completed_with_failures" in waited.stdout
     job = json.loads(sluice("get", name, job_id, "-o", "json", url=stack.url).stdout)
-    assert job["batch_metrics"] == {**job["batch_metrics"], "succeeded": 2, "failed": 1}
+    assert job["job_status"]["batch_metrics"] == {**job["job_status"]["batch_metrics"], "succeeded": 2, "failed": 1}
     assert [b["index"] for b in job["failed_batches"]] == [1]
     described = sluice("get", name, job_id, url=stack.url)
     assert "failed batches" in described.stdout and "cannot handle item 3" in described.stdout
@@ -147,11 +152,13 @@ def test_submit_with_wait_exits_non_zero_unless_the_job_succeeds(stack, tmp_path
     reason = failed_with_one_line(result)
     assert "ended status_" in reason and "status_succeeded" not in reason
     assert reason.endswith("RuntimeError: the model file is corrupt"), reason
-    spec, end = json.JSONDecoder().raw_decode(result.stdout)
-    assert json.loads(result.stdout[end:])["job_id"] == spec["job_id"]
+    # One JSON document on stdout: the final job_status (its job_id and spec fields included).
+    final = json.loads(result.stdout)
+    assert final["api_name"] == name and final["status"] in reason
 
 
-def test_stop_stops_a_running_job_and_wait_then_fails(stack, tmp_path, events_file):
+def _running_job(stack, tmp_path: Path, events_file: Path) -> tuple[str, str]:
+    """A deployed API and a job of it that is running (and would run for half a minute)."""
     name = _name()
     config = write_project(tmp_path / name, name, {"events": str(events_file), "sleep": 1})
     assert sluice("deploy", str(config), url=stack.url).returncode == 0
@@ -161,12 +168,55 @@ def test_stop_stops_a_running_job_and_wait_then_fails(stack, tmp_path, events_fi
     while client.job(name, job_id)["status"] != "status_running":
         assert time.monotonic() < deadline, "the job never ran"
         time.sleep(0.1)
+    return name, job_id
+
+
+def test_stop_stops_a_running_job_and_wait_then_fails(stack, tmp_path, events_file):
+    name, job_id = _running_job(stack, tmp_path, events_file)
 
     stopped = sluice("stop", name, job_id, url=stack.url)
 
     assert stopped.returncode == 0 and stopped.stdout.strip() == f"stopped job {job_id}"
     assert "ended status_stopped" in failed_with_one_line(sluice("wait", name, job_id, url=stack.url))
-    assert "already ended" in failed_with_one_line(sluice("stop", name, job_id, url=stack.url))
+    assert "already ended" in failed_with_one_line(sluice("stop", name, job_id, "-o", "json", url=stack.url))
+
+
+def test_delete_with_a_job_id_stops_the_job_as_cortex_delete_did(stack, tmp_path, events_file):
+    name, job_id = _running_job(stack, tmp_path, events_file)
+
+    stopped = sluice("delete", name, job_id, "-o", "json", url=stack.url)
+
+    assert stopped.returncode == 0, stopped.stderr
+    assert json.loads(stopped.stdout) == {"message": f"stopped job {job_id}"}
+    assert "ended status_stopped" in failed_with_one_line(sluice("wait", name, job_id, url=stack.url))
+    assert "already ended" in failed_with_one_line(sluice("delete", name, job_id, url=stack.url))
+    # The API itself is still there; `delete API` (no job id) still deletes it.
+    assert json.loads(sluice("get", name, "-o", "json", url=stack.url).stdout)["name"] == name
+    assert "--force" in failed_with_one_line(sluice("delete", name, job_id, "--force", url=stack.url))
+    assert sluice("delete", name, url=stack.url).stdout.strip() == f"deleted api {name}"
+
+
+def test_every_printing_command_prints_one_json_document_with_o_json(stack, batch_api, tmp_path):
+    submission = str(_submission(tmp_path, list(range(4)), 2))
+
+    spec = json.loads(sluice("submit", batch_api, submission, "-o", "json", url=stack.url).stdout)
+    waited = json.loads(sluice("wait", batch_api, spec["job_id"], "-o", "json", url=stack.url).stdout)
+    # With --wait, one document still: the final job_status (it carries the spec's fields).
+    final = json.loads(sluice("submit", batch_api, submission, "--wait", "-o", "json", url=stack.url).stdout)
+    described = sluice("submit", batch_api, submission, "-o", "table", url=stack.url)
+
+    assert spec["api_name"] == batch_api and spec["total_batch_count"] == 2
+    assert (waited["job_id"], waited["status"]) == (spec["job_id"], "status_succeeded")
+    assert final["status"] == "status_succeeded" and final["job_id"] != spec["job_id"]
+    assert final["batch_metrics"]["succeeded"] == 2 and final["api_name"] == batch_api
+    assert described.returncode == 0 and described.stdout.startswith("submitted job ")
+    assert f"to {batch_api}: 2 batches" in described.stdout
+    for args in (["version"], ["get"], ["get", batch_api], ["get", batch_api, spec["job_id"]],
+                 ["status", batch_api, spec["job_id"]], ["jobs", batch_api], ["apis"]):
+        result = sluice(*args, "-o", "json", url=stack.url)
+        assert result.returncode == 0, (args, result.stderr)
+        assert json.loads(result.stdout), args
+    assert spec["job_id"] in [j["job_id"] for j in json.loads(sluice("jobs", batch_api, "-o", "json", url=stack.url).stdout)]
 
 
 def test_failures_are_one_line_reasons_with_a_non_zero_exit(stack, tmp_path):
@@ -205,6 +255,9 @@ def test_a_realtime_api_is_deployed_described_asked_and_deleted(stack, tmp_path)
     body = tmp_path / "body.json"
     body.write_text(json.dumps([1, 2]))
     assert json.loads(sluice("predict", name, "--json", str(body), url=stack.url).stdout) == {"echo": [1, 2]}
+    as_json = sluice("predict", name, "--data", "plain text", "-o", "json", url=stack.url)
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == {"echo": "plain text"}
 
     described = sluice("get", name, url=stack.url)
     assert described.returncode == 0, described.stderr
@@ -214,7 +267,7 @@ def test_a_realtime_api_is_deployed_described_asked_and_deleted(stack, tmp_path)
     [row] = [r for r in json.loads(sluice("get", "-o", "json", url=stack.url).stdout) if r["name"] == name]
     assert (row["kind"], row["status"], row["replicas_ready"]) == ("RealtimeAPI", "live", 1)
 
-    assert sluice("delete", name, url=stack.url).stdout.strip() == f"deleted api {name}"
+    assert json.loads(sluice("delete", name, "-o", "json", url=stack.url).stdout)["message"] == f"deleted api {name}"
     assert "404 api_not_found" in failed_with_one_line(sluice("get", name, url=stack.url))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
@@ -91,7 +92,7 @@ def test_create_api_deploys_a_realtime_spec_from_a_project_folder_and_predict_an
     assert [(api["name"], api["kind"]) for api in deployed] == [(name, "RealtimeAPI")]
     assert cx.predict(name, {"x": 1}) == {"greeting": "hi", "echo": {"x": 1}}
     described = cx.get_api(name)
-    assert described["endpoint"] == f"/{name}" and any(r["ready"] for r in described["replicas"])
+    assert described["endpoint"] == f"{stack.url}/{name}" and any(r["ready"] for r in described["replicas"])
     assert name in [api["name"] for api in cx.list_apis()]
 
     assert cx.delete_api(name)["message"] == f"deleted api {name}"
@@ -108,13 +109,20 @@ def test_a_batch_job_is_submitted_followed_and_waited_for_through_the_client(sta
 
     spec = cx.submit_job(name, {"workers": 1, "item_list": {"items": list(range(6)), "batch_size": 2}})
     assert spec["api_name"] == name and spec["total_batch_count"] == 3
-    assert cx.get_job(name, spec["job_id"])["job_id"] == spec["job_id"]
+    # Cortex's shape: what `GET /batch/<api>?jobID=` answers, with an absolute endpoint.
+    job = cx.get_job(name, spec["job_id"])
+    assert set(job) == {"job_status", "endpoint", "api_spec"}
+    assert job["job_status"]["job_id"] == spec["job_id"] and job["api_spec"]["name"] == name
+    assert job["endpoint"].startswith(f"{stack.url}/") and job["endpoint"].endswith(f"/{name}")
+    assert cortex.client(stack.url).get_job(name, spec["job_id"])["job_status"]["job_id"] == spec["job_id"]
+    assert cx.get_api(name)["endpoint"] == f"{stack.url}/{name}"
 
     final = cx.wait_job(name, spec["job_id"], timeout=120)
 
     assert final["status"] == "status_succeeded"
     assert final["batch_metrics"]["succeeded"] == 3
-    assert cx.get_job(name, spec["job_id"])["status"] == "status_succeeded"
+    assert cx.get_job(name, spec["job_id"])["job_status"]["status"] == "status_succeeded"
+    assert cx.job(name, spec["job_id"]) == final  # Sluice's own job() is the bare job_status
     with pytest.raises(sluice.Conflict) as raised:
         cx.stop_job(name, spec["job_id"])
     assert raised.value.http_status == 409
@@ -125,7 +133,7 @@ def test_stop_job_stops_a_running_job_and_wait_job_returns_its_final_status(stac
     name = _name()
     cx.deploy(write_project(tmp_path / name, name, {"events": str(events_file), "sleep": 1}))
     spec = cx.submit_job(name, {"workers": 1, "item_list": {"items": list(range(40)), "batch_size": 1}})
-    _until(lambda: cx.get_job(name, spec["job_id"])["status"] == "status_running", 60, "the job running")
+    _until(lambda: cx.get_job(name, spec["job_id"])["job_status"]["status"] == "status_running", 60, "the job running")
 
     assert cx.stop_job(name, spec["job_id"])["message"] == f"stopped job {spec['job_id']}"
 
@@ -204,3 +212,59 @@ def test_create_api_takes_a_list_of_specs_and_leaves_the_folders_own_cortex_yaml
     assert json.loads(json.dumps(cx.list_apis()))  # plain JSON data
     for api in (first, second):
         cx.delete_api(api)
+
+
+GATED_PREDICTOR = '''
+import os, time
+
+
+class PythonPredictor:
+    def __init__(self, config):
+        self.gate, self.started = config["gate"], config["started"]
+
+    def predict(self, payload):
+        with open(self.started, "a") as f:
+            f.write("started\\n")
+        give_up = time.monotonic() + 60
+        while payload.get("hold") and not os.path.exists(self.gate) and time.monotonic() < give_up:
+            time.sleep(0.01)
+        return {"held": bool(payload.get("hold"))}
+'''
+
+
+def test_a_request_refused_as_overloaded_by_the_proxy_is_retried_after_retry_after(stack, tmp_path):
+    """One slot, no queue: while one request holds the slot the proxy refuses the next with 503 +
+    Retry-After; the client waits (here: a recorder that frees the slot instead) and tries again."""
+    cx = sluice.client(stack.url)
+    name = _name()
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    (tmp_path / "predictor.py").write_text(GATED_PREDICTOR)
+    cx.create_api({"name": name, "kind": "RealtimeAPI",
+                   "predictor": {"type": "python", "path": "predictor.py", "max_concurrency": 1,
+                                 "max_queue_length": 0, "config": {"gate": str(gate), "started": str(started)}}},
+                  project_dir=tmp_path, wait=True)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            holding = pool.submit(cx.predict, name, {"hold": True})
+            _until(lambda: started.exists() and started.read_text(), 60, "the held request running")
+            waits: list[float] = []
+
+            def free_the_slot(seconds: float) -> None:
+                waits.append(seconds)
+                gate.touch()
+                holding.result(timeout=60)
+
+            with pytest.raises(sluice.Overloaded) as refused:
+                sluice.Client(stack.url, retries=0).predict(name, {"hold": False})
+            patient = sluice.Client(stack.url, retries=sluice.RetryPolicy(retries=3, sleep=free_the_slot,
+                                                                          random=lambda: 0.0))
+            answer = patient.predict(name, {"hold": False})
+
+        assert refused.value.http_status == 503
+        assert answer == {"held": False} and holding.result() == {"held": True}
+        assert waits and waits[0] == 1.0  # the proxy's Retry-After: 1
+        # The refused tries never reached the predictor: it ran the held request and the retried one.
+        assert started.read_text().split() == ["started", "started"]
+    finally:
+        gate.touch()
+        cx.delete_api(name)

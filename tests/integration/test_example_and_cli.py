@@ -35,9 +35,8 @@ def test_the_iris_example_deploys_and_classifies_every_sample_through_the_cli(st
     ])
 
     assert submitted.exit_code == 0, submitted.output
-    spec, end = json.JSONDecoder().raw_decode(submitted.stdout)
-    final = json.loads(submitted.stdout[end:])
-    job_id = spec["job_id"]
+    final = json.loads(submitted.stdout)  # one document: the final job_status
+    job_id = final["job_id"]
     assert final["status"] == "status_succeeded"
     summary = json.loads((tmp_path / job_id / "summary.json").read_text())
     assert (summary["job_id"], summary["batches"], summary["items"]) == (job_id, 15, 150)

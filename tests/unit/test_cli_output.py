@@ -1,0 +1,83 @@
+"""The `sluice` command's surface without a Sluice: which commands take `-o json`, usage errors, and
+`predict -o json` against a tiny local HTTP server."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from sluice.cli import main
+
+# Commands that run a server until stopped, printing only where it runs: no document to shape.
+SERVERS = {"up", "serve", "replicas", "proxy"}
+PRINTING = sorted(set(main.commands) - SERVERS)
+
+
+def test_the_servers_are_the_only_commands_left_out():
+    assert SERVERS <= set(main.commands)
+    assert {"version", "deploy", "get", "submit", "wait", "stop", "predict", "delete", "logs"} <= set(PRINTING)
+
+
+@pytest.mark.parametrize("name", PRINTING)
+def test_every_printing_command_takes_output_json(name):
+    [option] = [p for p in main.commands[name].params if isinstance(p, click.Option) and "-o" in p.opts]
+
+    assert "--output" in option.opts
+    assert isinstance(option.type, click.Choice) and "json" in option.type.choices
+
+
+def test_delete_with_a_job_id_and_force_is_a_usage_error_before_anything_is_sent():
+    # Nothing listens on port 1: a request would fail as unreachable, not as a usage error.
+    result = CliRunner().invoke(main, ["--url", "http://127.0.0.1:1", "delete", "ap", "0123abcd", "--force"])
+
+    assert result.exit_code == 2, result.output
+    assert "--force" in result.output and "job" in result.output
+
+
+class _Answering(BaseHTTPRequestHandler):
+    """Answers `POST /text` with text/plain and `POST /binary` with bytes that are not UTF-8."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        kind, data = ("text/plain", b"hello") if self.path == "/text" else ("application/octet-stream", b"\xff\xfe")
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def answering() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answering)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_predict_with_output_json_prints_a_text_answer_as_a_json_string(answering):
+    runner = CliRunner()
+
+    as_json = runner.invoke(main, ["--url", answering, "predict", "text", "--data", "x", "-o", "json"])
+    as_is = runner.invoke(main, ["--url", answering, "predict", "text", "--data", "x"])
+
+    assert as_json.exit_code == 0 and json.loads(as_json.stdout) == "hello"
+    assert as_is.exit_code == 0 and as_is.stdout == "hello\n"
+
+
+def test_predict_with_output_json_refuses_a_binary_answer_in_one_line(answering):
+    result = CliRunner().invoke(main, ["--url", answering, "predict", "binary", "--data", "x", "-o", "json"])
+
+    assert result.exit_code == 1 and result.stdout == ""
+    assert "2 bytes of binary data" in result.stderr and "leave out -o json" in result.stderr
