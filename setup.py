@@ -13,7 +13,7 @@ setup(
     version="0.1.0",
     description="Batch-first ML inference jobs for Cortex-style projects on Celery and Redis",
     python_requires=">=3.11",
-    packages=find_packages(include=["jobs", "jobs.*", "api", "api.*", "predictors_runtime", "predictors_runtime.*", "beat", "beat.*", "sluice", "sluice.*", "cortex_internal", "cortex_internal.*", "cortex"]),
+    packages=find_packages(include=["foundation", "foundation.*", "jobs", "jobs.*", "api", "api.*", "predictors_runtime", "predictors_runtime.*", "beat", "beat.*", "sluice", "sluice.*", "cortex_internal", "cortex_internal.*", "cortex"]),
     install_requires=requirements,
     # TensorFlow predictors need TensorFlow; the CPU build is enough without a GPU.
     extras_require={"tensorflow": ["tensorflow>=2.15"], "tensorflow-cpu": ["tensorflow-cpu>=2.15"]},

@@ -13,13 +13,13 @@ from jobs.enqueue import stop_job
 from jobs.job import ACTIVE_STATUSES
 from predictors_runtime.builder import resolve_model_paths
 from predictors_runtime.config import ApiConfig, parse_api_configs
-from predictors_runtime.errors import AccessDenied, BadRequest, ConfigError, Conflict, NotFound, SluiceError
+from foundation.errors import AccessDenied, BadRequest, ConfigError, Conflict, NotFound, SluiceError
 from predictors_runtime.storage import split_uri
 
 from .batch import endpoint_url
 from .context import registry, services
-from .registry import DeployedApi
-from .replicas import ReplicaDirectory
+from foundation.api_registry import DeployedApi
+from foundation.replica_directory import ReplicaDirectory
 from .schemas import Api, ApiList, DeleteApiQuery, Deleted, parse_query
 
 blueprint = Blueprint("apis", __name__)

@@ -6,15 +6,15 @@ from flask import Flask, request
 
 from jobs.celery_app import create_celery
 from jobs.services import Services
-from jobs.figures import Recorder
-from jobs.settings import Settings
-from predictors_runtime import figures as process_figures
-from predictors_runtime.project import MAX_BUNDLE_BYTES
+from foundation.figures import Recorder
+from foundation.settings import Settings
+from foundation import figure_sink as process_figures
+from foundation.limits import MAX_BUNDLE_BYTES
 
 from . import apis, auth, batch, fallback, health, logs
 from .errors import register_error_handlers
 from .metrics import HTTP_RESPONSES
-from .registry import ApiRegistry
+from foundation.api_registry import ApiRegistry
 
 
 def create_app(settings: Settings | None = None, services: Services | None = None) -> Flask:

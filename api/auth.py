@@ -1,138 +1,26 @@
-"""API keys: who may call Sluice.
+"""API keys at the management API's door: a request without a valid key is answered here.
 
-A deploy uploads a program that every worker runs, so an open management API runs anyone's code.
-With keys configured (`SLUICE_API_KEYS`, comma-separated, and/or `SLUICE_API_KEYS_FILE`, one key
-a line) every management endpoint but `/healthz` wants `Authorization: Bearer <key>`; the proxy
-asks the same of realtime APIs when `SLUICE_PROTECT_REALTIME=1`. Without keys Sluice is open, but
-then, like Redis's protected mode, `sluice proxy` (the public entry) refuses to listen on anything
-but loopback unless the operator says `SLUICE_ALLOW_ANONYMOUS=1`.
-
-Nothing here reads the environment at import; `load_api_keys` is called once by
-`Settings.from_env`.
+What keys are, how they are read and compared, is the foundation's (`foundation/api_keys.py`);
+this module turns its verdicts into HTTP answers before any endpoint runs.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import ipaddress
-import re
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from flask import Response, request
 
-from predictors_runtime.errors import ConfigError, InsecureBind, Unauthorized
+from foundation.api_keys import (ALLOW_ANONYMOUS_VARIABLE, KEYS_FILE_VARIABLE, KEYS_VARIABLE, authenticate,
+                                 is_loopback)
+from foundation.errors import InsecureBind, Unauthorized
 
 from .errors import error_response
 
 if TYPE_CHECKING:
-    from jobs.settings import Settings
+    from foundation.settings import Settings
 
-KEYS_VARIABLE = "SLUICE_API_KEYS"
-KEYS_FILE_VARIABLE = "SLUICE_API_KEYS_FILE"
-CLIENT_KEY_VARIABLE = "SLUICE_API_KEY"
-ALLOW_ANONYMOUS_VARIABLE = "SLUICE_ALLOW_ANONYMOUS"
-PROTECT_REALTIME_VARIABLE = "SLUICE_PROTECT_REALTIME"
 # Endpoints a load balancer or orchestrator probes without credentials.
 OPEN_PATHS = frozenset({"/healthz"})
-# Visible ASCII but the comma (the separator of SLUICE_API_KEYS): a key travels in an HTTP
-# header and in haproxy's pattern file, where whitespace or control characters would change it.
-_KEY_RE = re.compile(r"[\x21-\x2b\x2d-\x7e]+")
-_SCHEME = "bearer"
-
-
-def _checked(key: str, source: str) -> str:
-    if not _KEY_RE.fullmatch(key):
-        raise ConfigError(f"{source}: an API key must be printable ASCII without spaces or commas")
-    return key
-
-
-def parse_keys_file(text: str, source: str = KEYS_FILE_VARIABLE) -> tuple[str, ...]:
-    """One key a line; blank lines and `#` comments are skipped, surrounding spaces dropped."""
-    keys = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            keys.append(_checked(line, source))
-    return tuple(keys)
-
-
-def load_api_keys(env: Mapping[str, str]) -> tuple[str, ...]:
-    """The keys of `SLUICE_API_KEYS` and of the file `SLUICE_API_KEYS_FILE` names, in that order,
-    without repeats. An unreadable keys file is an error: starting open would be a silent downgrade."""
-    keys = [_checked(k.strip(), KEYS_VARIABLE) for k in (env.get(KEYS_VARIABLE) or "").split(",") if k.strip()]
-    path = env.get(KEYS_FILE_VARIABLE)
-    if path:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{KEYS_FILE_VARIABLE}: cannot read {path}: {e}") from e
-        keys += parse_keys_file(text)
-    return tuple(dict.fromkeys(keys))
-
-
-def flag(env: Mapping[str, str], name: str) -> bool:
-    """A yes/no variable: 1, true, yes, on (any case) mean yes."""
-    return (env.get(name) or "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def presented_key(authorization: str | None) -> str | None:
-    """The key of an `Authorization: Bearer <key>` header (the scheme in any case), else None."""
-    if not authorization:
-        return None
-    scheme, _, key = authorization.strip().partition(" ")
-    key = key.strip()
-    return key if scheme.lower() == _SCHEME and key else None
-
-
-def key_matches(presented: str, keys: Iterable[str]) -> bool:
-    """Compared in constant time with every key (no early exit), so timing tells nothing of which
-    key, or how much of one, matched; digests of equal length, so not even the keys' lengths."""
-    given = hashlib.sha256(presented.encode()).digest()
-    found = False
-    for key in keys:
-        found |= hmac.compare_digest(given, hashlib.sha256(key.encode()).digest())
-    return found
-
-
-def authenticate(authorization: str | None, keys: Iterable[str]) -> None:
-    """Raise Unauthorized unless `authorization` carries one of `keys`."""
-    key = presented_key(authorization)
-    if key is None:
-        raise Unauthorized("this endpoint needs an API key: send `Authorization: Bearer <key>` "
-                           f"(the CLI and client send ${CLIENT_KEY_VARIABLE})")
-    if not key_matches(key, keys):
-        raise Unauthorized("the API key is not valid")
-
-
-def header_values(keys: Iterable[str]) -> list[str]:
-    """The `Authorization` values the proxy accepts, exactly as clients send them (haproxy matches
-    them as plain strings: both common spellings of the scheme are listed)."""
-    return [f"{scheme} {key}" for key in keys for scheme in ("Bearer", "bearer")]
-
-
-def is_loopback(host: str) -> bool:
-    """True for `localhost` and loopback IP literals; anything else (0.0.0.0, ::, a name) is public."""
-    host = host.strip().strip("[]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def refuse_open_bind(bind: str, settings: "Settings", what: str = "Sluice") -> None:
-    """Raise InsecureBind when `bind` is not loopback, no key is configured and the operator has not
-    set SLUICE_ALLOW_ANONYMOUS=1: reaching Sluice means running code on its workers."""
-    if is_loopback(bind) or settings.api_keys or settings.allow_anonymous:
-        return
-    raise InsecureBind(
-        f"{what} refuses to listen on {bind} without API keys: anyone who reaches it could deploy and run "
-        f"code. Set {KEYS_VARIABLE} (or {KEYS_FILE_VARIABLE}), bind 127.0.0.1, or set "
-        f"{ALLOW_ANONYMOUS_VARIABLE}=1 to accept anonymous callers."
-    )
 
 
 def _open_bind_refusal() -> Response | None:

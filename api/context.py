@@ -6,7 +6,7 @@ from flask import current_app
 
 from jobs.services import Services
 
-from .registry import ApiRegistry
+from foundation.api_registry import ApiRegistry
 
 
 def services() -> Services:

@@ -7,7 +7,7 @@ import logging
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from predictors_runtime.errors import SluiceError
+from foundation.errors import SluiceError
 
 from .schemas import Error
 

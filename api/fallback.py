@@ -17,15 +17,15 @@ from flask import Blueprint, Response, request
 from werkzeug.exceptions import MethodNotAllowed
 from werkzeug.routing import BaseConverter
 
-from jobs.figures import REALTIME_REJECTED, REALTIME_REQUESTS
-from predictors_runtime import figures
+from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS
+from foundation import figure_sink as figures
 from predictors_runtime.config import RESERVED_NAMES
-from predictors_runtime.errors import ApiNotFound
+from foundation.errors import ApiNotFound
 
 from . import auth, batch
 from .apis import REALTIME_KIND
 from .context import registry, services
-from .replicas import ReplicaDirectory
+from foundation.replica_directory import ReplicaDirectory
 from .schemas import RealtimeError
 
 blueprint = Blueprint("fallback", __name__)

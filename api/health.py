@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 from flask import Blueprint, Response, current_app, jsonify
 
-from predictors_runtime.errors import NotReady
+from foundation.errors import NotReady
 
 from .context import services
 from .metrics import CONTENT_TYPE_LATEST, exposition

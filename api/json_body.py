@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from predictors_runtime.errors import BadRequest
+from foundation.errors import BadRequest
 
 # Levels of arrays and objects in a body: Cortex payloads (rows, images as nested lists) need a
 # handful; the job's `config` sits at level 2.

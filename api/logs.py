@@ -1,5 +1,5 @@
 """Log lines gathered from every host: a batch job's (`/batch/<api>/<job_id>/logs`) and a
-realtime API's replicas' (`/apis/<api>/logs`), a page at a time (`jobs/job_logs.py`).
+realtime API's replicas' (`/apis/<api>/logs`), a page at a time (`foundation/log_streams.py`).
 
 Both answer `{"lines": [...], "next": "<position>"}`; passing `next` back as `after` gives only
 the lines written since, which is how `sluice logs --follow` follows.
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from jobs.job_logs import LogStreams, api_stream, job_stream
-from predictors_runtime.errors import BadRequest
+from foundation.log_streams import LogStreams, api_stream, job_stream
+from foundation.errors import BadRequest
 
 from .context import registry, services
 from .schemas import LogPage, LogsQuery, parse_query

@@ -1,7 +1,7 @@
 """`GET /metrics`: Sluice's figures summed over every process on every host, in Prometheus' format.
 
 Each process counts in memory and adds its counts to Redis about once a second
-(`jobs/figures.py`); this collector reads the sums at scrape time, so any API process on any host
+(`foundation/figures.py`); this collector reads the sums at scrape time, so any API process on any host
 answers the same totals, and a restarted process loses nothing that was already sent. Queue
 depth is read from the broker at scrape time. No per-process figure is shown: one process's
 number presented as Sluice's would be wrong as soon as there are two.
@@ -18,11 +18,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from jobs import figures
+from foundation import figures
 from jobs.job import job_queue_name
 from jobs.services import Services
-from predictors_runtime import figures as process_figures
-from predictors_runtime.errors import JobNotFound
+from foundation import figure_sink as process_figures
+from foundation.errors import JobNotFound
 
 # The hardware queues worker nodes serve; a job's batches wait on a queue of its own
 # (`job.<id>`), counted under its hardware queue.
@@ -33,7 +33,7 @@ __all__ = ["CONTENT_TYPE_LATEST", "FiguresCollector", "HTTP_RESPONSES", "JOBS_SU
 
 
 class _ProcessCounter:
-    """A counter of this process's code, sent to the installed recorder (`predictors_runtime.figures`)."""
+    """A counter of this process's code, sent to the installed recorder (`foundation.figure_sink`)."""
 
     def __init__(self, figure: figures.Figure) -> None:
         self._figure = figure
@@ -82,7 +82,7 @@ def queue_depths(services: Services) -> dict[str, int]:
 
 
 class FiguresCollector(Collector):
-    """Yields every figure of `jobs.figures.CATALOGUE` as Redis holds it, and the queue depths."""
+    """Yields every figure of `foundation.figures.CATALOGUE` as Redis holds it, and the queue depths."""
 
     def __init__(self, services: Services) -> None:
         self._services = services

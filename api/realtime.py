@@ -4,7 +4,7 @@ A replica is `gunicorn 'api.realtime:create_replica_app()'` started by the launc
 serve`), without `--preload`: each gunicorn worker runs the factory after the fork and builds
 its own predictor, in a background thread, so that the process answers at once from its first
 second. Until the predictor is built, every request gets 503 `not_ready`; once built the
-process leaves a readiness marker (`api/replicas.py`) and `GET /<api>` answers 200 when every
+process leaves a readiness marker (`foundation/replica_directory.py`) and `GET /<api>` answers 200 when every
 process of the replica has one. A predictor that fails to build leaves a failure marker and
 the process goes on answering 503 with the reason, instead of crash-looping.
 
@@ -18,7 +18,7 @@ runs on the request's own thread (or greenlet) after the answer has been written
 
 The request path is kept lean (it is measured against a bare Flask app): nothing is inspected
 or looked up per request beyond the request itself, and nothing leaves the process on the request's
-thread (log lines reach the API's log stream from a background thread, `jobs/job_logs.py`).
+thread (log lines reach the API's log stream from a background thread, `foundation/log_streams.py`).
 """
 
 from __future__ import annotations
@@ -38,21 +38,21 @@ from flask import Flask, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Request, Response
 
-from jobs.job_logs import install_api_log_handler
-from jobs.figures import REALTIME_BATCH_SIZE, RealtimeFigures, Recorder
-from jobs.settings import Settings
-from predictors_runtime import figures as process_figures
+from foundation.log_streams import install_api_log_handler
+from foundation.figures import REALTIME_BATCH_SIZE, RealtimeFigures, Recorder
+from foundation.settings import Settings
+from foundation import figure_sink as process_figures
 from predictors_runtime.batching import BatchFailed
 from predictors_runtime.config import ApiConfig
-from predictors_runtime.errors import ConfigError, SluiceError
+from foundation.errors import ConfigError, SluiceError
 from predictors_runtime.loader import error_text
-from predictors_runtime.log import configure_json_logging, labelled
+from foundation.json_logs import configure_json_logging, labelled
 from predictors_runtime.payloads import FormPayload, close_payload, parse_payload
 from predictors_runtime.realtime_predictor import RealtimePredictor, RequestArgs
 from predictors_runtime.responses import json_response, to_response
 
-from .registry import DeployedApi
-from .replicas import ReadinessMarkers
+from foundation.api_registry import DeployedApi
+from foundation.replica_directory import ReadinessMarkers
 from .errors import with_exception_headers
 from .schemas import Readiness
 
@@ -138,7 +138,7 @@ def preload_models(client: Any, api: ApiConfig) -> int:
     """
     if client is None or api.predictor.models is None:
         return 0
-    from predictors_runtime.errors import ModelNotFound
+    from foundation.errors import ModelNotFound
 
     manager = client.manager
     names = manager.names()
@@ -276,12 +276,12 @@ def create_replica_app(settings: ReplicaSettings | None = None, build: Build | N
     append them to the API's log stream.
     """
     settings = settings or ReplicaSettings.from_env()
-    api = settings.api.config
+    api = ApiConfig.from_dict(settings.api.spec)
     if configure_logging:
         configure_json_logging(api.predictor.log_level.upper())
         install_api_log_handler(settings.sluice, api.name)  # `sluice logs API` shows this process's lines
     # Requests, rejections, batch sizes and model loads of this process, summed with every other's
-    # in Redis by a background thread: the request path only adds in memory (jobs/figures.py).
+    # in Redis by a background thread: the request path only adds in memory (foundation/figures.py).
     recorder = recorder or Recorder.for_url(settings.sluice.redis_url).start()
     process_figures.install(recorder)
     meter = RealtimeFigures(recorder, api.name)

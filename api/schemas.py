@@ -15,9 +15,9 @@ from flask import Response, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jobs.job import JobStatus
-from jobs.job_logs import DEFAULT_PAGE_LINES, MAX_PAGE_LINES
+from foundation.log_streams import DEFAULT_PAGE_LINES, MAX_PAGE_LINES
 from predictors_runtime.config import ApiConfig
-from predictors_runtime.errors import BadRequest
+from foundation.errors import BadRequest
 
 # The input sources of jobs.submission.SOURCES (a unit test keeps the two the same).
 Source = Literal["item_list", "file_path_lister", "delimited_files", "retry_failed_of"]

@@ -16,7 +16,7 @@ import logging
 from jobs.job import JobStatus
 from jobs.publish import send_completion
 from jobs.services import Services
-from jobs.settings import Settings
+from foundation.settings import Settings
 from jobs.store import JobState
 
 from .steps import judge_each

@@ -31,7 +31,7 @@ from typing import Any
 from jobs.job import JobStatus, job_queue_name
 from jobs.publish import BatchPublisher, send_completion
 from jobs.services import Services
-from jobs.settings import Settings
+from foundation.settings import Settings
 from jobs.nodes import parse_inflight_entry
 from jobs.store import JobState, Recorded
 from jobs.tasks import RUN_BATCH

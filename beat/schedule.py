@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from jobs.services import Services
-from jobs.settings import Settings
+from foundation.settings import Settings
 
 from . import steps
 from .completions import completion_grace_s, resend_completions

@@ -17,7 +17,7 @@ from celery import Celery
 from celery.beat import Scheduler
 
 from jobs.services import Services
-from jobs.settings import Settings
+from foundation.settings import Settings
 
 from .loop import MaintenanceLoop
 from .schedule import maintenance_steps

@@ -13,7 +13,7 @@ from typing import Callable
 from jobs.job import BAD_RECORD_ERRORS, JobStatus
 from jobs.services import Services
 from jobs.store import JobState, JobStore
-from predictors_runtime.errors import JobNotFound
+from foundation.errors import JobNotFound
 
 log = logging.getLogger(__name__)
 

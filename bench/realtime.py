@@ -192,7 +192,7 @@ def write_project(folder: Path, api: str, model: bytes, features: int, processes
 def replica_url(stack_redis_url: str, api: str) -> str:
     import redis
 
-    from api.replicas import ReplicaDirectory
+    from foundation.replica_directory import ReplicaDirectory
 
     [replica] = ReplicaDirectory(redis.Redis.from_url(stack_redis_url)).routable(time.time(), api)
     return f"http://{replica.address}/{api}"
@@ -203,7 +203,7 @@ def wait_proxy_settled(stack_redis_url: str, apis: list[str], timeout: float = 6
     during a run (a replica becoming routable just after it answered ready) would be measured."""
     import redis
 
-    from api.replicas import ReplicaDirectory
+    from foundation.replica_directory import ReplicaDirectory
     from sluice.proxy import routed_everywhere
 
     client = redis.Redis.from_url(stack_redis_url)

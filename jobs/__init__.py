@@ -18,7 +18,7 @@ def __getattr__(name: str) -> Any:
     if name in ("app", "celery"):
         if _app is None:
             from .celery_app import create_celery
-            from .settings import Settings
+            from foundation.settings import Settings
 
             _app = create_celery(Settings.from_env())
         return _app

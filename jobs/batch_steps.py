@@ -31,11 +31,11 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from predictors_runtime.errors import PredictorError, SluiceError
+from foundation.errors import PredictorError, SluiceError
 from predictors_runtime.loader import error_text
-from predictors_runtime.log import labelled
+from foundation.json_logs import labelled
 
-from .figures import BATCH_SECONDS, BATCHES, ITEMS
+from foundation.figures import BATCH_SECONDS, BATCHES, ITEMS
 from .inputs import read_range
 from .job import ACTIVE_STATUSES, Job, JobStatus
 from .nodes import Delivery

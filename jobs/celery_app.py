@@ -27,7 +27,7 @@ import threading
 
 from celery import Celery
 
-from .settings import Settings
+from foundation.settings import Settings
 
 _lock = threading.Lock()
 _runtime = None

@@ -23,12 +23,12 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from predictors_runtime.batch_predictor import BatchPredictor
-from predictors_runtime.errors import JobNotFound, PredictorError, SluiceError
+from foundation.errors import JobNotFound, PredictorError, SluiceError
 from predictors_runtime.loader import error_text
 
 from .job import ACTIVE_STATUSES, Job, JobStatus
 from .outputs import write_manifest
-from .redis_retry import TRANSIENT_ERRORS
+from foundation.redis_clients import TRANSIENT_ERRORS
 from .status import job_status_view
 from .nodes import COMPLETION_ENTRY, Delivery, inflight_entry
 from .store import Claim, JobState, new_token

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import redis
 from kombu.exceptions import OperationalError
 
-from predictors_runtime.errors import BadRequest, Conflict, SluiceError
+from foundation.errors import BadRequest, Conflict, SluiceError
 from predictors_runtime.storage import ObjectInfo, split_uri
 
 from .inputs import check_local_path, cut_ranges, is_local, match_files
@@ -28,7 +28,7 @@ from .services import Services
 from .submission import JobRequest, split_items
 from .time_limit import batch_time_limit
 from .publish import BatchPublisher, send_completion
-from .redis_retry import one_line
+from foundation.redis_clients import one_line
 
 log = logging.getLogger(__name__)
 

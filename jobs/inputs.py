@@ -17,7 +17,7 @@ import orjson
 import simdjson
 from wcmatch import glob
 
-from predictors_runtime.errors import BadRequest, BadStorageUri, SluiceError
+from foundation.errors import BadRequest, BadStorageUri, SluiceError
 from predictors_runtime.storage import ObjectInfo, split_uri, storage_for
 from predictors_runtime.storage.local import read_range_confined
 

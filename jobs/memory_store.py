@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from predictors_runtime.errors import JobNotFound
+from foundation.errors import JobNotFound
 
 from . import store as _redis_store  # its `new_token`, looked up per call (tests pin it)
 from .job import ACTIVE_STATUSES, Job, JobStatus

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol
 import redis
 from celery import Celery
 
-from . import keys
+from foundation import keys
 from .broker import unacked_tags
 from .job import ACTIVE_STATUSES, JobStatus, job_queue_name
 

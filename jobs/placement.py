@@ -23,11 +23,11 @@ import redis
 from celery import Celery
 from kombu.exceptions import KombuError
 
-from predictors_runtime.errors import JobNotFound
+from foundation.errors import JobNotFound
 
 from .job import ACTIVE_STATUSES, BAD_RECORD_ERRORS, Job, JobStatus
 from .nodes import Nodes, drop_queue
-from .settings import Settings
+from foundation.settings import Settings
 from .store import JobStore
 
 log = logging.getLogger(__name__)

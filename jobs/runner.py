@@ -16,14 +16,14 @@ from typing import Any
 
 from predictors_runtime.batch_predictor import BatchPredictor
 from predictors_runtime.config import ApiConfig
-from predictors_runtime import figures as process_figures
-from predictors_runtime.log import labelled
+from foundation import figure_sink as process_figures
+from foundation.json_logs import labelled
 
 from .batch_steps import LOST_DELIVERY_ALLOWANCE, BatchRun, batch_id_of, batch_pipeline
 from .completion import finish_job
-from .figures import Recorder
+from foundation.figures import Recorder
 from .job import Job, JobStatus
-from .job_logs import install_job_log_handler
+from foundation.log_streams import install_job_log_handler
 from .nodes import Delivery
 from .services import Services
 from .time_limit import BatchWatchdog

@@ -12,8 +12,8 @@ from predictors_runtime.project import BundleLimits
 
 from .nodes import Nodes
 from .placement import Placement
-from .redis_retry import connect
-from .settings import Settings
+from foundation.redis_clients import connect
+from foundation.settings import Settings
 from .store import JobStore
 
 

@@ -5,7 +5,7 @@ reports it, however often its message is delivered), and status changes are guar
 terminal status is never overwritten: both are small Lua scripts, so each is one round trip.
 
 Every call may reach Redis more than once: the client sends a command again when its reply did
-not come (`jobs/redis_retry.py`), and a stalled Redis runs the first copy too when it wakes up.
+not come (`foundation/redis_clients.py`), and a stalled Redis runs the first copy too when it wakes up.
 So each script that answers something only one caller may hear (this transition moved the job,
 this record completed it, this caller may run `on_job_complete`) takes a token made once per
 call, remembers it with the change, and answers a repeat carrying the same token as it answered
@@ -24,21 +24,21 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import redis
 
-from predictors_runtime.errors import JobNotFound
+from foundation.errors import JobNotFound
 
-from . import keys
+from foundation import keys
+from foundation.figures import ENDED_JOBS
 from .job import ACTIVE_STATUSES, Job, JobStatus
 from .nodes import Delivery, inflight_entry
-from .redis_retry import TRANSIENT_ERRORS
+from foundation.redis_clients import TRANSIENT_ERRORS
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 UNTIL_ANSWERED_PAUSE_S = 1.0
-ENDED_JOBS = "sluice_jobs_total"  # the figure counting ended jobs (jobs/figures.py JOBS)
 
 # KEYS: job hash, the figure of ended jobs. ARGV: new status, end time ('' for none), message, token,
-# allowed current statuses... A job that ends is counted in the figure (`jobs/figures.py`) here,
+# allowed current statuses... A job that ends is counted in the figure (`foundation/figures.py`) here,
 # so exactly once whichever process ends it.
 _TRANSITION = """
 local current = redis.call('HGET', KEYS[1], 'status')
@@ -163,7 +163,7 @@ def _until_answered(what: str, call: Callable[[], T]) -> T:
     For a node holding a delivery (starting or recording a batch): giving up would let Celery
     acknowledge the message (it acknowledges failed tasks) and lose the batch, or throw away the
     outcome of work done; the node can do nothing else without Redis anyway. Each wait lasts the
-    client's own retry window (`jobs/redis_retry.py`); `call` carries one token throughout, so a
+    client's own retry window (`foundation/redis_clients.py`); `call` carries one token throughout, so a
     repeat is answered as the first run was.
     """
     while True:
@@ -260,7 +260,7 @@ class JobStore:
 
     Nodes (heartbeats, in-flight deliveries, giving them back) are `jobs/nodes.py`'s; only the
     scripts that begin and record a batch touch a node's in-flight hash, so that a batch leaves
-    it in the same step as its outcome is counted. Key names are `jobs/keys.py`'s.
+    it in the same step as its outcome is counted. Key names are `foundation/keys.py`'s.
     """
 
     def __init__(self, client: redis.Redis, job_ttl_s: float = 7 * 24 * 3600) -> None:
@@ -272,7 +272,7 @@ class JobStore:
         self._seal = client.register_script(_SEAL)
         self._claim_completion = client.register_script(_CLAIM_COMPLETION)
 
-    # -- keys (all named in jobs/keys.py) ---------------------------------------------------
+    # -- keys (all named in foundation/keys.py) ---------------------------------------------------
     _job_key = staticmethod(keys.job)
     _keys_of = staticmethod(keys.job_keys)
     _api_jobs_key = staticmethod(keys.api_jobs)

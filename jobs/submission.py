@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 import annotated_types
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from predictors_runtime.config import MAX_BATCH_TIMEOUT_S
-from predictors_runtime.errors import BadRequest
+from foundation.limits import MAX_BATCH_TIMEOUT_S
+from foundation.errors import BadRequest
 
 SOURCES = ("item_list", "file_path_lister", "delimited_files", "retry_failed_of")
 

@@ -12,7 +12,7 @@ from typing import Any
 from celery import Celery, Task
 from celery.exceptions import Reject
 
-from .redis_retry import TRANSIENT_ERRORS
+from foundation.redis_clients import TRANSIENT_ERRORS
 from .nodes import Delivery
 
 RUN_BATCH = "sluice.run_batch"

@@ -32,11 +32,11 @@ from typing import Any, Callable, Iterator
 
 import redis
 
-from . import keys
+from foundation import keys
 from .job import Job, JobStatus
 from .publish import send_completion
 from .services import Services
-from .settings import Settings
+from foundation.settings import Settings
 from .store import Recorded
 
 log = logging.getLogger(__name__)

@@ -13,12 +13,12 @@ import redis
 from celery import Celery, bootsteps, signals
 from kombu.exceptions import KombuError
 
-from predictors_runtime.log import configure_json_logging
+from foundation.json_logs import configure_json_logging
 
-from . import keys
+from foundation import keys
 from .broker import keep_visible
 from .nodes import write_heartbeat
-from .settings import Settings
+from foundation.settings import Settings
 
 if TYPE_CHECKING:
     from .services import Services

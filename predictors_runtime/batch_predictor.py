@@ -12,7 +12,7 @@ from typing import Any
 
 from .builder import BuiltPredictor, build_predictor
 from .config import ApiConfig, merge_config
-from .errors import PredictorError
+from foundation.errors import PredictorError
 from .loader import DeclaredCall
 
 

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
-from .errors import PredictorError, RequestTimeout, SluiceError
+from foundation.errors import PredictorError, RequestTimeout, SluiceError
 
 T = TypeVar("T")
 

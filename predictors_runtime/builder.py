@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .config import ApiConfig, ModelsConfig
-from .errors import PredictorError, SluiceError
+from foundation.errors import PredictorError, SluiceError
 from .loader import call_with_declared, error_text, load_predictor_class
 from .namespace import ApiNamespace
 from .project import read_dotenv

@@ -20,14 +20,13 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .errors import ConfigError
+from foundation.errors import ConfigError
+from foundation.limits import DEFAULT_BUNDLE_CACHE_BYTES
 from .project import BundleLimits, bundle_digest, unpack_project
 from .storage import join_uri, storage_for
 
 log = logging.getLogger(__name__)
 
-# Unpacked bundles a host keeps (`SLUICE_BUNDLE_CACHE_BYTES`); bundles in use may exceed it.
-DEFAULT_CACHE_BYTES = 5 * 1024**3
 _LOCK_SUFFIX = ".lock"
 _TRASH_PREFIX = ".evicted."
 
@@ -37,7 +36,7 @@ class BundleStore:
 
     def __init__(
         self, root_uri: str, cache_dir: str | Path, *, limits: BundleLimits = BundleLimits(),
-        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        cache_bytes: int = DEFAULT_BUNDLE_CACHE_BYTES,
     ) -> None:
         self._root = root_uri
         self._storage = storage_for(root_uri)

@@ -19,7 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from predictors_runtime.errors import ConfigError
+from foundation.errors import ConfigError
+from foundation.limits import MAX_BATCH_TIMEOUT_S
 from predictors_runtime.predictor_types import DEFAULT_TYPE, PREDICTOR_TYPES, PredictorTypeName
 
 KINDS = ("BatchAPI", "RealtimeAPI")
@@ -32,7 +33,6 @@ MAX_PROCESSES = 64
 MAX_THREADS = 1024
 MAX_CONCURRENCY = 100_000
 MAX_REQUEST_TIMEOUT_S = 24 * 3600
-MAX_BATCH_TIMEOUT_S = 24 * 3600
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")

@@ -10,7 +10,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .errors import PredictorError
+from foundation.errors import PredictorError
 
 # Searched in this order; `Handler` is the newer Cortex spelling.
 PREDICTOR_CLASS_NAMES = ("Handler", "PythonPredictor", "TensorFlowPredictor", "ONNXPredictor")

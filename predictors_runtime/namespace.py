@@ -42,7 +42,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator, Mapping, Sequence
 
-from .errors import SluiceError
+from foundation.errors import SluiceError
 
 
 class _EnvironReader:

@@ -26,7 +26,7 @@ import orjson
 from werkzeug.datastructures import FileStorage
 from werkzeug.wrappers import Request
 
-from .errors import BadRequest
+from foundation.errors import BadRequest
 
 FORM_TYPES = frozenset({"multipart/form-data", "application/x-www-form-urlencoded"})
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .errors import ConfigError
+from foundation.errors import ConfigError
 
 # The names as a type, for the config schema; `tests/unit/test_predictor_types.py` checks that it
 # lists exactly the registry's keys.

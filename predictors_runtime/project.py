@@ -22,14 +22,9 @@ from pathlib import Path
 import pathspec
 from dotenv import dotenv_values
 
-from predictors_runtime.errors import ConfigError
+from foundation.errors import ConfigError
+from foundation.limits import MAX_BUNDLE_BYTES, MAX_BUNDLE_FILES, MAX_UNPACKED_BYTES
 
-MAX_BUNDLE_BYTES = 200 * 1024 * 1024
-# What a bundle may hold once unpacked. The packed limit counts compressed bytes, and a 1 MB
-# upload of zeros can declare a 1 GiB file: these bound the disk a deploy (and every worker that
-# unpacks it) can be made to fill, and the inodes.
-MAX_UNPACKED_BYTES = 1024 * 1024 * 1024
-MAX_BUNDLE_FILES = 100_000
 IGNORE_FILE = ".cortexignore"
 DOTENV_FILE = ".env"
 _COMPILED_SUFFIXES = (".pyc", ".pyo", ".pyd")

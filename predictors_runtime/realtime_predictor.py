@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 from .batching import DEFAULT_MAX_WAIT_S, Batcher
 from .config import ServerSideBatching
-from .errors import PredictorError, RequestTimeout
+from foundation.errors import PredictorError, RequestTimeout
 from .loader import DeclaredCall
 
 PREDICT_ARGUMENTS = ("payload", "query_params", "headers")

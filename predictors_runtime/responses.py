@@ -16,7 +16,7 @@ import orjson
 from werkzeug.datastructures import Headers
 from werkzeug.wrappers import Response
 
-from .errors import PredictorError
+from foundation.errors import PredictorError
 
 JSON_TYPE = "application/json"
 TEXT_TYPE = "text/plain; charset=utf-8"

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import click
 
-from predictors_runtime.errors import SluiceError
+from foundation.errors import SluiceError
 
 from .client import ACTIVE_STATUSES, TERMINAL_STATUSES, Client
 
@@ -745,7 +745,7 @@ def up(port: int, workers: int) -> None:
 def serve(api: str, port: int, host: str, advertise: str | None, api_url: str, state_dir: Path | None) -> None:
     """Run this host's replica of a RealtimeAPI (against SLUICE_REDIS_URL and SLUICE_STORAGE) until
     the API is deleted or SIGTERM; redeploys are rolled without a gap."""
-    from predictors_runtime.log import configure_json_logging
+    from foundation.json_logs import configure_json_logging
 
     from .replica import serve as serve_replica
 
@@ -766,7 +766,7 @@ def serve(api: str, port: int, host: str, advertise: str | None, api_url: str, s
 def replicas(hardware: str | None, host: str, advertise: str | None, api_url: str, state_dir: Path | None) -> None:
     """Run a replica of every deployed RealtimeAPI (or only the GPU or the CPU ones) on this host, as
     `sluice up` does: one `sluice serve` per API on free ports, started on deploy, until SIGTERM."""
-    from predictors_runtime.log import configure_json_logging
+    from foundation.json_logs import configure_json_logging
 
     from .replica_manager import serve_all
 
@@ -786,8 +786,8 @@ def proxy(port: int, bind: str, management: str, state_dir: Path | None) -> None
 
     import redis
 
-    from jobs.settings import Settings
-    from predictors_runtime.log import configure_json_logging
+    from foundation.settings import Settings
+    from foundation.json_logs import configure_json_logging
 
     from .proxy import ProxyController
 

@@ -23,7 +23,7 @@ import requests
 import yaml
 
 from jobs.job import ACTIVE_STATUSES as _ACTIVE, TERMINAL_STATUSES as _TERMINAL
-from predictors_runtime.errors import SluiceError
+from foundation.errors import SluiceError
 from predictors_runtime.project import pack_project
 
 DEFAULT_URL = "http://127.0.0.1:8888"

@@ -26,9 +26,9 @@ from typing import Mapping
 import redis
 import requests
 
-from api.registry import ApiRegistry
-from jobs import keys
-from predictors_runtime.errors import NotReady
+from foundation.api_registry import ApiRegistry
+from foundation import keys
+from foundation.errors import NotReady
 
 from .replica_manager import ReplicaManager
 from .replica_process import no_control_socket

@@ -36,13 +36,13 @@ from typing import Any
 
 import redis
 
-from api.auth import KEYS_VARIABLE, PROTECT_REALTIME_VARIABLE, header_values, refuse_open_bind
-from api.registry import ApiRegistry
-from api.replicas import ReplicaDirectory
-from jobs import keys
-from jobs.figures import REALTIME_REJECTED, REALTIME_REQUESTS, Recorder
-from jobs.settings import Settings
-from predictors_runtime.errors import ConfigError, NotReady
+from foundation.api_keys import KEYS_VARIABLE, PROTECT_REALTIME_VARIABLE, header_values, refuse_open_bind
+from foundation.api_registry import ApiRegistry
+from foundation.replica_directory import ReplicaDirectory
+from foundation import keys
+from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS, Recorder
+from foundation.settings import Settings
+from foundation.errors import ConfigError, NotReady
 
 from .local_socket import reachable_socket
 from .proxy_config import Route, plan_routes, render_config, tag_of

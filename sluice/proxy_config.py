@@ -29,9 +29,10 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from api.registry import DeployedApi
-from api.replicas import ReplicaRecord
-from predictors_runtime.errors import ConfigError
+from predictors_runtime.config import ApiConfig
+from foundation.api_registry import DeployedApi
+from foundation.replica_directory import ReplicaRecord
+from foundation.errors import ConfigError
 
 from .proxy_rejections import REASON_INDEX, TABLE
 
@@ -147,7 +148,7 @@ def plan_routes(apis: Iterable[DeployedApi], replicas: Iterable[ReplicaRecord],
         if api.kind != REALTIME_KIND or not _NAME_RE.match(api.name) or not by_api.get(api.name):
             continue
         try:
-            predictor = api.config.predictor
+            predictor = ApiConfig.from_dict(api.spec).predictor
         except ConfigError as e:
             log.warning("api %s has a config this version cannot read; not routed: %s", api.name, e)
             continue

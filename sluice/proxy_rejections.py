@@ -10,7 +10,7 @@ and the frontend increments the reason's counter as the answer leaves (`sluice/p
 `sc_inc_gpc` sample fetch in a `set-var`).
 
 The proxy controller reads the table of every haproxy worker each turn and adds what grew to
-the figures (`jobs/figures.py`). Counters start at zero in the worker a reload starts, and an
+the figures (`foundation/figures.py`). Counters start at zero in the worker a reload starts, and an
 old worker keeps its own until it leaves, so each worker's counters are followed by its pid; a
 worker's last increments between the controller's last read and its exit are lost.
 """

@@ -37,11 +37,12 @@ from typing import Callable, Mapping
 
 import redis
 
-from api.registry import ApiRegistry, DeployedApi
-from api.replicas import ReadinessMarkers, ReplicaDirectory, ReplicaRecord
+from predictors_runtime.config import ApiConfig
+from foundation.api_registry import ApiRegistry, DeployedApi
+from foundation.replica_directory import ReadinessMarkers, ReplicaDirectory, ReplicaRecord
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.project import BundleLimits
-from predictors_runtime.errors import ApiNotFound, ConfigError, NotReady, SluiceError
+from foundation.errors import ApiNotFound, ConfigError, NotReady, SluiceError
 
 from .local_socket import host_identity, remove_stale, socket_path_for
 from .replica_process import graceful_timeout_s, gunicorn_argv, replica_env, signal_group, spawn_gunicorn
@@ -169,11 +170,11 @@ class Generation:
 
     @property
     def processes(self) -> int:
-        return self.api.config.predictor.processes_per_replica
+        return ApiConfig.from_dict(self.api.spec).predictor.processes_per_replica
 
     @property
     def graceful_s(self) -> float:
-        return graceful_timeout_s(self.api.config.predictor)
+        return graceful_timeout_s(ApiConfig.from_dict(self.api.spec).predictor)
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -347,7 +348,7 @@ class ReplicaLauncher:
             replica_id=replica_id, api_url=self.api_url,
         )
         unix_socket = socket_path_for(replica_id)
-        argv = gunicorn_argv(api.config.predictor, f"{self.host}:{port}", unix_socket=unix_socket)
+        argv = gunicorn_argv(ApiConfig.from_dict(api.spec).predictor, f"{self.host}:{port}", unix_socket=unix_socket)
         return Generation(replica_id, api, port, project_dir, state_dir, env, argv, unix_socket=unix_socket or "")
 
     def _launch(self, gen: Generation, now: float) -> None:
@@ -464,7 +465,7 @@ def serve(
     The first signal drains (the proxies stop routing the replica before it stops); a second
     one stops at once (gunicorn still finishes the requests it has).
     """
-    from jobs.settings import Settings
+    from foundation.settings import Settings
 
     env = dict(os.environ if env is None else env)
     settings = Settings.from_env(env)

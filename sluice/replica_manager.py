@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 
 import redis
 
-from api.registry import ApiRegistry, DeployedApi
+from foundation.api_registry import ApiRegistry, DeployedApi
 
 from .replica import (
     DEFAULT_API_URL, DRAIN_CAP_S, KILL_AFTER_GRACE_S, REALTIME_KIND, advertised_address, redis_host,
@@ -200,7 +200,7 @@ def serve_all(
     The launchers are started in sessions of their own (a Ctrl-C reaches only this process,
     which stops them in order) and get SIGTERM should this process die.
     """
-    from jobs.settings import Settings
+    from foundation.settings import Settings
 
     env = dict(os.environ if env is None else env)
     settings = Settings.from_env(env)

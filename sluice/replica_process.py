@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping
 
-from api.registry import DeployedApi
-from predictors_runtime.config import PredictorConfig
+from foundation.api_registry import DeployedApi
+from predictors_runtime.config import ApiConfig, PredictorConfig
 from predictors_runtime.project import read_dotenv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +98,7 @@ def replica_env(
     then the variables the replica app reads (which neither file may override)."""
     env = dict(base)
     env.update(read_dotenv(project_dir))
-    env.update({k: str(v) for k, v in api.config.predictor.env.items()})
+    env.update({k: str(v) for k, v in ApiConfig.from_dict(api.spec).predictor.env.items()})
     env.update({
         "SLUICE_REPLICA_SPEC": str(spec_path),
         "SLUICE_REPLICA_PROJECT": str(project_dir),

@@ -14,7 +14,7 @@ import threading
 import requests
 from werkzeug.wrappers import Response
 
-from predictors_runtime.log import logger
+from foundation.json_logs import logger
 
 FEATURES = ["sepal_length", "sepal_width", "petal_length", "petal_width"]
 TO_CENTIMETRES = {"cm": 1.0, "mm": 0.1}

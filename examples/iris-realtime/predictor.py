@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 from werkzeug.wrappers import Response
 
-from predictors_runtime.log import logger
+from foundation.json_logs import logger
 
 FEATURES = ["sepal_length", "sepal_width", "petal_length", "petal_width"]
 LABELS = ["setosa", "versicolor", "virginica"]

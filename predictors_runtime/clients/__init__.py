@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from predictors_runtime.errors import ConfigError
+from foundation.errors import ConfigError
 from predictors_runtime.predictor_types import PREDICTOR_TYPES
 
 from .onnx_client import ONNXClient

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from predictors_runtime.errors import ConfigError, ModelInputError
+from foundation.errors import ConfigError, ModelInputError
 
 from .hardware import CUDA_PROVIDER, cpu_threads, onnx_providers
 from .python_client import ManagerFactory, ModelClient

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from predictors_runtime.errors import PredictorError
+from foundation.errors import PredictorError
 
 if TYPE_CHECKING:
     from predictors_runtime.models.manager import LoadedModel, ModelManager

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from predictors_runtime.errors import ConfigError, ModelInputError
+from foundation.errors import ConfigError, ModelInputError
 
 from .hardware import tensorflow_device
 from .onnx_client import InputSpec, prepare_inputs

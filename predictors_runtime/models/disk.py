@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from predictors_runtime.errors import StorageError
+from foundation.errors import StorageError
 from predictors_runtime.storage import storage_for
 
 from .layout import ModelVersion

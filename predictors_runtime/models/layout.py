@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from predictors_runtime.config import ModelsConfig
-from predictors_runtime.errors import ConfigError
+from foundation.errors import ConfigError
 from predictors_runtime.predictor_types import PREDICTOR_TYPES as _REGISTRY
 from predictors_runtime.predictor_types import predictor_type as _predictor_type
 from predictors_runtime.storage import ObjectInfo, join_uri, storage_for

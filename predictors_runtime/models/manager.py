@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from predictors_runtime import figures
+from foundation import figure_sink as figures
 from predictors_runtime.config import ModelsConfig
-from predictors_runtime.errors import (
+from foundation.errors import (
     BadRequest,
     ModelNotFound,
     PredictorError,

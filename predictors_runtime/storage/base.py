@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from predictors_runtime.errors import BadStorageUri, SluiceError, StorageError, StorageNotFound
+from foundation.errors import BadStorageUri, SluiceError, StorageError, StorageNotFound
 
 # Suffix of the files `write_bytes` and `download_folder` write beside their target before the
 # rename; `LocalStorage.list` skips them, so readers never list half-written files.

@@ -11,7 +11,7 @@ import google.auth.exceptions
 from google.api_core import exceptions as api_exceptions
 from google.cloud import storage
 
-from predictors_runtime.errors import AccessDenied, BadStorageUri, SluiceError, StorageError, StorageNotFound
+from foundation.errors import AccessDenied, BadStorageUri, SluiceError, StorageError, StorageNotFound
 
 from .base import GuardedReader, ObjectInfo, RemoteStorage, translating
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import BinaryIO
 
-from predictors_runtime.errors import AccessDenied, BadStorageUri, StorageError, StorageNotFound
+from foundation.errors import AccessDenied, BadStorageUri, StorageError, StorageNotFound
 
 from .base import TEMP_SUFFIX, ObjectInfo, Storage, split_uri
 

@@ -15,7 +15,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
-from predictors_runtime.errors import AccessDenied, BadStorageUri, SluiceError, StorageError, StorageNotFound
+from foundation.errors import AccessDenied, BadStorageUri, SluiceError, StorageError, StorageNotFound
 
 from .base import GuardedReader, ObjectInfo, RemoteStorage, translating
 

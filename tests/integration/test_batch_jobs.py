@@ -132,7 +132,7 @@ def test_jobs_are_listed_newest_first(client, deploy_project, events_file):
 
 
 LOGGING_PREDICTOR = """
-from predictors_runtime.log import logger
+from foundation.json_logs import logger
 
 
 class PythonPredictor:

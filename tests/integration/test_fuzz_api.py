@@ -22,7 +22,7 @@ import redis
 import yaml
 
 from api.app import create_app
-from jobs.settings import Settings
+from foundation.settings import Settings
 from predictors_runtime.project import pack_project
 from tests.hostile import bundle_declaring
 

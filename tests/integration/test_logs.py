@@ -62,7 +62,7 @@ class PythonPredictor:
 '''
 
 REALTIME_PREDICTOR = '''
-from predictors_runtime.log import logger
+from foundation.json_logs import logger
 
 
 class PythonPredictor:

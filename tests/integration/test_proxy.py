@@ -26,8 +26,8 @@ import pytest
 import redis
 import requests
 
-from api.registry import ApiRegistry
-from api.replicas import ReplicaDirectory, ReplicaRecord
+from foundation.api_registry import ApiRegistry
+from foundation.replica_directory import ReplicaDirectory, ReplicaRecord
 from predictors_runtime.config import ApiConfig
 from sluice.embedded import free_port
 from sluice.proxy import PROXIES_KEY, ProxyController, unrouted
@@ -590,7 +590,7 @@ def test_sluice_proxy_serves_until_sigterm(redis_server, redis_client, deploy, l
 # -- figures ---------------------------------------------------------------------------------------
 def test_answers_the_proxy_gives_itself_are_counted_by_api_and_reason(proxy, deploy, launchers, backends, gate,
                                                                       redis_client):
-    from jobs.figures import REALTIME_REJECTED, REALTIME_REQUESTS, read_figures
+    from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS, read_figures
 
     deploy("ap", max_concurrency=1, max_queue_length=0, request_timeout=1)
     launchers.add("ap-1", "ap", backends["r1"])

@@ -12,8 +12,8 @@ import pytest
 import redis
 import requests
 
-from api.registry import ApiRegistry
-from jobs.settings import Settings
+from foundation.api_registry import ApiRegistry
+from foundation.settings import Settings
 from predictors_runtime.config import ApiConfig
 from sluice.embedded import free_port
 from sluice.proxy import ProxyController

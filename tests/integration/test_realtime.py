@@ -22,7 +22,7 @@ import redis
 import requests
 import yaml
 
-from api.replicas import ReplicaDirectory
+from foundation.replica_directory import ReplicaDirectory
 from predictors_runtime.models import DEFAULT_MODEL_NAME
 from sluice.client import Client, ClientError
 from sluice.embedded import Stack, free_port

@@ -30,7 +30,7 @@ import redis
 import requests
 import yaml
 
-from api.replicas import ReplicaDirectory
+from foundation.replica_directory import ReplicaDirectory
 from sluice.client import Client
 from sluice.embedded import Stack, free_port
 from sluice.proxy import HAProxy, routed_everywhere

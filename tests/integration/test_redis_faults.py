@@ -24,7 +24,7 @@ from jobs.celery_app import create_celery
 from jobs.job import Job, JobStatus, new_job_id
 from jobs.publish import BatchPublisher
 from jobs.services import Services
-from jobs.settings import Settings
+from foundation.settings import Settings
 from jobs.nodes import Delivery
 from jobs.store import JobStore, Recorded
 from sluice.client import Client, ClientError

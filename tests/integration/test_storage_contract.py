@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from predictors_runtime.errors import AccessDenied, BadStorageUri, StorageError, StorageNotFound
+from foundation.errors import AccessDenied, BadStorageUri, StorageError, StorageNotFound
 from predictors_runtime.storage import ObjectInfo, join_uri, split_uri, storage_for
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,7 @@ import pytest
 import redis
 
 from api.app import create_app
-from api.auth import (
-    InsecureBind,
+from foundation.api_keys import (
     header_values,
     key_matches,
     load_api_keys,
@@ -23,11 +22,12 @@ from api.auth import (
     presented_key,
     refuse_open_bind,
 )
-from api.registry import DeployedApi
-from api.replicas import ReplicaRecord
-from jobs.settings import Settings
+from foundation.errors import InsecureBind
+from foundation.api_registry import DeployedApi
+from foundation.replica_directory import ReplicaRecord
+from foundation.settings import Settings
 from predictors_runtime.config import ApiConfig
-from predictors_runtime.errors import ConfigError
+from foundation.errors import ConfigError
 from sluice.client import Client
 from sluice.proxy import ProxyController, find_haproxy
 from sluice.proxy_config import plan_routes, render_config

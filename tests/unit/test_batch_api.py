@@ -18,13 +18,13 @@ from celery import Celery
 from flask.testing import FlaskClient
 
 from api.app import create_app
-from api.registry import ApiRegistry
+from foundation.api_registry import ApiRegistry
 from jobs.job import JobStatus
 from jobs.memory_store import MemoryJobStore
 from jobs.nodes import Nodes
 from jobs.placement import Placement
 from jobs.services import Services
-from jobs.settings import Settings
+from foundation.settings import Settings
 from jobs.tasks import RUN_BATCH
 from predictors_runtime.config import ApiConfig
 

@@ -12,7 +12,7 @@ import pytest
 
 from predictors_runtime.batch_predictor import BatchPredictor
 from predictors_runtime.config import ApiConfig, parse_api_configs
-from predictors_runtime.errors import PredictorError
+from foundation.errors import PredictorError
 
 JOB_SPEC = {"job_id": "0018bcfe5680a1b2c3d4", "api_name": "iris", "workers": 1, "config": {},
             "total_batch_count": 2, "start_time": "2023-11-14T22:13:20Z"}

@@ -14,7 +14,7 @@ import pytest
 
 from predictors_runtime.batching import BatchFailed, Batcher
 from predictors_runtime.config import ServerSideBatching
-from predictors_runtime.errors import ModelInputError, PredictorError, RequestTimeout
+from foundation.errors import ModelInputError, PredictorError, RequestTimeout
 from predictors_runtime.realtime_predictor import RealtimePredictor, RequestArgs
 
 JOIN_TIMEOUT_S = 30.0

@@ -12,7 +12,7 @@ from beat.schedule import Step, maintenance_steps
 from beat.scheduler import MaintenanceScheduler
 from jobs.celery_app import create_celery
 from jobs.job import Job, JobStatus
-from jobs.settings import Settings
+from foundation.settings import Settings
 from jobs.store import JobStore
 
 T0 = 1_700_000_000.0

@@ -7,7 +7,7 @@ from kombu import Connection, Queue
 
 from jobs.broker import TRANSPORT_PATH, Channel, transport_for
 from jobs.celery_app import create_celery
-from jobs.settings import Settings
+from foundation.settings import Settings
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 
 from predictors_runtime.builder import BuiltPredictor, build_predictor
 from predictors_runtime.config import ApiConfig, parse_api_configs
-from predictors_runtime.errors import PredictorError
+from foundation.errors import PredictorError
 from predictors_runtime.namespace import active_namespace
 
 

@@ -19,7 +19,7 @@ from sklearn.linear_model import LogisticRegression
 from predictors_runtime.clients import ONNXClient
 from predictors_runtime.clients.onnx_client import InputSpec, OnnxModel
 from predictors_runtime.config import ModelsConfig
-from predictors_runtime.errors import ModelInputError, ModelNotFound
+from foundation.errors import ModelInputError, ModelNotFound
 from predictors_runtime.models.manager import LoadedModel, ModelManager
 
 IRIS_X, IRIS_Y = load_iris(return_X_y=True)

@@ -21,7 +21,7 @@ from predictors_runtime.clients import (
 )
 from predictors_runtime.clients.hardware import onnx_providers, tensorflow_device
 from predictors_runtime.config import ModelsConfig
-from predictors_runtime.errors import ConfigError, ModelNotFound, PredictorError
+from foundation.errors import ConfigError, ModelNotFound, PredictorError
 from predictors_runtime.models.manager import LoadedModel, ModelManager
 
 ROOT = Path(__file__).resolve().parents[2]

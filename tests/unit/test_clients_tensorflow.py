@@ -18,7 +18,7 @@ import tensorflow as tf
 from predictors_runtime.clients import TensorFlowClient
 from predictors_runtime.clients.tensorflow_client import pick_signature
 from predictors_runtime.config import ModelsConfig
-from predictors_runtime.errors import ConfigError, ModelInputError
+from foundation.errors import ConfigError, ModelInputError
 from predictors_runtime.models.manager import ModelManager
 
 W = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)

@@ -13,11 +13,11 @@ import redis
 from beat.completions import COMPLETION_GRACE_S, completion_grace_s, resend_completions
 from jobs.completion import DIED_MESSAGE, finish_job
 from jobs.job import Job, JobStatus
-from jobs.settings import Settings
+from foundation.settings import Settings
 from jobs.nodes import Delivery, Nodes
 from jobs.store import JobStore
 from jobs.tasks import FINISH_JOB
-from predictors_runtime.errors import PredictorError
+from foundation.errors import PredictorError
 
 T0 = 1_700_000_000.0
 GRACE_S = 10.0

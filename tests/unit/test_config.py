@@ -15,7 +15,7 @@ from predictors_runtime.config import (
     merge_config,
     parse_api_configs,
 )
-from predictors_runtime.errors import ConfigError
+from foundation.errors import ConfigError
 
 BATCH_API = """
 - name: iris-batch

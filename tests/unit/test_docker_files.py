@@ -215,7 +215,7 @@ def test_prometheus_scrapes_the_api_services_gunicorn_with_an_api_key():
 
 
 def test_the_grafana_dashboard_reads_only_figures_sluice_exports():
-    from jobs.figures import CATALOGUE, Kind
+    from foundation.figures import CATALOGUE, Kind
 
     dashboard = json.loads((DOCKER / "grafana" / "dashboards" / "sluice.json").read_text())
     exported = {"sluice_queue_depth"}

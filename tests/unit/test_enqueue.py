@@ -18,10 +18,10 @@ from jobs.enqueue import plan_job, stop_job, submit_job
 from jobs.job import Job, JobStatus
 from jobs.memory_store import MemoryJobStore
 from jobs.services import Services
-from jobs.settings import Settings
+from foundation.settings import Settings
 from jobs.submission import parse_job_request
 from jobs.tasks import FINISH_JOB, RUN_BATCH
-from predictors_runtime.errors import BadRequest, Conflict, JobNotFound
+from foundation.errors import BadRequest, Conflict, JobNotFound
 
 T0 = 1_700_000_000.0
 API_SPEC = {"name": "iris", "kind": "BatchAPI", "predictor": {"type": "python", "path": "predictor.py"}}

@@ -1,4 +1,4 @@
-"""Figures counted in many processes and read back as one total (`jobs/figures.py`, `api/metrics.py`).
+"""Figures counted in many processes and read back as one total (`foundation/figures.py`, `api/metrics.py`).
 
 Each `Recorder` stands for one process; they share a real Redis as Sluice's processes do, and
 `/metrics`' text is parsed back with prometheus-client's own parser.
@@ -13,9 +13,9 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.metrics import exposition, queue_depths
-from jobs import figures
+from foundation import figures
 from jobs.celery_app import create_celery
-from jobs.figures import (
+from foundation.figures import (
     BATCH_SECONDS,
     BATCHES,
     ITEMS,
@@ -27,9 +27,9 @@ from jobs.figures import (
 )
 from jobs.job import Job, JobStatus, job_queue_name
 from jobs.services import Services
-from jobs.settings import Settings
+from foundation.settings import Settings
 from jobs.store import JobStore
-from predictors_runtime import figures as process_figures
+from foundation import figure_sink as process_figures
 from sluice.proxy_rejections import RejectionTally, parse_table
 
 

@@ -18,7 +18,7 @@ from jobs.job import Job, JobStatus
 from jobs.nodes import GIVE_BACK_AFTER_TTLS
 from jobs.publish import BatchPublisher
 from jobs.services import Services
-from jobs.settings import Settings
+from foundation.settings import Settings
 from jobs.nodes import Delivery
 
 from ..conftest import ROOT
@@ -32,7 +32,7 @@ TAKE_ONE_AND_DIE = textwrap.dedent("""
     from kombu import Consumer, Queue
     from jobs.celery_app import create_celery
     from jobs.services import Services
-    from jobs.settings import Settings
+    from foundation.settings import Settings
     from jobs.nodes import Delivery
 
     settings = Settings(redis_url={url!r})

@@ -21,7 +21,7 @@ from api.json_body import MAX_JSON_DEPTH, parse_json_body
 from jobs.inputs import RangeRef, read_range
 from jobs.submission import JobRequest, parse_job_request
 from predictors_runtime.bundles import BundleStore
-from predictors_runtime.errors import AccessDenied, BadRequest, ConfigError
+from foundation.errors import AccessDenied, BadRequest, ConfigError
 from predictors_runtime.project import (
     MAX_BUNDLE_FILES,
     MAX_UNPACKED_BYTES,

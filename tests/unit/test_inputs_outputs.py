@@ -15,7 +15,7 @@ import pytest
 from jobs.inputs import EnqueueError, check_local_path, cut_ranges, match_files, matches, read_range
 from jobs.outputs import encode_rows, part_uri
 from jobs.submission import FileSource
-from predictors_runtime.errors import BadRequest, BadStorageUri
+from foundation.errors import BadRequest, BadStorageUri
 from predictors_runtime.storage import storage_for
 
 
@@ -183,7 +183,7 @@ def test_part_paths_sort_in_batch_order():
 
 def test_a_part_is_written_inside_its_root_and_an_output_folder_swapped_for_a_link_out_is_refused(tmp_path: Path):
     from jobs.outputs import write_part
-    from predictors_runtime.errors import AccessDenied
+    from foundation.errors import AccessDenied
 
     root, outside = tmp_path / "root", tmp_path / "outside"
     root.mkdir()

@@ -12,10 +12,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from jobs.job_logs import (
+from foundation.log_streams import (
     MAX_STREAM_LINE_BYTES, BadStreamId, LogStreams, StreamLogHandler, api_stream, job_stream, parse_stream_id,
 )
-from predictors_runtime.log import labelled
+from foundation.json_logs import labelled
 from sluice.embedded import free_port
 
 WAIT_S = 30.0
@@ -193,26 +193,26 @@ def test_redis_failing_never_reaches_the_caller_and_is_told_once_until_it_answer
     nowhere = redis.Redis(port=free_port(), socket_connect_timeout=1, socket_timeout=1, retry=Retry(NoBackoff(), 0))
     dead = LogStreams(nowhere, max_lines=100)
     handler = attach(logger, StreamLogHandler(dead, flush_interval_s=NEVER_S))
-    caplog.set_level(logging.WARNING, logger="jobs.job_logs")
+    caplog.set_level(logging.WARNING, logger="foundation.log_streams")
 
     for attempt in range(3):
         with handler.capturing_job("unlucky"):
             logger.info("lost from the stream %d", attempt)
         handler.flush()
 
-    told = [r.getMessage() for r in caplog.records if r.name == "jobs.job_logs"]
+    told = [r.getMessage() for r in caplog.records if r.name == "foundation.log_streams"]
     assert len(told) == 1 and "could not be written to Redis" in told[0]
     handler.streams = LogStreams(redis_client)
     with handler.capturing_job("lucky"):
         logger.info("shipped")
     handler.flush()
-    told = [r.getMessage() for r in caplog.records if r.name == "jobs.job_logs"]
+    told = [r.getMessage() for r in caplog.records if r.name == "foundation.log_streams"]
     assert told[1:] == ["log lines reach Redis again"]
     assert [line["message"] for line in handler.streams.read(job_stream("lucky")).lines] == ["shipped"]
 
 
 def test_the_bound_and_retention_are_the_deployments_settings(redis_server):
-    from jobs.settings import Settings
+    from foundation.settings import Settings
 
     settings = Settings.from_env({"SLUICE_REDIS_URL": redis_server, "SLUICE_LOG_LINES": "500",
                                   "SLUICE_LOG_RETENTION_S": "60"})

@@ -1,31 +1,46 @@
-"""Layers import downwards only: `beat` drives `jobs`, never the other way round."""
+"""The architecture as `layers.ini` declares it, held by every import in the code."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import ast
+import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+LAYERS = ROOT / "layers.ini"
+_ARROW = re.compile(r"(?P<importer>[\w.]+) -> (?P<imported>[\w.]+) \(l\.(?P<line>\d+)\)")
 
 
-def _modules_loaded_by(package: str) -> set[str]:
-    """Top-level packages loaded when every module of `package` is imported, in a fresh interpreter."""
-    code = (
-        "import importlib, pkgutil, sys\n"
-        f"import {package}\n"
-        f"for info in pkgutil.iter_modules({package}.__path__):\n"
-        f"    importlib.import_module('{package}.' + info.name)\n"
-        "print('\\n'.join(sorted({name.split('.')[0] for name in sys.modules})))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    return set(out.stdout.split())
+def _file_of(module: str) -> str:
+    """`jobs.settings` -> `jobs/settings.py` (or the package's `__init__.py`)."""
+    path = ROOT.joinpath(*module.split("."))
+    return (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).relative_to(ROOT).as_posix()
 
 
-def test_importing_every_module_of_jobs_loads_nothing_of_beat() -> None:
-    loaded = _modules_loaded_by("jobs")
-    assert "jobs" in loaded
-    assert "beat" not in loaded
+def broken_arrows(report: str) -> list[str]:
+    """Each forbidden import of an import-linter report as `file:line: importer -> imported`."""
+    arrows = (f"{_file_of(m['importer'])}:{m['line']}: {m['importer']} -> {m['imported']}"
+              for m in _ARROW.finditer(report))
+    return list(dict.fromkeys(arrows))  # a chain shows an arrow once per contract it breaks
+
+
+def test_every_import_keeps_to_the_layers_that_layers_ini_declares(capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlinter import configuration
+    from importlinter.application.use_cases import lint_imports
+
+    configuration.configure()
+    monkeypatch.chdir(ROOT)  # the packages are found from the repository's root
+    kept = lint_imports(config_filename=str(LAYERS), cache_dir=None, no_logo=True)
+    report = capsys.readouterr().out
+    assert kept, "imports break layers.ini:\n" + "\n".join(broken_arrows(report)) + "\n\n" + report
+
+
+def test_a_broken_arrow_is_named_by_file_line_and_arrow() -> None:
+    report = "jobs is not allowed to import api:\n\n- jobs.settings -> api.auth (l.100)\n"
+    assert broken_arrows(report) == ["jobs/settings.py:100: jobs.settings -> api.auth"]
 
 
 # Literals that look like keys but are not: (file, literal prefix).
@@ -36,8 +51,6 @@ NOT_KEYS = {
 
 def _key_literals(path: Path) -> list[str]:
     """String literals (and the leading text of f-strings) in `path` that look like Sluice's Redis keys."""
-    import ast
-
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
@@ -51,13 +64,13 @@ def _key_literals(path: Path) -> list[str]:
     return found
 
 
-def test_every_redis_key_is_named_in_jobs_keys() -> None:
+def test_every_redis_key_is_named_in_foundation_keys() -> None:
     stray = []
-    for package in ("jobs", "beat", "api", "sluice"):
+    for package in ("foundation", "jobs", "beat", "api", "sluice"):
         for path in sorted((ROOT / package).rglob("*.py")):
             relative = path.relative_to(ROOT).as_posix()
-            if relative == "jobs/keys.py":
+            if relative == "foundation/keys.py":
                 continue
             literals = [text for text in _key_literals(path) if (relative, text) not in NOT_KEYS]
             stray.extend(f"{relative}: {text!r}" for text in literals)
-    assert not stray, "name these keys in jobs/keys.py: " + "; ".join(stray)
+    assert not stray, "name these keys in foundation/keys.py: " + "; ".join(stray)

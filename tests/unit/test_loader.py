@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from predictors_runtime.errors import PredictorError
+from foundation.errors import PredictorError
 from predictors_runtime.loader import call_with_declared, load_predictor_class
 
 AVAILABLE = {"payload": [1, 2], "batch_id": "b-1", "job_status": {"status": "status_running"}}

@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from predictors_runtime import log as sluice_log
-from predictors_runtime.log import JsonLinesHandler, labelled, logger
+from foundation import json_logs as sluice_log
+from foundation.json_logs import JsonLinesHandler, labelled, logger
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from jobs.celery_app import create_celery
 from jobs.job import Job, JobStatus
 from jobs.publish import BatchPublisher
 from jobs.services import Services
-from jobs.settings import Settings
+from foundation.settings import Settings
 from jobs.nodes import Delivery
 
 NODE = "alive@host"

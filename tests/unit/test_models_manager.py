@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from predictors_runtime.config import ModelsConfig
-from predictors_runtime.errors import (
+from foundation.errors import (
     BadRequest,
     ConfigError,
     ModelNotFound,

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from predictors_runtime.errors import SluiceError
+from foundation.errors import SluiceError
 from predictors_runtime.namespace import ApiNamespace, active_namespace
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,9 +17,9 @@ from jsonschema import Draft202012Validator
 from api.app import create_app
 from api.openapi import OPERATIONS, PATH_PARAMETERS, openapi_document, openapi_path, routes, undocumented
 from api.realtime import ReplicaSettings, create_replica_app
-from api.registry import DeployedApi
+from foundation.api_registry import DeployedApi
 from api.schemas import JobStatusView, Source
-from jobs.settings import Settings
+from foundation.settings import Settings
 from jobs.submission import SOURCES, JobRequest
 from predictors_runtime.config import ApiConfig
 from predictors_runtime.project import pack_project

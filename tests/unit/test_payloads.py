@@ -9,7 +9,7 @@ import pytest
 from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
 
-from predictors_runtime.errors import BadRequest
+from foundation.errors import BadRequest
 from predictors_runtime.payloads import FormPayload, UploadedFile, parse_payload
 
 

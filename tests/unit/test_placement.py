@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from jobs.job import Job, JobStatus
-from jobs.keys import NODES as NODES_KEY
+from foundation.keys import NODES as NODES_KEY
 from jobs.nodes import write_heartbeat
 from jobs.placement import Placement
 from jobs.nodes import Delivery

@@ -8,7 +8,7 @@ import pytest
 
 from predictors_runtime import builder
 from predictors_runtime.clients import CLIENT_ARGUMENT, CLIENTS
-from predictors_runtime.errors import ConfigError
+from foundation.errors import ConfigError
 from predictors_runtime.models import layout
 from predictors_runtime.predictor_types import PREDICTOR_TYPES, PredictorTypeName, predictor_type
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from predictors_runtime.errors import ConfigError
+from foundation.errors import ConfigError
 from predictors_runtime.project import (
     bundle_digest,
     pack_project,

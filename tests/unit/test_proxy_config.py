@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from api.registry import DeployedApi
-from api.replicas import ReplicaRecord
+from foundation.api_registry import DeployedApi
+from foundation.replica_directory import ReplicaRecord
 from predictors_runtime.config import ApiConfig
 from sluice.proxy import find_haproxy
 from sluice.proxy_config import (

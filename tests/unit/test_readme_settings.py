@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("api", "jobs", "beat", "sluice", "predictors_runtime")
+PACKAGES = ("foundation", "api", "jobs", "beat", "sluice", "predictors_runtime")
 # A name, not the tail of a longer one (the header variable HTTP_X_SLUICE_DEADLINE_MS is a header).
 NAME = re.compile(r"(?<![A-Za-z0-9_])SLUICE_[A-Z0-9_]+")
 
@@ -37,7 +37,7 @@ def names_in_readme_tables() -> set[str]:
 
 def test_the_source_is_searched_where_settings_are_read() -> None:
     found = names_in_source()
-    assert "SLUICE_REDIS_URL" in found and "jobs/settings.py" in found["SLUICE_REDIS_URL"]
+    assert "SLUICE_REDIS_URL" in found and "foundation/settings.py" in found["SLUICE_REDIS_URL"]
     assert "SLUICE_DEADLINE_MS" not in found, "a header's name is not a setting"
 
 

@@ -26,11 +26,11 @@ import requests
 from werkzeug.serving import make_server
 
 from api.realtime import ReplicaSettings, create_replica_app, new_request_id
-from api.registry import DeployedApi
-from api.replicas import ReadinessMarkers
+from foundation.api_registry import DeployedApi
+from foundation.replica_directory import ReadinessMarkers
 from predictors_runtime.config import ApiConfig
-from predictors_runtime.errors import BadRequest, ConfigError, ModelInputError, ModelNotFound, PredictorError
-from predictors_runtime.log import JsonLinesHandler
+from foundation.errors import BadRequest, ConfigError, ModelInputError, ModelNotFound, PredictorError
+from foundation.json_logs import JsonLinesHandler
 from predictors_runtime.realtime_predictor import RealtimePredictor
 from sluice.embedded import free_port
 
@@ -345,7 +345,7 @@ def test_predictors_log_json_lines_labelled_with_the_request_through_either_logg
     class Logs:
         def predict(self, payload):
             from cortex_internal.lib.log import logger as cortex_logger
-            from predictors_runtime.log import logger
+            from foundation.json_logs import logger
 
             cortex_logger.info("received payload", extra={"payload": payload})
             logger.info("predicted", extra={"label": "setosa"})

@@ -15,10 +15,10 @@ import pytest
 import redis
 
 from jobs.job import Job, JobStatus
-from jobs.redis_retry import RedisUnavailable, RideOut, connect, one_line
-from jobs.settings import Settings
+from foundation.redis_clients import RedisUnavailable, RideOut, connect, one_line
+from foundation.settings import Settings
 from jobs.store import JobStore, Recorded
-from predictors_runtime.errors import BadRequest, NotReady
+from foundation.errors import BadRequest, NotReady
 from sluice.embedded import free_port
 
 

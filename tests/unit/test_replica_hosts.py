@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from api.registry import ApiRegistry
+from foundation.api_registry import ApiRegistry
 from predictors_runtime.config import ApiConfig
 from sluice.cli import main
 from sluice.replica_manager import ReplicaManager, launcher_argv, on_hardware

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from api.registry import ApiRegistry, DeployedApi
-from api.replicas import ReplicaDirectory
+from foundation.api_registry import ApiRegistry, DeployedApi
+from foundation.replica_directory import ReplicaDirectory
 from predictors_runtime.config import ApiConfig
 from sluice.replica import ReplicaLauncher, alternate_port, deployment_identity, restart_delay_s
 from sluice.replica_manager import ReplicaManager, free_port_pair
@@ -322,7 +322,7 @@ def test_stopping_the_launcher_drains_first(redis_client, launcher_for):
 
 
 def test_serving_a_batch_api_is_refused(redis_client, launcher_for):
-    from predictors_runtime.errors import ConfigError
+    from foundation.errors import ConfigError
 
     ApiRegistry(redis_client).put(_config(kind="BatchAPI"), "aa" * 32)
     launcher, _ = launcher_for()

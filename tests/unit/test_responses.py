@@ -9,7 +9,7 @@ import pytest
 from flask import Response as FlaskResponse
 from werkzeug.wrappers import Response
 
-from predictors_runtime.errors import PredictorError
+from foundation.errors import PredictorError
 from predictors_runtime.responses import to_response
 
 

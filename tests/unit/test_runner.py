@@ -23,7 +23,7 @@ from jobs.memory_store import MemoryJobStore
 from jobs.nodes import Nodes
 from jobs.runner import WorkerRuntime
 from jobs.services import Services
-from jobs.settings import Settings
+from foundation.settings import Settings
 from jobs.tasks import FINISH_JOB
 
 T0 = 1_700_000_000.0

@@ -17,7 +17,7 @@ from jobs.celery_app import create_celery
 from jobs.job import Job, JobStatus
 from jobs.publish import BatchPublisher, send_completion
 from jobs.services import Services
-from jobs.settings import Settings
+from foundation.settings import Settings
 from jobs.settle import settle_deliveries
 from jobs.nodes import COMPLETION_ENTRY, Delivery, inflight_entry
 from jobs.worker_node import SettleOnConnect

@@ -9,7 +9,7 @@ import redis
 
 from jobs.job import Job, JobStatus, job_queue_name, new_job_id
 from jobs.store import Claim, JobStore, Recorded
-from predictors_runtime.errors import JobNotFound
+from foundation.errors import JobNotFound
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 TTL_S = 3600

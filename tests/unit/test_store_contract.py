@@ -17,7 +17,7 @@ import redis
 from jobs.job import Job, JobStatus
 from jobs.memory_store import MemoryJobStore
 from jobs.store import Claim, JobStore, Recorded
-from predictors_runtime.errors import JobNotFound
+from foundation.errors import JobNotFound
 
 T0 = 1_700_000_000.0
 TERMINAL = [status for status in JobStatus if status.is_terminal]

@@ -10,10 +10,10 @@ import pytest
 import redis
 
 from jobs.job import Job, JobStatus
-from jobs.settings import Settings
+from foundation.settings import Settings
 from jobs.store import JobStore
 from jobs.time_limit import EXIT_STOPPED_BATCH, BatchWatchdog, batch_time_limit
-from predictors_runtime.errors import ConfigError
+from foundation.errors import ConfigError
 
 T0 = 1_700_000_000.0
 
@@ -138,7 +138,7 @@ def test_the_limit_is_the_jobs_else_the_apis_else_sluices() -> None:
 def test_batch_timeout_is_bounded_wherever_it_is_given() -> None:
     from jobs.submission import parse_job_request
     from predictors_runtime.config import parse_api_configs
-    from predictors_runtime.errors import BadRequest, ConfigError
+    from foundation.errors import BadRequest, ConfigError
 
     job = {"item_list": {"items": [1], "batch_size": 1}}
     assert parse_job_request({**job, "batch_timeout": 2.5}).batch_timeout == 2.5

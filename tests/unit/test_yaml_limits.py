@@ -10,7 +10,7 @@ from predictors_runtime.config import (
     MAX_YAML_DEPTH,
     parse_api_configs,
 )
-from predictors_runtime.errors import ConfigError
+from foundation.errors import ConfigError
 from tests.hostile import billion_laughs
 
 HEAD = "- name: api\n  kind: BatchAPI\n  predictor:\n    type: python\n    path: predictor.py\n    config:\n"

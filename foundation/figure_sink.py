@@ -6,7 +6,7 @@ every constructor between a worker or replica and the model manager would couple
 metrics. So, as with logging, a process installs one sink at start-up (`install`), and code
 reports to it by figure name; with none installed (unit tests, tools) reports are dropped.
 
-The sink is `jobs.figures.Recorder` in every Sluice process; it keeps counts in memory and
+The sink is `foundation.figures.Recorder` in every Sluice process; it keeps counts in memory and
 sends them to Redis in the background, so a report never waits on the network.
 """
 
@@ -16,7 +16,7 @@ from typing import Protocol
 
 
 class FigureSink(Protocol):
-    """What receives a process's figures (see `jobs.figures.Recorder`)."""
+    """What receives a process's figures (see `foundation.figures.Recorder`)."""
 
     def count(self, name: str, labels: tuple[str, ...], amount: int = 1) -> None: ...
 

@@ -1,6 +1,6 @@
 """Structured logs: one JSON object per line, with the job's labels, for workers and predictors.
 
-A predictor logs through `logger` (`from predictors_runtime.log import logger`) and may add
+A predictor logs through `logger` (`from foundation.json_logs import logger`) and may add
 fields with `extra=`: they become top-level keys of the line (the extra dict is flattened one
 level). The keys Sluice writes itself (`asctime`, `levelname`, `message`, `labels`, `process`)
 cannot be overridden: such extra keys are dropped rather than failing the call. A line longer

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from jobs import keys
+from foundation import keys
 
 REPLICAS_KEY = keys.REPLICAS
 # A replica silent for this many seconds is dropped from the proxy's routes.

@@ -36,7 +36,6 @@ from typing import Any, Iterable
 import redis
 
 from . import keys
-from .store import ENDED_JOBS
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +67,8 @@ _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 _REQUEST_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _SIZES = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
 
+# Counted inside the job store's status-change script (exactly once, whoever ends the job).
+ENDED_JOBS = "sluice_jobs_total"
 JOBS = Figure(ENDED_JOBS, Kind.COUNTER, "Batch jobs ended, by final status", ("api", "status"))
 JOBS_SUBMITTED = Figure("sluice_jobs_submitted_total", Kind.COUNTER, "Batch jobs submitted", ("api",))
 BATCHES = Figure("sluice_batches_total", Kind.COUNTER, "Batches recorded, by outcome (succeeded or failed)",
@@ -159,7 +160,7 @@ class Recorder:
     """A process's figures: counted in memory, added to Redis by a daemon thread (and at exit).
 
     `counter(figure, *labels)` / `histogram(figure, *labels)` give series to count on; `count` and
-    `observe` by figure name serve code that has no series at hand (`predictors_runtime.figures`).
+    `observe` by figure name serve code that has no series at hand (`foundation.figure_sink`).
     A forked child starts with nothing pending (its parent sends its own counts).
     """
 
@@ -202,7 +203,7 @@ class Recorder:
                     series = self._series[key] = kind(self, figure, labels)
         return series
 
-    # by name (predictors_runtime.figures.FigureSink)
+    # by name (foundation.figure_sink.FigureSink)
     def count(self, name: str, labels: tuple[str, ...], amount: int = 1) -> None:
         self.counter(CATALOGUE[name], *labels).inc(amount)
 

@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from predictors_runtime.config import MAX_BATCH_TIMEOUT_S
-from predictors_runtime.bundles import DEFAULT_CACHE_BYTES
-from predictors_runtime.errors import ConfigError
-from predictors_runtime.project import MAX_BUNDLE_FILES, MAX_UNPACKED_BYTES
+from . import api_keys
+from .errors import ConfigError
+from .limits import DEFAULT_BUNDLE_CACHE_BYTES, MAX_BATCH_TIMEOUT_S, MAX_BUNDLE_FILES, MAX_UNPACKED_BYTES
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -68,7 +67,7 @@ class Settings:
     # this long is failed by beat: its API process died, and nothing else would ever finish it.
     enqueue_stale_s: float = 60.0
     # How long a Redis call is repeated (with backoff) while Redis stalls or restarts, before the
-    # caller gives up (jobs/redis_retry.py).
+    # caller gives up (foundation/redis_clients.py).
     redis_retry_s: float = 30.0
     # How often live reloading looks for changed models.
     model_poll_interval_s: float = 10.0
@@ -82,23 +81,21 @@ class Settings:
     # What one deployed project may unpack to, and the unpacked bundles a host's cache keeps.
     max_unpacked_bundle_bytes: int = MAX_UNPACKED_BYTES
     max_bundle_files: int = MAX_BUNDLE_FILES
-    bundle_cache_bytes: int = DEFAULT_CACHE_BYTES
-    # API keys callers must present (api/auth.py); none: anonymous. Kept out of repr and logs.
+    bundle_cache_bytes: int = DEFAULT_BUNDLE_CACHE_BYTES
+    # API keys callers must present (foundation/api_keys.py); none: anonymous. Kept out of repr and logs.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     # The proxy asks realtime APIs' callers for a key too (only with keys set).
     protect_realtime: bool = False
     # Listening beyond loopback without keys is allowed (otherwise refused at start).
     allow_anonymous: bool = False
     # Log lines kept per job (and per realtime API) in Redis for `sluice logs`, and how long a
-    # log stream is kept after its last line (jobs/job_logs.py).
+    # log stream is kept after its last line (foundation/log_streams.py).
     log_lines: int = 10_000
     log_retention_s: float = 7 * 24 * 3600.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         """Read `SLUICE_*` variables; anything unset keeps its default."""
-        from api import auth  # here, not at the top: the api package imports this module
-
         env = os.environ if env is None else env
         defaults = cls()
         return cls(
@@ -126,9 +123,9 @@ class Settings:
             ),
             max_bundle_files=int(_number(env, "SLUICE_MAX_BUNDLE_FILES", defaults.max_bundle_files)),
             bundle_cache_bytes=int(_number(env, "SLUICE_BUNDLE_CACHE_BYTES", defaults.bundle_cache_bytes)),
-            api_keys=auth.load_api_keys(env),
-            protect_realtime=auth.flag(env, auth.PROTECT_REALTIME_VARIABLE),
-            allow_anonymous=auth.flag(env, auth.ALLOW_ANONYMOUS_VARIABLE),
+            api_keys=api_keys.load_api_keys(env),
+            protect_realtime=api_keys.flag(env, api_keys.PROTECT_REALTIME_VARIABLE),
+            allow_anonymous=api_keys.flag(env, api_keys.ALLOW_ANONYMOUS_VARIABLE),
             log_lines=int(_number(env, "SLUICE_LOG_LINES", defaults.log_lines)),
             log_retention_s=_number(env, "SLUICE_LOG_RETENTION_S", defaults.log_retention_s),
         )

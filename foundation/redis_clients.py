@@ -23,7 +23,7 @@ from redis.exceptions import AuthorizationError
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from predictors_runtime.errors import NotReady, SluiceError
+from foundation.errors import NotReady, SluiceError
 
 log = logging.getLogger(__name__)
 

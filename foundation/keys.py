@@ -93,13 +93,13 @@ PROXIES = f"{PREFIX}:proxies"
 # -- figures (GET /metrics) ----------------------------------------------------------------------
 def figure(name: str) -> str:
     """Hash of one figure summed over every process: label values (JSON list) -> count, or for a
-    histogram `<labels>|<le>` -> observations in that bucket and `<labels>|sum` (jobs/figures.py)."""
+    histogram `<labels>|<le>` -> observations in that bucket and `<labels>|sum` (foundation/figures.py)."""
     return f"{PREFIX}:figures:{name}"
 
 
 # -- log streams (`sluice logs`) -----------------------------------------------------------------
 JOB_LOG_PREFIX = f"{PREFIX}:logs:job:"
-"""Stream of one job's JSON log lines from every worker: JOB_LOG_PREFIX + job id (jobs/job_logs.py)."""
+"""Stream of one job's JSON log lines from every worker: JOB_LOG_PREFIX + job id (foundation/log_streams.py)."""
 
 API_LOG_PREFIX = f"{PREFIX}:logs:api:"
 """Stream of one realtime API's JSON log lines from its replicas: API_LOG_PREFIX + API name."""

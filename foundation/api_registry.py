@@ -9,16 +9,16 @@ from typing import Any
 
 import redis
 
-from jobs import keys
-from predictors_runtime.config import ApiConfig
-from predictors_runtime.errors import ApiNotFound
+from foundation import keys
+from foundation.errors import ApiNotFound
 
 _KEY = keys.APIS
 
 
 @dataclass(frozen=True)
 class DeployedApi:
-    """One deployment of one API: its validated config and the bundle holding its code."""
+    """One deployment of one API: its validated config (as a dict: `ApiConfig.from_dict(spec)`
+    reads it back) and the bundle holding its code."""
 
     name: str
     kind: str
@@ -27,10 +27,6 @@ class DeployedApi:
     queue: str
     deployed_at: float
     ignored_fields: list[str]
-
-    @property
-    def config(self) -> ApiConfig:
-        return ApiConfig.from_dict(self.spec)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

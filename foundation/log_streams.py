@@ -1,7 +1,7 @@
 """The log lines of a job, and of a realtime API, gathered from every process on every host.
 
 A worker's lines while it runs a job's batch or its `on_job_complete`, and every line of a
-realtime replica's processes, are JSON lines on the process's stderr (`predictors_runtime/log.py`);
+realtime replica's processes, are JSON lines on the process's stderr (`foundation/json_logs.py`);
 a process's stderr stays on its host. So the same lines are also appended to a Redis stream, one
 per job (`sluice:logs:job:<job id>`) and one per realtime API (`sluice:logs:api:<name>`), which
 `sluice logs` reads through the API whichever host wrote them.
@@ -42,13 +42,13 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from predictors_runtime.errors import BadRequest
-from predictors_runtime.log import MAX_LINE_BYTES, JsonLinesFormatter
+from foundation.errors import BadRequest
+from foundation.json_logs import MAX_LINE_BYTES, JsonLinesFormatter
 
-from . import keys
+from foundation import keys
 
 if TYPE_CHECKING:
-    from .settings import Settings
+    from foundation.settings import Settings
 
 log = logging.getLogger(__name__)
 
