@@ -1,19 +1,34 @@
 # Two commands on a fresh Debian machine with Python 3.11, pip and apt:
 #   make demo   - install, start the embedded stack, run the example batch job, stop
 #   make test   - install, run the whole test suite
+# and, for a developer after every edit, `make check` (lint, types, layers and the fast tests).
 VENV ?= .venv
 PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# These machines set PYTHONDONTWRITEBYTECODE, so every process would compile every module it
+# imports anew (TensorFlow's alone take seconds); compiling everything at install costs a minute.
+# Instead the first process to import a module keeps its bytecode, outside the checkout.
+RUN := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
 
-.PHONY: demo test bench redis-server install clean
+.PHONY: demo test check bench redis-server install clean
 
 install: $(STAMP)
 
-$(STAMP): setup.py requirements.txt requirements-dev.txt
+# uv installs the same packages pip would, in parallel (a clean install: about 1 minute, pip's 3.5).
+$(UV):
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt -e .
-	touch $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check uv
+
+$(STAMP): setup.py requirements-dev.txt examples/requirements.txt | $(UV)
+	$(UV) pip install --quiet --python $(PY) -r requirements-dev.txt
+	touch $(STAMP) $(DEMO_STAMP)
+
+$(DEMO_STAMP): setup.py examples/requirements.txt | $(UV)
+	$(UV) pip install --quiet --python $(PY) -e '.[server,onnx]' -r examples/requirements.txt
+	touch $(DEMO_STAMP)
 
 redis-server:
 	@command -v redis-server >/dev/null 2>&1 || { \
@@ -26,21 +41,21 @@ redis-server:
 	  echo "installing haproxy with apt"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
 
-demo: $(STAMP) redis-server
-	$(PY) examples/demo.py
+demo: $(DEMO_STAMP) redis-server
+	$(RUN) $(PY) examples/demo.py
 
 test: $(STAMP) redis-server
-	$(PY) -m pytest
+	$(RUN) $(PY) -m pytest
 
 bench: $(STAMP) redis-server
-	$(PY) -m pip install --quiet -r bench/requirements.txt
-	$(PY) bench/batch_overhead.py
-	$(PY) bench/enqueue.py
-	$(PY) bench/onnx_batch.py
+	$(UV) pip install --quiet --python $(PY) -r bench/requirements.txt
+	$(RUN) $(PY) bench/batch_overhead.py
+	$(RUN) $(PY) bench/enqueue.py
+	$(RUN) $(PY) bench/onnx_batch.py
 	@command -v wrk >/dev/null 2>&1 || $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
 	[ -x bench/.venv-bentoml/bin/bentoml ] || { python3 -m venv bench/.venv-bentoml && \
 	  bench/.venv-bentoml/bin/pip install --quiet --disable-pip-version-check -r bench/requirements-bentoml.txt; }
-	$(PY) bench/realtime.py
+	$(RUN) $(PY) bench/realtime.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

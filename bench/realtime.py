@@ -16,6 +16,12 @@ for that row as JSON. Systems, all with the same processes (and one thread each,
 Models: iris, mlp (32-1024-1024-10, the target's model) and mlp-wide (32-2048-2048-10, ~4.3M
 parameters, run at the highest concurrency only): batching pays in proportion to the share of
 a request's cost that is the model's, and the wide one shows it where that share is large.
+tf-mlp (highest concurrency only) is the mlp's network as a TensorFlow SavedModel, served by
+Cortex's unchanged one-payload `TensorFlowPredictor` through the proxy: (g) without batching
+and (h) with `server_side_batching` (32, as (e)), where the replica gathers the concurrent
+`tensorflow_client.predict` calls into shared runs of the model; it prints (h) / (g) and the
+mean number of calls per run. TensorFlow gets one intra-op and one inter-op thread, as the
+ONNX sessions get one thread.
 `cpu/req`: wrk, HAProxy and the replica share this machine's cores, so each run reports the
 machine's busy CPU time (from /proc/stat) per answered request. (f)'s is what a request costs
 without batching besides its model: batching on the same serving path could save at most the
@@ -24,7 +30,8 @@ rest, the model's share; (e) costs less than that because its serving path is ch
 Load: wrk (Debian package), one thread, a fixed duration per run, at each concurrency; runs of
 different systems are interleaved so drift on the machine hits all alike. Figures: requests/s,
 p50 and p99 latency from wrk, and ratios to (a) (requests/s; p50 difference in ms).
-Run: `python bench/realtime.py [--duration 10] [--concurrency 1,8,64] [--models iris,mlp]`.
+Run: `python bench/realtime.py [--duration 10] [--concurrency 1,8,64] [--models iris,mlp,tf-mlp]`
+(`--models tf-mlp` runs the TensorFlow systems alone).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +80,16 @@ class ONNXPredictor:
 '''
 # (f): the same work per request except the model, which it never calls.
 PREDICTOR_NO_MODEL = PREDICTOR.replace("self.client.predict(x)[0].tolist()", "np.zeros((len(x), 10), np.float32).tolist()")
+# (g) and (h): a Cortex TensorFlowPredictor, one payload per predict with or without batching.
+TF_PREDICTOR = '''
+class TensorFlowPredictor:
+    def __init__(self, tensorflow_client, config):
+        self.client, self.names = tensorflow_client, [f"f{i}" for i in range(config["features"])]
+
+    def predict(self, payload):
+        return self.client.predict([[payload[n] for n in self.names]])["y"][0].tolist()
+'''
+TF_ONE_THREAD = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
 
 
 @dataclass
@@ -176,6 +194,62 @@ def stop(process: subprocess.Popen | None) -> None:
             process.wait()
 
 
+def save_tf_mlp(folder: Path, sizes: tuple[int, ...] = (32, 1024, 1024, 10), seed: int = 0) -> None:
+    """The network of `onnx_batch.mlp_model` (same weights) as a SavedModel: `serving_default` maps
+    `x` [None, 32] to `y` [None, 10]."""
+    os.environ.update(TF_ONE_THREAD)  # read when TensorFlow starts: this process measures it as the replicas run it
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    layers = [(rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
+              for n_in, n_out in pairwise(sizes)]
+
+    class Mlp(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weights = [tf.Variable(w) for w in layers]
+
+        @tf.function(input_signature=[tf.TensorSpec([None, sizes[0]], tf.float32, name="x")])
+        def serve(self, x):
+            for i, w in enumerate(self.weights):
+                x = tf.matmul(x, w)  # the biases are zeros, as in the ONNX model
+                if i < len(self.weights) - 1:
+                    x = tf.nn.relu(x)
+            return {"y": x}
+
+    module = Mlp()
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": module.serve})
+
+
+def tf_us_per_row(model_dir: Path, features: int, rows: int) -> float:
+    """In-process time of one run of the SavedModel's signature on `rows` rows, per row."""
+    import tensorflow as tf
+
+    signature = tf.saved_model.load(str(model_dir)).signatures["serving_default"]
+    x = tf.constant(np.random.default_rng(1).standard_normal((rows, features), np.float32))
+    for _ in range(20):
+        signature(x=x)["y"].numpy()
+    calls = max(20, 2000 // rows)
+    start = time.perf_counter()
+    for _ in range(calls):
+        signature(x=x)["y"].numpy()
+    return (time.perf_counter() - start) / calls / rows * 1e6
+
+
+def write_tf_project(folder: Path, api: str, model_dir: Path, features: int, processes: int, batching: bool) -> Path:
+    """A TensorFlow API over the SavedModel at `model_dir` (version 1), Cortex's one-payload predictor."""
+    (folder / "models").mkdir(parents=True)
+    shutil.copytree(model_dir, folder / "models" / "1")
+    (folder / "predictor.py").write_text(TF_PREDICTOR)
+    predictor = {"type": "tensorflow", "path": "predictor.py", "models": {"path": "models/"},
+                 "config": {"features": features}, "env": TF_ONE_THREAD,
+                 "processes_per_replica": processes, "threads_per_process": 1}
+    if batching:
+        predictor.update(threads_per_process=32, server_side_batching={"max_batch_size": 32, "batch_interval": 0.01})
+    (folder / "cortex.yaml").write_text(yaml.safe_dump([{"name": api, "kind": "RealtimeAPI", "predictor": predictor}]))
+    return folder / "cortex.yaml"
+
+
 def write_project(folder: Path, api: str, model: bytes, features: int, processes: int,
                   batching: bool, predictor_source: str = PREDICTOR) -> Path:
     (folder / "models" / "1").mkdir(parents=True)
@@ -217,11 +291,70 @@ def wait_proxy_settled(stack_redis_url: str, apis: list[str], timeout: float = 6
     raise RuntimeError(f"the proxy did not settle on the replicas of {', '.join(apis)} within {timeout:.0f}s")
 
 
+def print_row(model: str, concurrency: int, label: str, f: Figures, base: Figures) -> None:
+    print(f"{model:>8} {concurrency:>4} {label:<26} {f.rps:>9,.0f} {f.p50_ms:>7.2f} {f.p99_ms:>7.2f} "
+          f"{f.errors:>4} {f.rps / base.rps:>11.2f} {f.p50_ms - base.p50_ms:>+9.2f} {f.cpu_us:>10,.0f}")
+
+
+def bench_tensorflow(client: Client, stack: Stack, tmp: Path, processes: int, concurrency: int, duration: float,
+                     row: list[float]) -> None:
+    """(g) against (h): one SavedModel API served without and with server_side_batching, through the proxy.
+
+    The predictor is Cortex's, unchanged by batching (one payload per `predict`); with batching
+    the replica gathers its `tensorflow_client.predict` calls. Ratios in this part are to (g).
+    """
+    model_dir = tmp / "tf-mlp-savedmodel"
+    save_tf_mlp(model_dir)
+    features = len(row)
+    body = json.dumps({f"f{i}": v for i, v in enumerate(row)})
+    runs = {"(g) sluice tf via proxy": "tf-mlp-rt", "(h) sluice tf, batching 32": "tf-mlp-rt-batched"}
+    try:
+        for label, api in runs.items():
+            client.deploy(write_tf_project(tmp / api, api, model_dir, features, processes, batching="(h)" in label))
+        answers = []
+        for api in runs.values():
+            client.wait_ready(api, timeout=240)
+            wait_http(f"{stack.url}/{api}", body)
+            answers.append(requests.post(f"{stack.url}/{api}", data=body, timeout=30,
+                                         headers={"Content-Type": "application/json"}).json())
+        if not np.allclose(answers[0], answers[1], rtol=1e-4, atol=1e-5):
+            raise RuntimeError(f"the batched API answered {answers[1]}, the unbatched one {answers[0]}")
+        wait_proxy_settled(stack.redis_url, list(runs.values()))
+        figures: dict[str, Figures] = {}
+        batches = (0.0, 0.0)
+        for label, api in runs.items():
+            url = f"{stack.url}/{api}"
+            wrk(url, body, concurrency, min(2.0, duration), tmp)  # warm up
+            before = batch_size_totals(stack.url, api)
+            figures[label] = wrk(url, body, concurrency, duration, tmp)
+            if label.startswith("(h)"):
+                time.sleep(2.5)  # replicas add their figures to Redis about once a second
+                after = batch_size_totals(stack.url, api)
+                batches = (after[0] - before[0], after[1] - before[1])
+        g, h = figures["(g) sluice tf via proxy"], figures["(h) sluice tf, batching 32"]
+        print(f"{'':>8} {'':>4} tf-mlp: the mlp as a TensorFlow SavedModel, Cortex's TensorFlowPredictor; "
+              f"ratios to (g)")
+        for label, f in figures.items():
+            print_row("tf-mlp", concurrency, label, f, g)
+        mean = batches[0] / batches[1] if batches[1] else float("nan")
+        one, many = tf_us_per_row(model_dir, features, 1), tf_us_per_row(model_dir, features, 32)
+        print(f"{'':>8} {'':>4} (h) / (g) req/s: {h.rps / g.rps:.2f} (mean calls per model run {mean:.1f}); "
+              f"CPU per request: (g) {g.cpu_us:,.0f} us, (h) {h.cpu_us:,.0f} us; the model takes {one:,.0f} us "
+              f"for one row, {many:,.0f} us per row in runs of 32")
+        sys.stdout.flush()
+    finally:
+        for api in runs.values():
+            try:
+                client.delete_api(api)
+            except Exception as e:  # noqa: BLE001 - the stack goes away with the bench anyway
+                print(f"note: deleting {api} failed: {e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
     parser.add_argument("--concurrency", default="1,8,64")
-    parser.add_argument("--models", default="iris,mlp,mlp-wide")
+    parser.add_argument("--models", default="iris,mlp,mlp-wide,tf-mlp")
     parser.add_argument("--processes", type=int, default=2)
     args = parser.parse_args()
     if shutil.which("wrk") is None:
@@ -244,6 +377,10 @@ def main() -> None:
         print(f"{'model':>8} {'conc':>4} {'system':<26} {'req/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
               f"{'err':>4} {'x (a) req/s':>11} {'p50 - (a)':>9} {'cpu/req us':>10}")
         for name in args.models.split(","):
+            if name == "tf-mlp":
+                bench_tensorflow(client, stack, tmp, args.processes, max(concurrencies), args.duration,
+                                 rng.standard_normal(32).round(4).tolist())
+                continue
             if name == "iris":
                 model, data = iris_model()
                 features, row = 4, data[rng.integers(0, len(data))].round(1).tolist()
@@ -304,8 +441,7 @@ def main() -> None:
                         batches = (after[0] - batches[0], after[1] - batches[1])
                 base = figures["(a) gunicorn+flask"]
                 for label, f in figures.items():
-                    print(f"{name:>8} {concurrency:>4} {label:<26} {f.rps:>9,.0f} {f.p50_ms:>7.2f} {f.p99_ms:>7.2f} "
-                          f"{f.errors:>4} {f.rps / base.rps:>11.2f} {f.p50_ms - base.p50_ms:>+9.2f} {f.cpu_us:>10,.0f}")
+                    print_row(name, concurrency, label, f, base)
                 b = figures["(b) sluice via proxy"]
                 if "(d) bentoml" in figures:
                     print(f"{'':>8} {'':>4} (b) / (d) req/s: {b.rps / figures['(d) bentoml'].rps:.2f}")

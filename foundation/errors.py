@@ -135,3 +135,9 @@ class InsecureBind(SluiceError):
     """Sluice was asked to listen beyond loopback with no API key to ask for."""
 
     kind = "insecure_bind"
+
+
+class MissingExtra(SluiceError):
+    """This installation lacks the extra a feature needs (`pip install 'sluice[s3]'`); see setup.py."""
+
+    kind = "missing_extra"

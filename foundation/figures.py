@@ -82,7 +82,7 @@ REALTIME_REQUESTS = Figure("sluice_realtime_requests_total", Kind.COUNTER,
 REALTIME_SECONDS = Figure("sluice_realtime_request_duration_seconds", Kind.HISTOGRAM,
                           "Time a replica took to answer a realtime request", ("api",), _REQUEST_SECONDS)
 REALTIME_BATCH_SIZE = Figure("sluice_realtime_batch_size", Kind.HISTOGRAM,
-                             "Requests per server-side batch", ("api",), _SIZES)
+                             "Requests per server-side batch (tensorflow: client calls per run of the model)", ("api",), _SIZES)
 REALTIME_REJECTED = Figure("sluice_realtime_rejected_total", Kind.COUNTER,
                            "Realtime requests refused without a prediction, by reason", ("api", "reason"))
 MODEL_LOADS = Figure("sluice_model_loads_total", Kind.COUNTER, "Model versions downloaded and loaded",

@@ -17,6 +17,7 @@ by the batcher; requests arriving while a batch runs gather into the next window
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -30,6 +31,11 @@ log = logging.getLogger("sluice.batching")
 
 # Longest a request waits for its batch when it has no deadline of its own.
 DEFAULT_MAX_WAIT_S = 300.0
+
+# The deadline (epoch seconds) of the request the current thread serves, for batching done
+# below `predict` (a TensorFlow predictor's client calls), which is not handed the request.
+request_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("sluice_request_deadline",
+                                                                                default=None)
 
 
 class BatchFailed(PredictorError):

@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 
 from .config import ApiConfig, ModelsConfig
 from foundation.errors import PredictorError, SluiceError
+from .extras import require_predictor_runtime
 from .loader import call_with_declared, error_text, load_predictor_class
 from .namespace import ApiNamespace
 from .project import read_dotenv
@@ -55,6 +56,7 @@ def make_client(api: ApiConfig, project_dir: Path, model_cache_dir: Path, poll_i
     predictor = api.predictor
     if predictor.models is None:
         return None
+    require_predictor_runtime(predictor.type)
     from .clients import client_for
     from .models.manager import ModelManager
 

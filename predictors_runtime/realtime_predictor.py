@@ -6,8 +6,13 @@ runs after the answer has been sent. What each method declares is worked out onc
 request pays for no signature inspection, and the request is parsed only as far as the
 methods need (no body parsing when neither declares `payload`).
 
-With `server_side_batching`, `predict` receives lists (payloads, query_params and headers
-aligned by index) and must return a list with one result per request (see `batching.py`).
+With `server_side_batching`, what the predictor sees depends on its type, as on Cortex:
+- python (and onnx, an extension of Sluice's: Cortex offered no batching for ONNX): `predict`
+  receives lists (payloads, query_params and headers aligned by index) and must return a list
+  with one result per request (see `batching.py`);
+- tensorflow: `predict` is called per request with one payload, unchanged, and the concurrent
+  `tensorflow_client.predict` calls are gathered below it into shared runs of the model (on
+  Cortex, TF Serving did that; see `clients/tensorflow_batching.py`).
 """
 
 from __future__ import annotations
@@ -20,13 +25,16 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .batching import DEFAULT_MAX_WAIT_S, Batcher
+from .batching import DEFAULT_MAX_WAIT_S, Batcher, request_deadline
 from .config import ServerSideBatching
 from foundation.errors import PredictorError, RequestTimeout
 from .loader import DeclaredCall
 
 PREDICT_ARGUMENTS = ("payload", "query_params", "headers")
 POST_PREDICT_ARGUMENTS = ("response", "payload", "query_params", "headers")
+# Predictor types whose server_side_batching gathers the model client's calls below an unchanged,
+# one-payload `predict` (Cortex's TensorFlowPredictor, batched by TF Serving); others get lists.
+CLIENT_BATCHING_TYPES = frozenset({"tensorflow"})
 
 
 @dataclass(slots=True)
@@ -51,9 +59,11 @@ class RealtimePredictor:
     """
 
     def __init__(self, instance: Any, client: Any = None, *, batching: ServerSideBatching | None = None,
-                 max_wait_s: float = DEFAULT_MAX_WAIT_S, close: Callable[[], None] | None = None,
-                 threads: int = 1, on_batch: Callable[[int], None] | None = None) -> None:
-        """`on_batch(size)` is told the size of each server-side batch (for the replica's figures)."""
+                 predictor_type: str = "python", max_wait_s: float = DEFAULT_MAX_WAIT_S,
+                 close: Callable[[], None] | None = None, threads: int = 1,
+                 on_batch: Callable[[int], None] | None = None) -> None:
+        """`on_batch(size)` is told the size of each server-side batch (for the replica's figures):
+        requests per `predict` call, or for a tensorflow predictor calls per run of the model."""
         self.instance = instance
         self._threads = threads
         self._deadline_pool: ThreadPoolExecutor | None = None
@@ -71,7 +81,15 @@ class RealtimePredictor:
         self.wants_query_params = "query_params" in declared
         self.wants_headers = "headers" in declared
         self._batcher: Batcher[RequestArgs] | None = None
-        if batching is not None:
+        self.gathers_client_calls = False
+        if batching is not None and predictor_type in CLIENT_BATCHING_TYPES:
+            gather = getattr(client, "gather", None)
+            if not callable(gather):
+                raise PredictorError(f"a {predictor_type} predictor with server_side_batching needs its model client "
+                                     "(predictor.models)")
+            gather(batching.max_batch_size, batching.batch_interval, max_wait_s=max_wait_s, on_run=on_batch)
+            self.gathers_client_calls = True
+        elif batching is not None:
             self._batcher = Batcher(self._run_batch, batching.max_batch_size, batching.batch_interval,
                                     max_wait_s=max_wait_s, label=_request_id, on_batch=on_batch)
 
@@ -81,20 +99,35 @@ class RealtimePredictor:
 
     @property
     def batched(self) -> bool:
+        """`predict` receives lists of requests (server-side batching of a python or onnx predictor)."""
         return self._batcher is not None
 
     def predict(self, args: RequestArgs) -> Any:
         """This request's result: `predict` called for it alone, or its element of a batch.
 
-        The user's exceptions propagate unchanged when unbatched; a failed batch raises
+        (A tensorflow predictor's `predict` is called for its request alone even when batching:
+        its client's calls are what is gathered.) The user's exceptions propagate unchanged when
+        `predict` is called per request; a failed batch of requests raises
         `batching.BatchFailed` (its `cause` is the user's exception) in every one of its requests.
         """
         if self._batcher is not None:
             return self._batcher.submit(args, args.deadline)
         call = {"payload": args.payload, "query_params": args.query_params, "headers": args.headers}
+        if self.gathers_client_calls:
+            return self._predict_gathered(args.deadline, call)
         if args.deadline is None:
             return self._predict(call)
         return self._predict_by(args.deadline, call)
+
+    def _predict_gathered(self, deadline: float | None, call: dict[str, Any]) -> Any:
+        """One request's `predict`, whose client calls wait in the client's windows no longer than its deadline."""
+        token = request_deadline.set(deadline)
+        try:
+            if deadline is None:
+                return self._predict(call)
+            return self._predict_by(deadline, call)  # the pool's thread runs in a copy of this context
+        finally:
+            request_deadline.reset(token)
 
     def _predict_by(self, deadline: float, call: dict[str, Any]) -> Any:
         """Run predict, but answer `RequestTimeout` at the deadline if it has not returned by then.

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import click
 
 from foundation.errors import SluiceError
+from predictors_runtime.extras import needs_extra
 
 from .client import ACTIVE_STATUSES, TERMINAL_STATUSES, Client
 
@@ -699,7 +700,8 @@ def up(port: int, workers: int) -> None:
     replica of each deployed realtime API; Ctrl-C stops all."""
     import os
 
-    from .embedded import Stack
+    with needs_extra("server", "`sluice up`"):
+        from .embedded import Stack
 
     stack = Stack(port=port, workers=workers, redis_url=os.environ.get("SLUICE_REDIS_URL") or None)
     click.echo("starting redis, the API, the proxy, beat and workers ...", err=True)
@@ -747,7 +749,8 @@ def serve(api: str, port: int, host: str, advertise: str | None, api_url: str, s
     the API is deleted or SIGTERM; redeploys are rolled without a gap."""
     from foundation.json_logs import configure_json_logging
 
-    from .replica import serve as serve_replica
+    with needs_extra("server", "`sluice serve`"):
+        from .replica import serve as serve_replica
 
     configure_json_logging()
     sys.exit(serve_replica(api, port=port, host=host, advertise=advertise, api_url=api_url, state_dir=state_dir))
@@ -768,7 +771,8 @@ def replicas(hardware: str | None, host: str, advertise: str | None, api_url: st
     `sluice up` does: one `sluice serve` per API on free ports, started on deploy, until SIGTERM."""
     from foundation.json_logs import configure_json_logging
 
-    from .replica_manager import serve_all
+    with needs_extra("server", "`sluice replicas`"):
+        from .replica_manager import serve_all
 
     configure_json_logging()
     sys.exit(serve_all(hardware=hardware, host=host, advertise=advertise, api_url=api_url, state_dir=state_dir))
@@ -784,12 +788,14 @@ def proxy(port: int, bind: str, management: str, state_dir: Path | None) -> None
     """Run haproxy on the public port, its routes kept current from SLUICE_REDIS_URL, until SIGTERM or Ctrl-C."""
     import threading
 
-    import redis
-
-    from foundation.settings import Settings
     from foundation.json_logs import configure_json_logging
 
-    from .proxy import ProxyController
+    with needs_extra("server", "`sluice proxy`"):
+        import redis
+
+        from foundation.settings import Settings
+
+        from .proxy import ProxyController
 
     configure_json_logging()
     settings = Settings.from_env()

@@ -4,22 +4,29 @@ Cortex sent inputs to a TensorFlow Serving container; Sluice calls the SavedMode
 function directly and answers as TF Serving did, a dict of output name -> values. The signature
 is `models.signature_key`, else `serving_default`, else the model's only one.
 
+With `gather(...)` (a realtime API's `server_side_batching`), concurrent `predict` calls are
+gathered into shared runs of the signature, each call getting its own rows back
+(`tensorflow_batching.py`): the predictor stays Cortex's, one payload per `predict`.
+
 tensorflow is imported when the first model is loaded, never when this module is imported.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from predictors_runtime.batching import DEFAULT_MAX_WAIT_S
 from foundation.errors import ConfigError, ModelInputError
 
 from .hardware import tensorflow_device
 from .onnx_client import InputSpec, prepare_inputs
 from .python_client import ManagerFactory, ModelClient
+from .tensorflow_batching import CallGatherer, Outputs, Stacking, signature_stacking
 
 DEFAULT_SIGNATURE_KEY = "serving_default"
 
@@ -57,6 +64,14 @@ def _input_spec(name: str, tensor_spec: Any) -> InputSpec:
     return InputSpec(name=name, shape=shape, dtype=dtype, type_name=type_name)
 
 
+def _output_shapes(signature: Any) -> dict[str, tuple[int | None, ...] | None]:
+    """Output name -> declared shape (None where the rank is unknown) of a signature's ConcreteFunction."""
+    outputs = signature.structured_outputs
+    if not isinstance(outputs, dict):  # a signature answers a dict; anything else is checked per run
+        return {}
+    return {name: None if spec.shape.rank is None else tuple(spec.shape.as_list()) for name, spec in outputs.items()}
+
+
 @dataclass(frozen=True)
 class TensorFlowModel:
     """One loaded SavedModel version with the signature this client serves."""
@@ -67,6 +82,21 @@ class TensorFlowModel:
     inputs: tuple[InputSpec, ...]
     input_dtypes: dict[str, Any]  # input name -> tf.DType
     device: str
+    source: str  # the version's local folder, to name it in log lines
+    stacking: Stacking  # whether concurrent calls may share a run (server-side batching)
+
+
+def run_signature(model: TensorFlowModel, feed: dict[str, Any]) -> Outputs:
+    """Run the model's signature on checked inputs; `ModelInputError` when the model rejects them."""
+    import tensorflow as tf  # type: ignore[import-untyped,unused-ignore]
+
+    try:
+        with tf.device(model.device):
+            tensors = {name: tf.constant(value, dtype=model.input_dtypes[name]) for name, value in feed.items()}
+            outputs = model.signature(**tensors)
+    except tf.errors.InvalidArgumentError as e:
+        raise ModelInputError(f"the model rejected its input: {e.message}") from e
+    return {name: value.numpy() for name, value in outputs.items()}
 
 
 class TensorFlowClient(ModelClient):
@@ -81,6 +111,17 @@ class TensorFlowClient(ModelClient):
         self._signature_key = signature_key
         self._gpu = gpu
         self._device: str | None = None
+        self._gatherer: CallGatherer | None = None
+
+    def gather(self, max_batch_size: int, interval_s: float, *, max_wait_s: float = DEFAULT_MAX_WAIT_S,
+               on_run: Callable[[int], None] | None = None) -> None:
+        """From now on, gather concurrent `predict` calls into shared runs (`server_side_batching`).
+
+        A window opens with a call and closes at `max_batch_size` calls or `interval_s` after it
+        opened; `on_run(calls)` is told how many calls each run of a signature served. Set by
+        the realtime replica, so a batch job's calls (one thread) never wait for a window.
+        """
+        self._gatherer = CallGatherer(run_signature, max_batch_size, interval_s, max_wait_s=max_wait_s, on_run=on_run)
 
     def _pick_device(self) -> str:
         if self._device is None:
@@ -107,7 +148,8 @@ class TensorFlowClient(ModelClient):
         _, kwargs = signature.structured_input_signature
         inputs = tuple(_input_spec(name, spec) for name, spec in sorted(kwargs.items()))
         dtypes = {name: spec.dtype for name, spec in kwargs.items()}
-        return TensorFlowModel(loaded, key, signature, inputs, dtypes, device)
+        return TensorFlowModel(loaded, key, signature, inputs, dtypes, device, str(path),
+                               signature_stacking(inputs, _output_shapes(signature)))
 
     def get_model(self, model_name: str | None = None, model_version: str | int = "latest") -> dict[str, Any]:
         """The model version as `{"model", "signature", "signature_key", "input_signatures"}`.
@@ -131,15 +173,13 @@ class TensorFlowClient(ModelClient):
         `model_input` is a dict of input name -> array-like, or one array-like for a signature
         with a single input; values are converted to each input's dtype and checked against its
         shape. Raises `ModelInputError` for an input that does not fit.
-        """
-        import tensorflow as tf  # type: ignore[import-untyped,unused-ignore]
 
+        When gathering, the inputs are checked here, on the caller's thread, before the call
+        joins a window: a call that does not fit fails alone and never joins a shared run.
+        """
         model: TensorFlowModel = self._loaded(model_name, model_version).model
         feed = prepare_inputs(model_input, model.inputs)
-        try:
-            with tf.device(model.device):
-                tensors = {name: tf.constant(value, dtype=model.input_dtypes[name]) for name, value in feed.items()}
-                outputs = model.signature(**tensors)
-        except tf.errors.InvalidArgumentError as e:
-            raise ModelInputError(f"the model rejected its input: {e.message}") from e
-        return {name: value.numpy() for name, value in outputs.items()}
+        gatherer = self._gatherer
+        if gatherer is None:
+            return run_signature(model, feed)
+        return gatherer.predict(model, feed)

@@ -7,11 +7,15 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any, BinaryIO
 
-import google.auth.exceptions
-from google.api_core import exceptions as api_exceptions
-from google.cloud import storage
-
 from foundation.errors import AccessDenied, BadStorageUri, SluiceError, StorageError, StorageNotFound
+from predictors_runtime.extras import needs_extra
+
+# The `gcs` extra: `storage_for` imports this module for the first gs:// URI only, so without
+# google-cloud-storage that URI fails with the extra to install and everything else works.
+with needs_extra("gcs", "gs:// storage", package="google-cloud-storage"):
+    import google.auth.exceptions
+    from google.api_core import exceptions as api_exceptions
+    from google.cloud import storage
 
 from .base import GuardedReader, ObjectInfo, RemoteStorage, translating
 

@@ -6,16 +6,20 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any, BinaryIO
 
-import boto3
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    NoCredentialsError,
-    ParamValidationError,
-    PartialCredentialsError,
-)
-
 from foundation.errors import AccessDenied, BadStorageUri, SluiceError, StorageError, StorageNotFound
+from predictors_runtime.extras import needs_extra
+
+# The `s3` extra: `storage_for` imports this module for the first s3:// URI only, so without
+# boto3 that URI fails with the extra to install and everything else works.
+with needs_extra("s3", "s3:// storage", package="boto3"):
+    import boto3
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        NoCredentialsError,
+        ParamValidationError,
+        PartialCredentialsError,
+    )
 
 from .base import GuardedReader, ObjectInfo, RemoteStorage, translating
 

@@ -7,7 +7,7 @@ import json
 import os
 import uuid
 
-import pandas as pd
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 import requests
@@ -100,7 +100,7 @@ def test_returned_rows_are_written_per_batch_with_a_manifest(client, deploy_proj
         elif fmt == "parquet":
             part_rows = pq.read_table(io.BytesIO(data)).to_pylist()
         else:
-            part_rows = pd.read_csv(io.BytesIO(data)).to_dict("records")
+            part_rows = pa_csv.read_csv(io.BytesIO(data)).to_pylist()
         assert len(part_rows) == part["rows"]
         rows.extend(part_rows)
     assert [row["item"] for row in rows] == [0, 1, 2, 3, 8, 9]

@@ -354,40 +354,53 @@ def test_cortexs_tensorflow_iris_classifier_runs_unchanged(stack, serve, tmp_pat
     assert [a.text for a in answers] == expected
 
 
-BATCHED_TENSORFLOW_IRIS = '''
-labels = ["setosa", "versicolor", "virginica"]
+def batch_size_figures(stack: Stack, api: str) -> tuple[float, float]:
+    """(sum, count) of the stack's `sluice_realtime_batch_size` histogram for one API: calls and runs."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {"sum": 0.0, "count": 0.0}
+    for family in text_string_to_metric_families(requests.get(f"{stack.url}/metrics", timeout=30).text):
+        if family.name == "sluice_realtime_batch_size":
+            for sample in family.samples:
+                kind = sample.name.rsplit("_", 1)[-1]
+                if sample.labels.get("api") == api and kind in found:
+                    found[kind] = sample.value
+    return found["sum"], found["count"]
 
 
-class TensorFlowPredictor:
-    def __init__(self, tensorflow_client, config):
-        self.client = tensorflow_client
+def test_cortexs_tensorflow_predictor_runs_unchanged_with_server_side_batching(stack, serve, tmp_path, iris):
+    """Cortex's one-payload TensorFlowPredictor with `server_side_batching`: its calls are gathered below it.
 
-    def predict(self, payload):
-        columns = {name: [flower[name] for flower in payload] for name in payload[0]}
-        class_ids = self.client.predict(columns)["class_ids"]
-        return [{"label": labels[int(c)], "batch": len(payload)} for c in class_ids]
-'''
-
-
-def test_a_tensorflow_predictor_with_server_side_batching_answers_each_concurrent_request(stack, serve, tmp_path, iris):
-    """Batching replicas run on gevent's event loop; TensorFlow runs there as everywhere else."""
+    On Cortex, TF Serving batched the model's calls and `predict` kept receiving one payload;
+    Sluice gathers the concurrent `tensorflow_client.predict` calls of a replica process into
+    one run of the signature, and gives each call its own rows back.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     models = tmp_path / "models" / "iris-classifier"
     weights = save_tensorflow_iris(models / "1", iris)
-    serve(write_realtime_project(tmp_path / "project", "iris-tf-batched", "tensorflow", BATCHED_TENSORFLOW_IRIS, {
+    api = "iris-tf-batched"
+    serve(write_realtime_project(tmp_path / "project", api, "tensorflow", CORTEX_TENSORFLOW_IRIS, {
         "models": {"path": str(models)}, "threads_per_process": 8,
         "server_side_batching": {"max_batch_size": 8, "batch_interval": "200ms"}}))
-    flowers = FLOWERS * 8
+    features, _ = iris
+    picked = features[np.random.default_rng(3).permutation(len(features))[:48]]  # 48 different flowers
+    flowers = [{name: float(value) for name, value in zip(FEATURES, row)} for row in picked]
 
     with ThreadPoolExecutor(len(flowers)) as pool:
-        answers = list(pool.map(lambda flower: post_json(stack, "iris-tf-batched", flower), flowers))
+        answers = list(pool.map(lambda flower: post_json(stack, api, flower), flowers))
 
-    rows = np.hstack([np.array([[f[n] for n in FEATURES] for f in flowers], dtype=np.float32),
-                      np.ones((len(flowers), 1), dtype=np.float32)])
-    assert [a.status_code for a in answers] == [200] * len(flowers)
-    assert [a.json()["label"] for a in answers] == [LABELS[i] for i in np.argmax(rows @ weights, axis=1)]
-    assert max(a.json()["batch"] for a in answers) > 1  # requests were gathered, each answered with its own row
+    rows = np.hstack([picked, np.ones((len(picked), 1), dtype=np.float32)])
+    assert [a.status_code for a in answers] == [200] * len(flowers), answers[0].text
+    assert [a.text for a in answers] == [LABELS[i] for i in np.argmax(rows @ weights, axis=1)]
+    # Every call was counted in a model run, and runs held several calls (the replica's figures
+    # reach /metrics about once a second).
+    deadline = time.monotonic() + 30
+    while (figures := batch_size_figures(stack, api))[0] < len(flowers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    calls, runs = figures
+    assert calls == len(flowers)
+    assert runs < len(flowers)
 
 
 def mpg_regressors() -> dict[int, Any]:

@@ -218,3 +218,53 @@ def test_batch_settings_are_checked():
         Batcher(lambda items: items, max_batch_size=0, interval_s=0.1)
     with pytest.raises(ValueError):
         Batcher(lambda items: items, max_batch_size=1, interval_s=0)
+
+
+@pytest.mark.parametrize("predictor_type", ["python", "onnx"])
+def test_python_and_onnx_predictors_with_server_side_batching_receive_lists(predictor_type):
+    class Client:
+        def gather(self, *args: Any, **kwargs: Any) -> None:
+            raise AssertionError("only a tensorflow predictor's client gathers its calls")
+
+    class Batched:
+        def predict(self, payload):
+            assert isinstance(payload, list)
+            return [p * 10 for p in payload]
+
+    predictor = RealtimePredictor(Batched(), Client(), predictor_type=predictor_type,
+                                  batching=ServerSideBatching(max_batch_size=4, batch_interval=JOIN_TIMEOUT_S))
+
+    assert run_threads(4, lambda i: predictor.predict(RequestArgs(payload=i))) == [0, 10, 20, 30]
+    assert predictor.batched and not predictor.gathers_client_calls
+
+
+def test_a_tensorflow_predictor_with_server_side_batching_has_its_client_gather_its_calls():
+    gathered: list[tuple[Any, ...]] = []
+
+    class Client:
+        def gather(self, max_batch_size: int, interval_s: float, **kwargs: Any) -> None:
+            gathered.append((max_batch_size, interval_s, kwargs["on_run"]))
+
+    class Single:
+        def predict(self, payload):
+            return {"one": payload}
+
+    def on_batch(size: int) -> None:
+        pass
+
+    predictor = RealtimePredictor(Single(), Client(), predictor_type="tensorflow", on_batch=on_batch,
+                                  batching=ServerSideBatching(max_batch_size=4, batch_interval=0.05))
+
+    assert gathered == [(4, 0.05, on_batch)]
+    assert predictor.predict(RequestArgs(payload={"n": 1})) == {"one": {"n": 1}}  # one payload, as on Cortex
+    assert predictor.gathers_client_calls and not predictor.batched
+
+
+def test_a_tensorflow_predictor_with_server_side_batching_but_no_client_fails_to_build():
+    class Single:
+        def predict(self, payload):
+            return payload
+
+    with pytest.raises(PredictorError, match="needs its model client"):
+        RealtimePredictor(Single(), None, predictor_type="tensorflow",
+                          batching=ServerSideBatching(max_batch_size=4, batch_interval=0.05))

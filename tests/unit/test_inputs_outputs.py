@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
 from pathlib import Path
 
-import pandas as pd
-import pyarrow.parquet as pq
 import orjson
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 import pytest
 
 from jobs.inputs import EnqueueError, check_local_path, cut_ranges, match_files, matches, read_range
@@ -134,7 +135,7 @@ def test_a_malformed_line_is_found_in_any_block(tmp_path, monkeypatch, block):
         list(cut_ranges([info], batch_size=4))
 
 
-def test_what_the_workers_parser_accepts_is_valid_even_where_the_fast_check_refuses_it(tmp_path: Path):
+def test_what_the_workers_parser_accepts_is_accepted_when_enqueueing(tmp_path: Path):
     path = tmp_path / "in.jsonl"
     path.write_text('{"n": 1}\n{"big": 123456789012345678901234567890}\n{"n": 3}\n')
     info = storage_for(str(path)).stat(str(path))
@@ -143,6 +144,22 @@ def test_what_the_workers_parser_accepts_is_valid_even_where_the_fast_check_refu
 
     assert ref.lines == 3
     assert read_range(ref.to_dict())[1] == orjson.loads(b'{"big": 123456789012345678901234567890}')
+
+
+@pytest.mark.parametrize(("lines", "bad"), [
+    # Not JSON line by line, yet `[` + the lines joined by commas + `]` is an array of 3 items.
+    ([b"1,2", b"[3", b"4]"], 1),
+    ([b'{"n": 1}', b'"a', b'b"', b"1,2"], 2),
+    ([b'{"n": 1}', b'{"a": 1} {"b": 2}'], 2),  # two documents on one line
+    ([b'{"n": 1}', b'"\xff"'], 2),  # not UTF-8
+])
+def test_every_line_must_be_one_json_document_whatever_its_neighbours(tmp_path: Path, lines, bad):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    info = storage_for(str(path)).stat(str(path))
+
+    with pytest.raises(EnqueueError, match=rf"in.jsonl: line {bad}: not valid JSON"):
+        list(cut_ranges([info], batch_size=10))
 
 
 def test_a_range_whose_file_changed_since_enqueueing_is_refused_not_misread(tmp_path: Path):
@@ -170,8 +187,39 @@ def test_rows_encode_to_each_format_and_non_dict_rows_become_a_value_column():
 
     assert [json.loads(line) for line in encode_rows(rows, "jsonl").decode().splitlines()] == rows
     assert pq.read_table(io.BytesIO(encode_rows(rows, "parquet"))).to_pylist() == rows
-    assert pd.read_csv(io.BytesIO(encode_rows(rows, "csv"))).to_dict("records") == rows
+    assert pa_csv.read_csv(io.BytesIO(encode_rows(rows, "csv"))).to_pylist() == rows  # types read back too
     assert pq.read_table(io.BytesIO(encode_rows([1, 2], "parquet"))).to_pylist() == [{"value": 1}, {"value": 2}]
+    assert encode_rows([1, 2], "csv") == b"value\n1\n2\n"
+
+
+def test_csv_has_a_plain_header_and_every_value_in_one_cell():
+    rows = [
+        {"id": 1, "label": 'said "hi", then\nleft', "ok": True, "scores": {"a": [1, 2]}},
+        {"id": 2, "label": None, "ok": False, "scores": [0.5, "x"], "b,c": "only here"},
+        {"id": 3, "mixed": 1},
+        {"id": 4, "mixed": "one"},
+    ]
+
+    data = encode_rows(rows, "csv")
+
+    assert data.startswith(b'id,label,ok,scores,"b,c",mixed\n')  # first-appearance order; quoted where needed
+    assert data.splitlines()[1].startswith(b"1,")  # numbers bare, so readers take them for numbers
+    read = list(csv.DictReader(io.StringIO(data.decode(), newline="")))
+    assert [row["id"] for row in read] == ["1", "2", "3", "4"]
+    assert read[0]["label"] == 'said "hi", then\nleft'
+    assert [json.loads(row["scores"]) if row["scores"] else None for row in read] == [{"a": [1, 2]}, [0.5, "x"], None, None]
+    assert [row["ok"] for row in read] == ["true", "false", "", ""]
+    assert [row["mixed"] for row in read] == ["", "", "1", "one"]  # a column of mixed types is text
+    assert [row["b,c"] for row in read] == ["", "only here", "", ""]  # a key of a later row is a column too
+    assert encode_rows([], "csv") == encode_rows([{}], "csv") == b"\n"
+
+
+def test_parquet_columns_are_every_key_of_every_row():
+    rows = [{"a": 1}, {"a": 2, "b": "later"}]
+
+    assert pq.read_table(io.BytesIO(encode_rows(rows, "parquet"))).to_pylist() == [
+        {"a": 1, "b": None}, {"a": 2, "b": "later"},
+    ]
 
 
 def test_part_paths_sort_in_batch_order():
