@@ -451,7 +451,7 @@ def test_an_input_that_does_not_fit_fails_its_caller_without_joining_a_window(
 
 def test_a_call_past_its_requests_deadline_is_left_out_of_its_run(tmp_path: Path, scaled_models: Path) -> None:
     from predictors_runtime.batching import request_deadline
-    from predictors_runtime.errors import RequestTimeout
+    from foundation.errors import RequestTimeout
 
     client, runs = gathering_client(tmp_path, scaled_models, "rows", max_batch_size=4, interval_s=0.01)
     token = request_deadline.set(time.time() - 1)
