@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import orjson
 from wcmatch import glob
@@ -20,7 +20,8 @@ from foundation.errors import BadRequest, BadStorageUri, SluiceError
 from predictors_runtime.storage import ObjectInfo, split_uri, storage_for
 from predictors_runtime.storage.local import read_range_confined
 
-from .submission import FileSource
+if TYPE_CHECKING:  # a worker reads ranges without loading the submission's request schemas
+    from .submission import FileSource
 
 _GLOB_FLAGS = glob.GLOBSTAR | glob.DOTGLOB
 
