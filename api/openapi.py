@@ -215,10 +215,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
                      schemas.RealtimeError),
          503: _error("not_ready: no replica is ready yet; the message says why", schemas.RealtimeError)},
         description="A RealtimeAPI: 200 once a replica of the API has built its predictor and loaded its "
-                    "models. A BatchAPI (Cortex's endpoint): with jobID the job's status, without the API's "
-                    "jobs, as GET /batch/{api_name}; it wants the API key whenever keys are set.",
+                    "models; its replicas take no query parameters. A BatchAPI (Cortex's endpoint): with "
+                    "the query parameter jobID the job's status, without it the API's jobs (limit: how "
+                    "many, 1-1000), as GET /batch/{api_name}; it wants the API key whenever keys are set.",
         header_parameters=(_REQUEST_ID_PARAMETER,),
-        query=schemas.JobsQuery,
         realtime=True,
     ),
     ("POST", "/<api_name>"): Operation(
@@ -251,8 +251,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         ),
         header_parameters=(_REQUEST_ID_PARAMETER, {
             "name": "query_params", "in": "query", "required": False, "style": "form", "explode": True,
-            "schema": {"type": "object", "additionalProperties": {"type": "string"}},
-            "description": "any query parameters, handed to predict as query_params",
+            # Any name and any value: a URL carries text only, and predict gets each value as a str.
+            "schema": {"type": "object", "additionalProperties": True},
+            "description": "any query parameters, handed to predict as query_params (values as strings)",
         }),
         request_body={"required": False, "content": {
             "application/json": {"schema": {}},
@@ -270,7 +271,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         {200: Answer("stopped: no new batch starts; running ones finish", (schemas.Stopped,)),
          400: _error("bad_request: jobID is missing"),
          404: _error("api_not_found (not deployed) or job_not_found"),
-         405: _error("method_not_allowed: the API is a RealtimeAPI"),
+         405: _error("method_not_allowed: the API is a RealtimeAPI (its replicas answer)", schemas.RealtimeError),
          409: _error("conflict: the job has already ended")},
         description="As DELETE /batch/{api_name}.",
         query=schemas.JobQuery,
