@@ -79,7 +79,13 @@ setup(
     version="0.1.0",
     description="Batch-first ML inference jobs for Cortex-style projects on Celery and Redis",
     python_requires=">=3.11",
-    packages=find_packages(include=["foundation", "foundation.*", "jobs", "jobs.*", "api", "api.*", "predictors_runtime", "predictors_runtime.*", "beat", "beat.*", "sluice", "sluice.*", "cortex_internal", "cortex_internal.*", "cortex"]),
+    packages=find_packages(include=[
+        "foundation", "foundation.*", "jobs", "jobs.*", "api", "api.*", "predictors_runtime", "predictors_runtime.*",
+        "beat", "beat.*", "sluice", "sluice.*", "cortex_internal", "cortex_internal.*", "cortex",
+    ]),
+    # The job store's Lua scripts are files of their own (jobs/store/scripts.py reads them at run time);
+    # every package ships its type hints (py.typed, PEP 561).
+    package_data={"jobs.store": ["lua/*.lua"], "": ["py.typed"]},
     install_requires=CLIENT,
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["sluice=sluice.cli:run"]},

@@ -9,17 +9,16 @@ from typing import Any
 
 from flask import Blueprint, request
 
+from foundation.api_registry import DeployedApi
+from foundation.errors import AccessDenied, BadRequest, ConfigError, Conflict, NotFound, SluiceError
 from jobs.enqueue import stop_job
 from jobs.job import ACTIVE_STATUSES
 from predictors_runtime.builder import resolve_model_paths
 from predictors_runtime.config import ApiConfig, parse_api_configs
-from foundation.errors import AccessDenied, BadRequest, ConfigError, Conflict, NotFound, SluiceError
 from predictors_runtime.storage import split_uri
 
 from .batch import endpoint_url
-from .context import registry, services
-from foundation.api_registry import DeployedApi
-from foundation.replica_directory import ReplicaDirectory
+from .context import registry, replica_directory, services
 from .schemas import Api, ApiList, DeleteApiQuery, Deleted, parse_query
 
 blueprint = Blueprint("apis", __name__)
@@ -82,7 +81,8 @@ def deploy():
         services().bundles.unpack(project, Path(tmp))  # within the limits on unpacked size and files
         for api in apis:
             if not (Path(tmp) / api.predictor.path).is_file():
-                raise ConfigError(f"{source}: api {api.name}: predictor.path: {api.predictor.path} is not in the project folder")
+                raise ConfigError(f"{source}: api {api.name}: predictor.path: {api.predictor.path} "
+                                  "is not in the project folder")
             _validate_models(api, Path(tmp), source)
     bundle = services().bundles.put(project)
     deployed = [registry().put(api, bundle) for api in apis]
@@ -101,7 +101,7 @@ def replicas_of(api: DeployedApi, now: float) -> list[dict[str, Any]]:
             "id": r.replica_id, "address": r.address, "ready": r.ready, "draining": r.draining,
             "bundle": r.bundle, "message": r.message,
         }
-        for r in ReplicaDirectory(services().redis).live(now, api.name)
+        for r in replica_directory().live(now, api.name)
     ]
 
 

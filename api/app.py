@@ -3,33 +3,46 @@
 from __future__ import annotations
 
 from flask import Flask, request
+from flask.json.provider import DefaultJSONProvider
 
+from foundation import figure_sink as process_figures
+from foundation.api_registry import RedisApiRegistry
+from foundation.figure_store import RedisFigureStore
+from foundation.figures import Recorder
+from foundation.limits import MAX_BUNDLE_BYTES
+from foundation.log_streams import RedisLogStreams
+from foundation.replica_directory import RedisReplicaDirectory
+from foundation.settings import Settings
 from jobs.celery_app import create_celery
 from jobs.services import Services
-from foundation.figures import Recorder
-from foundation.settings import Settings
-from foundation import figure_sink as process_figures
-from foundation.limits import MAX_BUNDLE_BYTES
+from jobs.wiring import init_services
 
-from . import apis, auth, batch, fallback, health, logs
+from . import apis, auth, batch, context, fallback, health, logs
 from .errors import register_error_handlers
 from .metrics import HTTP_RESPONSES
-from foundation.api_registry import ApiRegistry
 
 
-def create_app(settings: Settings | None = None, services: Services | None = None) -> Flask:
-    """The API app. `services` may be given ready-made (fast tests hand in an in-memory job store);
-    by default they are connected from `settings`."""
+def create_app(settings: Settings | None = None, services: Services | None = None,
+               recorder: Recorder | None = None) -> Flask:
+    """The API app. `services` may be given ready-made (fast tests hand in an in-memory job store),
+    and `recorder` too (a fast test's counts into a `foundation.memory.MemoryFigureStore`); by
+    default they are connected from `settings`. The registry, the replica directory, the log
+    streams and the figure store use the services' Redis client; a fast test may replace them in
+    `app.extensions` (`api/context.py`)."""
     settings = services.settings if services is not None else settings or Settings.from_env()
     app = Flask("sluice", static_folder=None)  # no static files: every route is Sluice's own
-    app.json.sort_keys = False
-    if services is None:
-        services = Services.connect(settings, create_celery(settings))
-    app.extensions["sluice"] = services
-    app.extensions["sluice.registry"] = ApiRegistry(services.redis)
+    if isinstance(app.json, DefaultJSONProvider):
+        app.json.sort_keys = False  # answers keep the order their models give
+    if services is None:  # this process's, from its one wiring point
+        services = init_services(create_celery(settings), settings)
+    app.extensions[context.SERVICES] = services
+    app.extensions[context.REGISTRY] = RedisApiRegistry(services.redis)
+    app.extensions[context.REPLICAS] = RedisReplicaDirectory(services.redis)
+    app.extensions[context.LOG_STREAMS] = RedisLogStreams(services.redis)
+    app.extensions[context.FIGURE_STORE] = RedisFigureStore(services.redis)
     # This process's figures (jobs submitted, responses) go to Redis in the background; /metrics
     # shows the sums of every process (api/metrics.py).
-    app.extensions["sluice.figures"] = recorder = Recorder.for_url(settings.redis_url).start()
+    app.extensions["sluice.figures"] = recorder = (recorder or Recorder.for_url(settings.redis_url)).start()
     process_figures.install(recorder)
 
     # API keys first: an unauthenticated request gets no further (a no-op without keys).

@@ -6,12 +6,12 @@ this module turns its verdicts into HTTP answers before any endpoint runs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from flask import Response, request
 
-from foundation.api_keys import (ALLOW_ANONYMOUS_VARIABLE, KEYS_FILE_VARIABLE, KEYS_VARIABLE, authenticate,
-                                 is_loopback)
+from foundation.api_keys import ALLOW_ANONYMOUS_VARIABLE, KEYS_FILE_VARIABLE, KEYS_VARIABLE, authenticate, is_loopback
 from foundation.errors import InsecureBind, Unauthorized
 
 from .errors import error_response
@@ -44,7 +44,7 @@ def _open_bind_refusal() -> Response | None:
     )
 
 
-def request_guard(settings: "Settings") -> Callable[[], Response | None]:
+def request_guard(settings: Settings) -> Callable[[], Response | None]:
     """A Flask `before_request` hook: with keys set, a request without a valid key is answered 401
     (with `WWW-Authenticate: Bearer`) before any endpoint runs.
 

@@ -11,17 +11,27 @@ from typing import Any
 
 from flask import Blueprint, request
 
+from foundation.api_registry import DeployedApi
+from foundation.errors import ApiNotFound, BadRequest, Conflict, JobNotFound
 from jobs.enqueue import plan_job, stop_job, submit_job
 from jobs.status import job_status_view
 from jobs.submission import parse_job_request
-from foundation.errors import ApiNotFound, BadRequest, Conflict, JobNotFound
 
 from .context import registry, services
 from .json_body import parse_json_body
-from foundation.api_registry import DeployedApi
 from .metrics import JOBS_SUBMITTED
-from .schemas import (DryRun, FailedBatches, JobList, JobQuery, JobSpec, JobsQuery, JobStatusAnswer, Stopped,
-                      SubmitQuery, parse_query)
+from .schemas import (
+    DryRun,
+    FailedBatches,
+    JobList,
+    JobQuery,
+    JobSpec,
+    JobsQuery,
+    JobStatusAnswer,
+    Stopped,
+    SubmitQuery,
+    parse_query,
+)
 
 blueprint = Blueprint("batch", __name__)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, Response, request
+from flask import Flask, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.wrappers import Response as BaseResponse
 
 from foundation.errors import SluiceError
 
@@ -45,7 +46,7 @@ def _drain_body() -> None:
         pass
 
 
-def with_exception_headers(response: Response, e: HTTPException) -> Response:
+def with_exception_headers(response: BaseResponse, e: HTTPException) -> BaseResponse:
     """Keep the headers the exception carries (a 405's `Allow`, RFC 9110), but not its HTML content type."""
     for name, value in e.get_headers():
         if name.lower() != "content-type":

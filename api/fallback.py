@@ -17,15 +17,14 @@ from flask import Blueprint, Response, request
 from werkzeug.exceptions import MethodNotAllowed
 from werkzeug.routing import BaseConverter
 
-from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS
 from foundation import figure_sink as figures
-from predictors_runtime.config import RESERVED_NAMES
 from foundation.errors import ApiNotFound
+from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS
+from predictors_runtime.config import RESERVED_NAMES
 
 from . import auth, batch
 from .apis import REALTIME_KIND
-from .context import registry, services
-from foundation.replica_directory import ReplicaDirectory
+from .context import registry, replica_directory, services
 from .schemas import RealtimeError
 
 blueprint = Blueprint("fallback", __name__)
@@ -73,7 +72,7 @@ def unrouted_api(api_name: str) -> Response:
     if request.method not in REALTIME_METHODS:
         raise MethodNotAllowed(valid_methods=list(REALTIME_METHODS))
     request_id = request.headers.get("X-Request-ID") or uuid.uuid4().hex
-    replicas = ReplicaDirectory(services().redis).live(time.time(), name)
+    replicas = replica_directory().live(time.time(), name)
     reasons = [r.message for r in replicas if r.message and not r.ready]
     if not replicas:
         message = f"api {name} has no replica running yet"

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
-from foundation.log_streams import LogStreams, api_stream, job_stream
 from foundation.errors import BadRequest
+from foundation.log_streams import api_stream, job_stream
 
-from .context import registry, services
+from .context import log_streams, registry, services
 from .schemas import LogPage, LogsQuery, parse_query
 
 blueprint = Blueprint("logs", __name__)
@@ -20,7 +20,7 @@ blueprint = Blueprint("logs", __name__)
 
 def _page(stream: str) -> Response:
     query = parse_query(LogsQuery)
-    page = LogStreams(services().redis).read(stream, after=query.after, limit=query.limit)
+    page = log_streams().read(stream, after=query.after, limit=query.limit)
     return LogPage(lines=page.lines, next=page.next).response()
 
 

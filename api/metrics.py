@@ -12,24 +12,26 @@ with; they go to the process's recorder (installed by `create_app`).
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from foundation import figure_sink as process_figures
 from foundation import figures
+from foundation.errors import JobNotFound
+from foundation.figure_store import FigureStore, RedisFigureStore
 from jobs.job import job_queue_name
 from jobs.services import Services
-from foundation import figure_sink as process_figures
-from foundation.errors import JobNotFound
 
 # The hardware queues worker nodes serve; a job's batches wait on a queue of its own
 # (`job.<id>`), counted under its hardware queue.
 HARDWARE_QUEUES = ("cpu", "gpu", "inf")
 QUEUE_DEPTH = ("sluice_queue_depth", "Batches (and completion tasks) waiting in the broker, by hardware queue")
 
-__all__ = ["CONTENT_TYPE_LATEST", "FiguresCollector", "HTTP_RESPONSES", "JOBS_SUBMITTED", "exposition"]
+__all__ = ["CONTENT_TYPE_LATEST", "HTTP_RESPONSES", "JOBS_SUBMITTED", "FiguresCollector", "exposition"]
 
 
 class _ProcessCounter:
@@ -38,12 +40,12 @@ class _ProcessCounter:
     def __init__(self, figure: figures.Figure) -> None:
         self._figure = figure
 
-    def labels(self, **labels: str) -> "_Labelled":
+    def labels(self, **labels: str) -> _Labelled:
         return _Labelled(self._figure.name, tuple(str(labels[name]) for name in self._figure.labels))
 
 
 class _Labelled:
-    __slots__ = ("_name", "_labels")
+    __slots__ = ("_labels", "_name")
 
     def __init__(self, name: str, labels: tuple[str, ...]) -> None:
         self._name, self._labels = name, labels
@@ -82,17 +84,19 @@ def queue_depths(services: Services) -> dict[str, int]:
 
 
 class FiguresCollector(Collector):
-    """Yields every figure of `foundation.figures.CATALOGUE` as Redis holds it, and the queue depths."""
+    """Yields every figure of `foundation.figures.CATALOGUE` as the figure store holds it, and the
+    queue depths (`depths()`, read from the broker at scrape time)."""
 
-    def __init__(self, services: Services) -> None:
-        self._services = services
+    def __init__(self, store: FigureStore, depths: Callable[[], dict[str, int]]) -> None:
+        self._store = store
+        self._depths = depths
 
     def collect(self) -> Iterator[Metric]:
-        totals = figures.read_figures(self._services.redis)
+        totals = figures.read_figures(self._store)
         for figure in figures.CATALOGUE.values():
             yield _family(figure, totals.get(figure.name, {}))
         depth = GaugeMetricFamily(*QUEUE_DEPTH, labels=["queue"])
-        for queue, n in sorted(queue_depths(self._services).items()):
+        for queue, n in sorted(self._depths().items()):
             depth.add_metric([queue], n)
         yield depth
 
@@ -110,8 +114,9 @@ def _family(figure: figures.Figure, totals: dict[tuple[str, ...], Any]) -> Metri
     return histogram
 
 
-def exposition(services: Services) -> bytes:
-    """The text `GET /metrics` answers."""
+def exposition(services: Services, store: FigureStore | None = None) -> bytes:
+    """The text `GET /metrics` answers: the figures in `store` (by default the services' Redis) and
+    the depths of the services' queues."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FiguresCollector(services))
+    registry.register(FiguresCollector(store or RedisFigureStore(services.redis), lambda: queue_depths(services)))
     return generate_latest(registry)

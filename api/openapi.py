@@ -124,9 +124,11 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             "schema": {
                 "type": "object",
                 "properties": {
-                    "config": {**_BINARY, "description": "the cortex.yaml: a YAML list of APIs, each an ApiConfig-Input "
+                    "config": {**_BINARY,
+                               "description": "the cortex.yaml: a YAML list of APIs, each an ApiConfig-Input "
                                                          "(#/components/schemas/ApiConfig-Input)"},
-                    "project": {**_BINARY, "description": "the project folder as a gzipped tar (`sluice deploy` packs it)"},
+                    "project": {**_BINARY,
+                                "description": "the project folder as a gzipped tar (`sluice deploy` packs it)"},
                 },
                 "required": ["config", "project"],
             },
@@ -257,7 +259,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         }),
         request_body={"required": False, "content": {
             "application/json": {"schema": {}},
-            "application/x-www-form-urlencoded": {"schema": {"type": "object", "additionalProperties": {"type": "string"}}},
+            "application/x-www-form-urlencoded": {
+                "schema": {"type": "object", "additionalProperties": {"type": "string"}}},
             "multipart/form-data": {"schema": {"type": "object",
                                                "additionalProperties": {"oneOf": [{"type": "string"}, _BINARY]}}},
             "text/plain": {"schema": {"type": "string"}},
@@ -350,7 +353,7 @@ def _components() -> tuple[dict[tuple[type[BaseModel], Mode], dict[str, Any]], d
     refs, definitions = models_json_schema(list(wanted), ref_template=SCHEMAS + "{model}")
     schemas_by_name = definitions.get("$defs", {})
     schemas_by_name["JobRequest"]["oneOf"] = one_source_rule()
-    return refs, schemas_by_name
+    return refs, schemas_by_name  # type: ignore[return-value]  # only BaseModels were asked for
 
 
 def one_source_rule() -> list[dict[str, Any]]:
@@ -358,7 +361,8 @@ def one_source_rule() -> list[dict[str, Any]]:
     return [{"required": [source], "properties": {source: {"not": {"type": "null"}}}} for source in SOURCES]
 
 
-def _schema_of(refs: dict[tuple[type[BaseModel], Mode], dict[str, Any]], models: tuple[type[BaseModel], ...]) -> dict[str, Any]:
+def _schema_of(refs: dict[tuple[type[BaseModel], Mode], dict[str, Any]],
+               models: tuple[type[BaseModel], ...]) -> dict[str, Any]:
     options = [refs[(model, "serialization")] for model in models]
     return options[0] if len(options) == 1 else {"anyOf": options}
 

@@ -31,29 +31,30 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from flask import Flask, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Request, Response
 
-from foundation.log_streams import install_api_log_handler
-from foundation.figures import REALTIME_BATCH_SIZE, RealtimeFigures, Recorder
-from foundation.settings import Settings
 from foundation import figure_sink as process_figures
+from foundation.api_registry import DeployedApi
+from foundation.errors import ConfigError, SluiceError
+from foundation.figures import REALTIME_BATCH_SIZE, RealtimeFigures, Recorder
+from foundation.json_logs import configure_json_logging, labelled
+from foundation.log_streams import LogStreams, install_api_log_handler
+from foundation.replica_directory import ReadinessMarkers
+from foundation.settings import Settings
 from predictors_runtime.batching import BatchFailed
 from predictors_runtime.config import ApiConfig
-from foundation.errors import ConfigError, SluiceError
 from predictors_runtime.loader import error_text
-from foundation.json_logs import configure_json_logging, labelled
 from predictors_runtime.payloads import FormPayload, close_payload, parse_payload
 from predictors_runtime.realtime_predictor import RealtimePredictor, RequestArgs
 from predictors_runtime.responses import json_response, to_response
 
-from foundation.api_registry import DeployedApi
-from foundation.replica_directory import ReadinessMarkers
 from .errors import with_exception_headers
 from .schemas import Readiness
 
@@ -77,7 +78,7 @@ class ReplicaSettings:
     sluice: Settings = field(default_factory=Settings)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "ReplicaSettings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ReplicaSettings:
         env = os.environ if env is None else env
 
         def required(name: str) -> str:
@@ -250,7 +251,7 @@ class _Replica:
             models = predictor.models()
         except SluiceError as e:
             return _error(e.http_status, e.kind, e.message, request_id)
-        response = json_response(Readiness(ready=True, models=models).model_dump(mode="json"))
+        response = json_response(Readiness.model_validate({"ready": True, "models": models}).model_dump(mode="json"))
         response.headers[REQUEST_ID_HEADER] = request_id
         return response
 
@@ -275,18 +276,21 @@ def _request_id_of_failed_request(environ: dict[str, Any]) -> str:
 
 
 def create_replica_app(settings: ReplicaSettings | None = None, build: Build | None = None, *,
-                       configure_logging: bool = True, recorder: Recorder | None = None) -> Flask:
+                       configure_logging: bool = True, recorder: Recorder | None = None,
+                       log_streams: LogStreams | None = None) -> Flask:
     """The WSGI app of one replica process; starts building the predictor in the background.
 
     `build(settings, api)` makes the predictor (default: `build_from_project`); tests inject
     their own. `configure_logging` makes the process log JSON lines at the API's log level, and
-    append them to the API's log stream.
+    append them to the API's log stream (in `log_streams`; by default the deployment's Redis).
+    `recorder` counts the process's figures (by default into the deployment's Redis; a fast test
+    hands in one on a `foundation.memory.MemoryFigureStore`).
     """
     settings = settings or ReplicaSettings.from_env()
     api = ApiConfig.from_dict(settings.api.spec)
     if configure_logging:
         configure_json_logging(api.predictor.log_level.upper())
-        install_api_log_handler(settings.sluice, api.name)  # `sluice logs API` shows this process's lines
+        install_api_log_handler(settings.sluice, api.name, log_streams)  # `sluice logs API` shows its lines
     # Requests, rejections, batch sizes and model loads of this process, summed with every other's
     # in Redis by a background thread: the request path only adds in memory (foundation/figures.py).
     recorder = recorder or Recorder.for_url(settings.sluice.redis_url).start()
@@ -346,7 +350,8 @@ def create_replica_app(settings: ReplicaSettings | None = None, build: Build | N
                 close_payload(args.payload)
                 environ[_REQUEST_ID_KEY] = request_id
                 raise
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - the request's last-resort boundary: whatever the user's
+                # code raised becomes this request's error answer, and the replica keeps serving
                 close_payload(args.payload)
                 return _failure(e, request_id)
         response.headers[REQUEST_ID_HEADER] = request_id
@@ -367,7 +372,7 @@ def create_replica_app(settings: ReplicaSettings | None = None, build: Build | N
                 close_payload(args.payload)
 
     def flask_serve() -> Response:
-        return serve(request._get_current_object())
+        return serve(request._get_current_object())  # type: ignore[attr-defined]  # the proxy's object
 
     for rule in (f"/{name}", f"/{name}/"):
         app.add_url_rule(rule, "serve", flask_serve, methods=["GET", "POST"], strict_slashes=False)
@@ -383,7 +388,8 @@ def create_replica_app(settings: ReplicaSettings | None = None, build: Build | N
             return _error(404, "api_not_found", f"this replica serves only /{name}", request_id)
         kinds = {400: "bad_request", 405: "method_not_allowed", 413: "payload_too_large"}
         return _counted(with_exception_headers(
-            _error(status, kinds.get(status, e.name.lower().replace(" ", "_")), e.description or e.name, request_id), e),
+            _error(status, kinds.get(status, e.name.lower().replace(" ", "_")), e.description or e.name,
+                   request_id), e),
             environ)
 
     @app.errorhandler(Exception)
@@ -395,7 +401,8 @@ def create_replica_app(settings: ReplicaSettings | None = None, build: Build | N
         log.error("unexpected error", exc_info=e)
         return _counted(_error(500, "unexpected_error", f"{type(e).__name__}: {e}", request_id), environ)
 
-    app.wsgi_app = _PredictionRoute(app, (f"/{name}", f"/{name}/"), serve, http_error, unexpected)
+    app.wsgi_app = _PredictionRoute(  # type: ignore[method-assign]  # the middleware pattern Flask documents
+        app, (f"/{name}", f"/{name}/"), serve, http_error, unexpected)
     replica.start()
     return app
 

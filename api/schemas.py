@@ -13,16 +13,17 @@ from typing import Any, Literal, TypeVar
 
 from flask import Response, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.json_schema import JsonDict
 
-from jobs.job import JobStatus
-from foundation.log_streams import DEFAULT_PAGE_LINES, MAX_PAGE_LINES
-from predictors_runtime.config import ApiConfig
 from foundation.errors import BadRequest
+from foundation.log_streams import DEFAULT_PAGE_LINES, MAX_PAGE_LINES
+from jobs.job import JobStatus
+from predictors_runtime.config import ApiConfig
 
 # The input sources of jobs.submission.SOURCES (a unit test keeps the two the same).
 Source = Literal["item_list", "file_path_lister", "delimited_files", "retry_failed_of"]
 
-_RFC3339 = {"format": "date-time"}
+_RFC3339: JsonDict = {"format": "date-time"}
 
 
 class Body(BaseModel):
@@ -277,5 +278,6 @@ def parse_query(model: type[Q]) -> Q:
             if error["type"] == "missing":
                 problems.append(f"query parameter {name} is required")
             else:
-                problems.append(f"query parameter {name} {_expected(model, name)} (got {str(error.get('input'))[:40]!r})")
+                got = str(error.get("input"))[:40]
+                problems.append(f"query parameter {name} {_expected(model, name)} (got {got!r})")
         raise BadRequest("; ".join(problems)) from e

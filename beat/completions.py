@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import logging
 
-from jobs.job import JobStatus
-from jobs.publish import send_completion
-from jobs.services import Services
 from foundation.settings import Settings
-from jobs.store import JobState
+from jobs.job import JobStatus
+from jobs.publish import SendCompletion
+from jobs.store import CompletionClaims, JobRecords, JobState
 
 from .steps import judge_each
 
@@ -32,9 +31,11 @@ def completion_grace_s(settings: Settings) -> float:
     return max(COMPLETION_GRACE_S, 2 * settings.beat_interval_s)
 
 
-def resend_completions(services: Services, now: float, grace_s: float = COMPLETION_GRACE_S) -> list[str]:
+def resend_completions(
+    records: JobRecords, claims: CompletionClaims, send_completion: SendCompletion, now: float,
+    grace_s: float = COMPLETION_GRACE_S,
+) -> list[str]:
     """Send the completion task again for every job left unended `grace_s` after its last batch; returns their ids."""
-    store = services.store
 
     def judge(state: JobState) -> bool:
         if state.status is not JobStatus.RUNNING or state.finishing_at is None:
@@ -45,10 +46,10 @@ def resend_completions(services: Services, now: float, grace_s: float = COMPLETI
         if now - last < grace_s:
             return False
         job = state.job
-        store.mark_completion_resent(job.job_id, now)
-        send_completion(services.celery, job.job_id, job.queue)
+        claims.mark_completion_resent(job.job_id, now)
+        send_completion(job.job_id, job.queue)
         log.warning("job %s: every batch was recorded %.0fs ago but it has not ended; its completion is sent again",
                     job.job_id, now - state.finishing_at)
         return True
 
-    return judge_each(store, "resend_completions", judge)
+    return judge_each(records, "resend_completions", judge)

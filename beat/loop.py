@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from jobs.services import Services
 

@@ -4,8 +4,8 @@ kombu's Redis transport takes a message off its queue with BRPOP and only then r
 unacknowledged hash; a node killed in between (more likely than it sounds: the moment Redis
 comes back from a stall, every idle node is handed a message at once) takes the message along,
 and nothing would ever run that batch. A node killed after that record but before the batch
-entered its in-flight hash (`JobStore.begin_batch`) leaves the message in the unacknowledged hash
-with nothing to give it back (`jobs/settle.py`, `Placement.give_back` work from in-flight hashes)
+entered its in-flight hash (`BatchLedger.begin_batch`) leaves the message in the unacknowledged hash
+with nothing to give it back (`jobs/settle.py` works from in-flight hashes)
 until Redis's visibility timeout, an hour by default. Either way the job waits.
 
 So for each running job whose batches are all published, beat looks for its batches everywhere
@@ -15,7 +15,7 @@ still seen): when nothing of the job is queued or in flight, and some batches ar
 nowhere, or sit unacknowledged with no node running them, and the look finds the very same for
 `grace_s` (no batch recorded meanwhile), the orphaned messages are given back to the job's queue
 and the lost batches are published again from the copy the publisher kept
-(`JobStore.keep_payloads`). A lost batch without a copy is recorded as failed, saying so, so the
+(`BatchLedger.keep_payloads`). A lost batch without a copy is recorded as failed, saying so, so the
 job completes instead of hanging. The store counts every batch once, so a batch sent again that
 turns out not to have been lost after all costs a run, never a double count.
 """
@@ -28,11 +28,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from foundation.settings import Settings
 from jobs.job import JobStatus, job_queue_name
+from jobs.nodes import parse_inflight_entry
 from jobs.publish import BatchPublisher, send_completion
 from jobs.services import Services
-from foundation.settings import Settings
-from jobs.nodes import parse_inflight_entry
 from jobs.store import JobState, Recorded
 from jobs.tasks import RUN_BATCH
 

@@ -1,15 +1,17 @@
 """The maintenance schedule: which steps beat's process runs, in order, and how often.
 
-A new periodic concern is one more `Step` here: a function `(services, now)` in `beat/steps.py`.
+A new periodic concern is one more `Step` here: a function of `now` and the collaborators it uses
+(`beat/steps.py`), handed them here from beat's services.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from jobs.services import Services
 from foundation.settings import Settings
+from jobs.publish import completion_sender
+from jobs.services import Services
 
 from . import steps
 from .completions import completion_grace_s, resend_completions
@@ -30,10 +32,24 @@ def maintenance_steps(settings: Settings) -> list[Step]:
     every = settings.beat_interval_s
     stale_after_s = settings.enqueue_stale_s
     grace_s = completion_grace_s(settings)
+    def check_timeouts(services: Services, now: float) -> object:
+        return steps.check_timeouts(services.store, services.placement, now)
+
+    def fail_stalled_enqueues(services: Services, now: float) -> object:
+        return steps.fail_stalled_enqueues(services.store, services.placement, now, stale_after_s)
+
+    def reconcile_placement(services: Services, now: float) -> object:
+        """Give back dead nodes' batches and keep every active job on live, free nodes (`jobs/placement.py`)."""
+        services.placement.reconcile(now)
+        return None
+
+    def resend(services: Services, now: float) -> object:
+        return resend_completions(services.store, services.store, completion_sender(services.celery), now, grace_s)
+
     return [
-        Step("check-timeouts", steps.check_timeouts, every),
-        Step("fail-stalled-enqueues", lambda services, now: steps.fail_stalled_enqueues(services, now, stale_after_s), every),
-        Step("reconcile-placement", steps.reconcile_placement, every),
-        Step("resend-completions", lambda services, now: resend_completions(services, now, grace_s), every),
+        Step("check-timeouts", check_timeouts, every),
+        Step("fail-stalled-enqueues", fail_stalled_enqueues, every),
+        Step("reconcile-placement", reconcile_placement, every),
+        Step("resend-completions", resend, every),
         Step("recover-lost-batches", LostBatchWatch(lost_grace_s(settings)), every),
     ]

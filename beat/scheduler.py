@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from celery import Celery
 from celery.beat import Scheduler
 
-from jobs.services import Services
 from foundation.settings import Settings
+from jobs.wiring import init_services
 
 from .loop import MaintenanceLoop
 from .schedule import maintenance_steps
@@ -40,7 +41,7 @@ class MaintenanceScheduler(Scheduler):
     def maintenance(self) -> MaintenanceLoop:
         if self._maintenance is None:
             settings = Settings.from_env()
-            self._maintenance = MaintenanceLoop(Services.connect(settings, self.app), maintenance_steps(settings))
+            self._maintenance = MaintenanceLoop(init_services(self.app, settings), maintenance_steps(settings))
             log.info("beat runs maintenance in its own process: %s", ", ".join(self._maintenance.step_names))
         return self._maintenance
 

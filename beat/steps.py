@@ -1,4 +1,5 @@
-"""Single steps of the periodic loops; each takes `now`, so tests drive them with fixed times.
+"""Single steps of the periodic loops; each takes `now`, so tests drive them with fixed times, and
+the collaborators it uses (the schedule hands them over from the process's services).
 
 A step judges the active jobs one by one: a record that cannot be judged (unreadable, or holding
 a value that breaks the arithmetic) is logged and skipped, so one bad job never switches a step
@@ -8,17 +9,17 @@ off for all the others. Redis failing ends the step; the loop runs it again next
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
-from jobs.job import BAD_RECORD_ERRORS, JobStatus
-from jobs.services import Services
-from jobs.store import JobState, JobStore
 from foundation.errors import JobNotFound
+from jobs.job import BAD_RECORD_ERRORS, JobStatus
+from jobs.placement import JobPlacement
+from jobs.store import JobRecords, JobState
 
 log = logging.getLogger(__name__)
 
 
-def judge_each(store: JobStore, step: str, judge: Callable[[JobState], bool]) -> list[str]:
+def judge_each(store: JobRecords, step: str, judge: Callable[[JobState], bool]) -> list[str]:
     """Run `judge` on every active job in turn; returns the ids of the jobs it acted on (it returned True)."""
     acted: list[str] = []
     for job_id in store.active_ids():
@@ -32,30 +33,29 @@ def judge_each(store: JobStore, step: str, judge: Callable[[JobState], bool]) ->
     return acted
 
 
-def check_timeouts(services: Services, now: float) -> list[str]:
-    """Move every active job past its `timeout` to `status_timed_out`; returns their ids."""
-    store = services.store
+def check_timeouts(store: JobRecords, placement: JobPlacement, now: float) -> list[str]:
+    """Move every active job past its `timeout` to `status_timed_out` and let its nodes go; returns their ids."""
 
     def judge(state: JobState) -> bool:
         job = state.job
         if job.timeout is None or now < job.start_time + job.timeout:
             return False
-        if not store.transition(job.job_id, JobStatus.TIMED_OUT, message=f"job exceeded its timeout of {job.timeout}s", now=now):
+        message = f"job exceeded its timeout of {job.timeout}s"
+        if not store.transition(job.job_id, JobStatus.TIMED_OUT, message=message, now=now):
             return False
         log.warning("job %s timed out after %ss", job.job_id, job.timeout)
-        services.placement.release(job)
+        placement.release(job)
         return True
 
     return judge_each(store, "check_timeouts", judge)
 
 
-def fail_stalled_enqueues(services: Services, now: float, stale_after_s: float) -> list[str]:
+def fail_stalled_enqueues(store: JobRecords, placement: JobPlacement, now: float, stale_after_s: float) -> list[str]:
     """Fail every job still enqueueing whose enqueuer has been silent for `stale_after_s`.
 
     Batches are cut and published by a thread of the API process that took the submission; if
     that process dies (killed, redeployed), the job would stay `status_enqueuing` forever.
     """
-    store = services.store
 
     def judge(state: JobState) -> bool:
         job_id = state.job.job_id
@@ -67,15 +67,11 @@ def fail_stalled_enqueues(services: Services, now: float, stale_after_s: float) 
             return False
         message = (f"enqueueing stopped: the API process cutting this job's input made no progress "
                    f"for {silent:.0f}s (it died or was restarted); submit the job again")
-        if not store.transition(job_id, JobStatus.ENQUEUE_FAILED, allowed_from=[JobStatus.ENQUEUING], message=message, now=now):
+        if not store.transition(job_id, JobStatus.ENQUEUE_FAILED, allowed_from=[JobStatus.ENQUEUING], message=message,
+                                now=now):
             return False
         log.warning("job %s: %s", job_id, message)
-        services.placement.release(state.job)
+        placement.release(state.job)
         return True
 
     return judge_each(store, "fail_stalled_enqueues", judge)
-
-
-def reconcile_placement(services: Services, now: float) -> None:
-    """Give back dead nodes' batches and keep every active job on live, free nodes (`jobs/placement.py`)."""
-    services.placement.reconcile(now)

@@ -25,6 +25,7 @@ Run: `python bench/onnx_batch.py [--rows N] [--batch-sizes 256,1000] [--repeat R
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import multiprocessing
@@ -79,7 +80,7 @@ def mlp_model(sizes=(32, 1024, 1024, 10), seed: int = 0) -> bytes:
 
     rng = np.random.default_rng(seed)
     nodes, weights, current = [], [], "X"
-    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
         w = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
         weights += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(np.zeros(n_out, np.float32), f"B{i}")]
         nodes.append(helper.make_node("Gemm", [current, f"W{i}", f"B{i}"], [f"H{i}"]))
@@ -130,7 +131,7 @@ def run_loop(pool, model_path: str, data_path: Path, batch_size: int, features: 
     cuts = [size * i // PROCESSES for i in range(PROCESSES + 1)]
     started = time.perf_counter()
     done = sum(pool.map(loop_share, [(model_path, str(data_path), a, b, batch_size, features)
-                                     for a, b in zip(cuts, cuts[1:])]))
+                                     for a, b in itertools.pairwise(cuts)]))
     assert done == rows, (done, rows)
     return time.perf_counter() - started
 
@@ -183,7 +184,8 @@ def ray_started() -> None:
     logging.getLogger("ray.data").setLevel(logging.ERROR)
 
 
-def run_ray_alone(model_path: str, data_path: Path, warm_path: Path, batch_size: int, features: int, rows: int) -> float:
+def run_ray_alone(model_path: str, data_path: Path, warm_path: Path, batch_size: int, features: int,
+                  rows: int) -> float:
     """Ray started for this run only, warmed up on the small file first (untimed), then shut down.
 
     Idle, Ray's daemons keep 3-5% of the two cores busy (measured), and more after many runs:
@@ -215,8 +217,8 @@ def prepare(tmp: Path, name: str, rows: int, rng: np.random.Generator) -> dict:
     (project / "cortex.yaml").write_text(CORTEX_YAML.format(name=name, features=features))
     write_rows(data := tmp / f"{name}.jsonl", make_rows(rows))
     write_rows(warm := tmp / f"{name}-warmup.jsonl", make_rows(WARMUP_ROWS))
-    return dict(api=f"{name}-bench", project=project, model=str(model_path), data=data, warm=warm,
-                features=features, rows=rows)
+    return {"api": f"{name}-bench", "project": project, "model": str(model_path), "data": data, "warm": warm,
+                "features": features, "rows": rows}
 
 
 def settled(run, *args):
@@ -260,8 +262,8 @@ def main() -> None:
                          *settled(run_sluice, client, m["api"], m["data"], batch_size, m["rows"]),
                          settled(run_ray_alone, m["model"], m["data"], m["warm"], batch_size, m["features"], m["rows"]))
                         for _ in range(args.repeat)]  # interleaved, so drift on the machine hits all alike
-                loop_s, sluice_s, enqueue_s, ray_s = (statistics.median(r) for r in zip(*runs))
-                rate = lambda s: m["rows"] / s  # noqa: E731
+                loop_s, sluice_s, enqueue_s, ray_s = (statistics.median(r) for r in zip(*runs, strict=False))
+                rate = lambda s, rows=m["rows"]: rows / s  # noqa: E731
                 print(f"{name:>5} {m['rows']:>8} {batch_size:>6} {rate(loop_s):>9,.0f} {rate(sluice_s):>9,.0f} "
                       f"{rate(ray_s):>9,.0f} {loop_s / sluice_s:>12.2f} {ray_s / sluice_s:>11.2f} {enqueue_s:>6.2f}")
     finally:

@@ -79,7 +79,8 @@ class ONNXPredictor:
         return out if isinstance(payload, list) else out[0]
 '''
 # (f): the same work per request except the model, which it never calls.
-PREDICTOR_NO_MODEL = PREDICTOR.replace("self.client.predict(x)[0].tolist()", "np.zeros((len(x), 10), np.float32).tolist()")
+PREDICTOR_NO_MODEL = PREDICTOR.replace("self.client.predict(x)[0].tolist()",
+                                      "np.zeros((len(x), 10), np.float32).tolist()")
 # (g) and (h): a Cortex TensorFlowPredictor, one payload per predict with or without batching.
 TF_PREDICTOR = '''
 class TensorFlowPredictor:
@@ -266,9 +267,9 @@ def write_project(folder: Path, api: str, model: bytes, features: int, processes
 def replica_url(stack_redis_url: str, api: str) -> str:
     import redis
 
-    from foundation.replica_directory import ReplicaDirectory
+    from foundation.replica_directory import RedisReplicaDirectory
 
-    [replica] = ReplicaDirectory(redis.Redis.from_url(stack_redis_url)).routable(time.time(), api)
+    [replica] = RedisReplicaDirectory(redis.Redis.from_url(stack_redis_url)).routable(time.time(), api)
     return f"http://{replica.address}/{api}"
 
 
@@ -277,14 +278,14 @@ def wait_proxy_settled(stack_redis_url: str, apis: list[str], timeout: float = 6
     during a run (a replica becoming routable just after it answered ready) would be measured."""
     import redis
 
-    from foundation.replica_directory import ReplicaDirectory
+    from foundation.replica_directory import RedisReplicaDirectory
     from sluice.proxy import routed_everywhere
 
     client = redis.Redis.from_url(stack_redis_url)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         now = time.time()
-        wanted = {r.replica_id for api in apis for r in ReplicaDirectory(client).routable(now, api)}
+        wanted = {r.replica_id for api in apis for r in RedisReplicaDirectory(client).routable(now, api)}
         if wanted and routed_everywhere(client, wanted, now):
             return
         time.sleep(0.2)

@@ -10,7 +10,6 @@ import os
 from typing import Any
 
 import bentoml
-
 from realtime_apps import RowModel
 
 

@@ -19,8 +19,9 @@ import hashlib
 import hmac
 import ipaddress
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError, InsecureBind, Unauthorized
 
@@ -119,7 +120,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def refuse_open_bind(bind: str, settings: "Settings", what: str = "Sluice") -> None:
+def refuse_open_bind(bind: str, settings: Settings, what: str = "Sluice") -> None:
     """Raise InsecureBind when `bind` is not loopback, no key is configured and the operator has not
     set SLUICE_ALLOW_ANONYMOUS=1: reaching Sluice means running code on its workers."""
     if is_loopback(bind) or settings.api_keys or settings.allow_anonymous:

@@ -1,11 +1,18 @@
-"""The registry of deployed APIs, in Redis so every API server and worker host sees the same."""
+"""The registry of deployed APIs, shared by every API server, worker host, proxy and replica launcher.
+
+`ApiRegistry` is what callers type against; `RedisApiRegistry` keeps the deployments in one Redis
+hash (`keys.APIS`: name -> `DeployedApi.to_dict()` as JSON) so every host sees the same, and
+`foundation.memory.MemoryApiRegistry` keeps them in a dict for fast tests. Both pass the same
+contract tests (`tests/contracts/api_registry.py`).
+"""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
@@ -13,6 +20,24 @@ from foundation import keys
 from foundation.errors import ApiNotFound
 
 _KEY = keys.APIS
+
+
+class ApiDefinition(Protocol):
+    """What the registry reads of a validated API config (`predictors_runtime.config.ApiConfig`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def ignored_fields(self) -> Sequence[str]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -28,8 +53,29 @@ class DeployedApi:
     deployed_at: float
     ignored_fields: list[str]
 
+    @classmethod
+    def of(cls, api: ApiDefinition, bundle: str, now: float | None = None) -> DeployedApi:
+        """The deployment of `api` with `bundle`, at `now` (default: the current time)."""
+        return cls(
+            name=api.name,
+            kind=api.kind,
+            spec=api.to_dict(),
+            bundle=bundle,
+            queue=api.queue,
+            deployed_at=time.time() if now is None else now,
+            ignored_fields=list(api.ignored_fields),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def to_json(self) -> str:
+        """The stored form."""
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> DeployedApi:
+        return cls(**json.loads(raw))
 
     def summary(self) -> dict[str, Any]:
         """What `GET /apis` shows."""
@@ -44,35 +90,52 @@ class DeployedApi:
         }
 
 
-class ApiRegistry:
+class ApiRegistry(Protocol):
+    """The deployed APIs. A registry that cannot be reached raises `redis.RedisError` (a
+    `redis.ConnectionError` when it cannot be reached at all)."""
+
+    def put(self, api: ApiDefinition, bundle: str, now: float | None = None) -> DeployedApi:
+        """Register (or replace) an API. Running jobs keep the bundle they started with."""
+        ...
+
+    def get(self, name: str) -> DeployedApi:
+        """The API's deployment; `ApiNotFound` when none is registered."""
+        ...
+
+    def all(self) -> list[DeployedApi]:
+        """Every deployment, by name."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Forget the API; `ApiNotFound` when none is registered."""
+        ...
+
+
+def not_deployed(name: str) -> ApiNotFound:
+    return ApiNotFound(f"api {name} is not deployed")
+
+
+class RedisApiRegistry(ApiRegistry):
+    """`ApiRegistry` in one Redis hash; the client is passed in."""
+
     def __init__(self, client: redis.Redis) -> None:
         self._redis = client
 
-    def put(self, api: ApiConfig, bundle: str, now: float | None = None) -> DeployedApi:
-        """Register (or replace) an API. Running jobs keep the bundle they started with."""
-        deployed = DeployedApi(
-            name=api.name,
-            kind=api.kind,
-            spec=api.to_dict(),
-            bundle=bundle,
-            queue=api.queue,
-            deployed_at=time.time() if now is None else now,
-            ignored_fields=list(api.ignored_fields),
-        )
-        self._redis.hset(_KEY, api.name, json.dumps(deployed.to_dict()))
+    def put(self, api: ApiDefinition, bundle: str, now: float | None = None) -> DeployedApi:
+        deployed = DeployedApi.of(api, bundle, now)
+        self._redis.hset(_KEY, api.name, deployed.to_json())
         return deployed
 
     def get(self, name: str) -> DeployedApi:
         raw = self._redis.hget(_KEY, name)
         if raw is None:
-            raise ApiNotFound(f"api {name} is not deployed")
-        return DeployedApi(**json.loads(raw))
+            raise not_deployed(name)
+        return DeployedApi.from_json(raw)
 
     def all(self) -> list[DeployedApi]:
-        return sorted(
-            (DeployedApi(**json.loads(raw)) for raw in self._redis.hvals(_KEY)), key=lambda a: a.name
-        )
+        raws = self._redis.hvals(_KEY)
+        return sorted((DeployedApi.from_json(raw) for raw in raws), key=lambda a: a.name)
 
     def delete(self, name: str) -> None:
         if not self._redis.hdel(_KEY, name):
-            raise ApiNotFound(f"api {name} is not deployed")
+            raise not_deployed(name)

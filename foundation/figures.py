@@ -2,10 +2,14 @@
 
 A figure counted in one process would be that process's number, not Sluice's: the API runs
 several gunicorn processes, each replica several more, and workers run on many hosts. So every
-process keeps its counts in memory (`Recorder`) and adds them, as deltas, to one Redis hash per
-figure in the background about once a second (and at exit); the management API's `/metrics`
-reads the sums (`read_figures`) and shows them whole (`api/metrics.py`). Nothing waits on Redis
-where a figure is counted, so a realtime request pays a lock and a few additions, not a round trip.
+process keeps its counts in memory (`Recorder`) and adds them, as deltas, to a figure store (one
+Redis hash per figure: `foundation/figure_store.py`) in the background about once a second (and
+at exit); the management API's `/metrics` reads the sums (`read_figures`) and shows them whole
+(`api/metrics.py`). Nothing waits on Redis where a figure is counted, so a realtime request pays
+a lock and a few additions, not a round trip.
+
+A fast test hands a `Recorder` a `foundation.memory.MemoryFigureStore` and reads the totals back
+with `read_figures` as `/metrics` does.
 
 Stored form, one hash per figure (`keys.figure(name)`):
 - a counter: field = the label values as a compact JSON list, value = the count;
@@ -29,13 +33,16 @@ import math
 import os
 import threading
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Iterable
+from enum import StrEnum
+from typing import TypeVar
 
 import redis
 
 from . import keys
+from .figure_store import FigureStore, Increment, RedisFigureStore
+from .redis_clients import BACKGROUND, client
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +50,7 @@ FLUSH_INTERVAL_S = 1.0
 INF = "+Inf"
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     COUNTER = "counter"
     HISTOGRAM = "histogram"
 
@@ -82,7 +89,8 @@ REALTIME_REQUESTS = Figure("sluice_realtime_requests_total", Kind.COUNTER,
 REALTIME_SECONDS = Figure("sluice_realtime_request_duration_seconds", Kind.HISTOGRAM,
                           "Time a replica took to answer a realtime request", ("api",), _REQUEST_SECONDS)
 REALTIME_BATCH_SIZE = Figure("sluice_realtime_batch_size", Kind.HISTOGRAM,
-                             "Requests per server-side batch (tensorflow: client calls per run of the model)", ("api",), _SIZES)
+                             "Requests per server-side batch (tensorflow: client calls per run of the model)",
+                             ("api",), _SIZES)
 REALTIME_REJECTED = Figure("sluice_realtime_rejected_total", Kind.COUNTER,
                            "Realtime requests refused without a prediction, by reason", ("api", "reason"))
 MODEL_LOADS = Figure("sluice_model_loads_total", Kind.COUNTER, "Model versions downloaded and loaded",
@@ -112,9 +120,9 @@ def _le(bound: float) -> str:
 class CounterSeries:
     """One counter with its labels fixed; `inc` is cheap enough for every realtime request."""
 
-    __slots__ = ("_recorder", "key", "field", "pending")
+    __slots__ = ("_recorder", "field", "key", "pending")
 
-    def __init__(self, recorder: "Recorder", figure: Figure, labels: tuple[str, ...]) -> None:
+    def __init__(self, recorder: Recorder, figure: Figure, labels: tuple[str, ...]) -> None:
         self._recorder = recorder
         self.key = figure.key
         self.field = label_field(labels)
@@ -128,9 +136,9 @@ class CounterSeries:
 class HistogramSeries:
     """One histogram with its labels fixed: bucket counts and the sum, until the next flush."""
 
-    __slots__ = ("_recorder", "key", "bounds", "fields", "sum_field", "counts", "sum")
+    __slots__ = ("_recorder", "bounds", "counts", "fields", "key", "sum", "sum_field")
 
-    def __init__(self, recorder: "Recorder", figure: Figure, labels: tuple[str, ...]) -> None:
+    def __init__(self, recorder: Recorder, figure: Figure, labels: tuple[str, ...]) -> None:
         self._recorder = recorder
         self.key = figure.key
         self.bounds = figure.buckets
@@ -147,7 +155,12 @@ class HistogramSeries:
             self.sum += value
 
 
-_RECORDERS: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
+Series = CounterSeries | HistogramSeries
+S = TypeVar("S", CounterSeries, HistogramSeries)
+# What a series counted since the last flush: a counter's count, or a histogram's bucket counts and sum.
+Deltas = int | tuple[list[int], float]
+
+_RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
 _fork_hook_registered = False
 
 
@@ -157,19 +170,19 @@ def _after_fork_in_child() -> None:
 
 
 class Recorder:
-    """A process's figures: counted in memory, added to Redis by a daemon thread (and at exit).
+    """A process's figures: counted in memory, added to a figure store by a daemon thread (and at exit).
 
     `counter(figure, *labels)` / `histogram(figure, *labels)` give series to count on; `count` and
     `observe` by figure name serve code that has no series at hand (`foundation.figure_sink`).
     A forked child starts with nothing pending (its parent sends its own counts).
     """
 
-    def __init__(self, client: redis.Redis, interval_s: float = FLUSH_INTERVAL_S) -> None:
+    def __init__(self, store: FigureStore, interval_s: float = FLUSH_INTERVAL_S) -> None:
         global _fork_hook_registered
-        self._client = client
+        self.store = store
         self.interval_s = interval_s
         self.lock = threading.Lock()
-        self._series: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._series: dict[tuple[str, tuple[str, ...]], Series] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
@@ -179,19 +192,22 @@ class Recorder:
             _fork_hook_registered = True
 
     @classmethod
-    def for_url(cls, url: str, interval_s: float = FLUSH_INTERVAL_S) -> "Recorder":
-        """A recorder with its own client: no retries inside a flush (a failed flush is kept and
-        sent with the next), short timeouts so that exit is never held up for long."""
-        return cls(redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5), interval_s)
+    def for_url(cls, url: str, interval_s: float = FLUSH_INTERVAL_S) -> Recorder:
+        """A recorder adding to the Redis at `url` with a background client of its own: no retries
+        inside a flush (a failed flush is kept and sent with the next), short timeouts so that exit
+        is never held up for long (`foundation.redis_clients.BACKGROUND`)."""
+        return cls(RedisFigureStore(client(url, BACKGROUND)), interval_s)
 
     # series
     def counter(self, figure: Figure, *labels: str) -> CounterSeries:
-        return self._get(figure, labels, CounterSeries)
+        return self._get(figure, labels, Kind.COUNTER, CounterSeries)
 
     def histogram(self, figure: Figure, *labels: str) -> HistogramSeries:
-        return self._get(figure, labels, HistogramSeries)
+        return self._get(figure, labels, Kind.HISTOGRAM, HistogramSeries)
 
-    def _get(self, figure: Figure, labels: tuple[str, ...], kind: type) -> Any:
+    def _get(self, figure: Figure, labels: tuple[str, ...], kind: Kind, series_type: type[S]) -> S:
+        if figure.kind is not kind:
+            raise TypeError(f"{figure.name} is a {figure.kind.value}, not a {kind.value}")
         if len(labels) != len(figure.labels):
             raise ValueError(f"{figure.name} takes labels {figure.labels}, got {labels!r}")
         key = (figure.name, labels)
@@ -200,7 +216,8 @@ class Recorder:
             with self.lock:
                 series = self._series.get(key)
                 if series is None:
-                    series = self._series[key] = kind(self, figure, labels)
+                    series = self._series[key] = series_type(self, figure, labels)
+        assert isinstance(series, series_type)  # one figure, one kind
         return series
 
     # by name (foundation.figure_sink.FigureSink)
@@ -211,9 +228,9 @@ class Recorder:
         self.histogram(CATALOGUE[name], *labels).observe(value)
 
     # sending
-    def _take(self) -> list[tuple[Any, Any]]:
+    def _take(self) -> list[tuple[Series, Deltas]]:
         """What was counted since the last flush, taken out of the series: (series, its deltas)."""
-        taken: list[tuple[Any, Any]] = []
+        taken: list[tuple[Series, Deltas]] = []
         with self.lock:
             for series in self._series.values():
                 if isinstance(series, CounterSeries):
@@ -226,34 +243,42 @@ class Recorder:
                     series.sum = 0.0
         return taken
 
-    def _give_back(self, taken: list[tuple[Any, Any]]) -> None:
+    def _give_back(self, taken: list[tuple[Series, Deltas]]) -> None:
         """A flush failed: keep its deltas for the next one."""
         with self.lock:
             for series, deltas in taken:
                 if isinstance(series, CounterSeries):
+                    assert isinstance(deltas, int)
                     series.pending += deltas
                 else:
+                    assert isinstance(deltas, tuple)
                     counts, total = deltas
-                    series.counts = [a + b for a, b in zip(series.counts, counts)]
+                    series.counts = [a + b for a, b in zip(series.counts, counts, strict=True)]
                     series.sum += total
 
+    @staticmethod
+    def _increments(taken: list[tuple[Series, Deltas]]) -> list[Increment]:
+        increments: list[Increment] = []
+        for series, deltas in taken:
+            if isinstance(series, CounterSeries):
+                assert isinstance(deltas, int)
+                increments.append(Increment(series.key, series.field, deltas))
+                continue
+            assert isinstance(deltas, tuple)
+            counts, total = deltas
+            increments.extend(
+                Increment(series.key, field, n) for field, n in zip(series.fields, counts, strict=True) if n
+            )
+            increments.append(Increment(series.key, series.sum_field, float(total)))
+        return increments
+
     def flush(self) -> bool:
-        """Add what was counted since the last flush to Redis, in one round trip; False if Redis failed."""
+        """Add what was counted since the last flush to the store, in one round trip; False if it failed."""
         taken = self._take()
         if not taken:
             return True
-        pipe = self._client.pipeline(transaction=False)
-        for series, deltas in taken:
-            if isinstance(series, CounterSeries):
-                pipe.hincrby(series.key, series.field, deltas)
-                continue
-            counts, total = deltas
-            for field, n in zip(series.fields, counts):
-                if n:
-                    pipe.hincrby(series.key, field, n)
-            pipe.hincrbyfloat(series.key, series.sum_field, total)
         try:
-            pipe.execute()
+            self.store.add(self._increments(taken))
         except redis.RedisError as e:
             self._give_back(taken)
             if not self._failing:
@@ -263,7 +288,7 @@ class Recorder:
         self._failing = False
         return True
 
-    def start(self) -> "Recorder":
+    def start(self) -> Recorder:
         """Flush every `interval_s` in a daemon thread, and once more at exit; idempotent."""
         if self._thread is None or not self._thread.is_alive():
             self._stop = threading.Event()
@@ -290,7 +315,7 @@ class Recorder:
         try:
             self.flush()
         except Exception:
-            pass
+            log.exception("sending the last figures failed")
 
     def _after_fork(self) -> None:
         was_running = self._thread is not None
@@ -329,20 +354,20 @@ def _labels_of(raw: str, width: int) -> tuple[str, ...] | None:
     return tuple(str(v) for v in values)
 
 
-def _counter_totals(figure: Figure, raw: dict[bytes, bytes]) -> dict[tuple[str, ...], float]:
+def _counter_totals(figure: Figure, raw: dict[str, float]) -> dict[tuple[str, ...], float]:
     totals: dict[tuple[str, ...], float] = {}
     for field, value in raw.items():
-        labels = _labels_of(field.decode(), len(figure.labels))
+        labels = _labels_of(field, len(figure.labels))
         if labels is not None:
             totals[labels] = totals.get(labels, 0) + float(value)
     return totals
 
 
-def _histogram_totals(figure: Figure, raw: dict[bytes, bytes]) -> dict[tuple[str, ...], HistogramTotals]:
+def _histogram_totals(figure: Figure, raw: dict[str, float]) -> dict[tuple[str, ...], HistogramTotals]:
     per_le: dict[tuple[str, ...], dict[float, int]] = {}
     sums: dict[tuple[str, ...], float] = {}
     for field, value in raw.items():
-        head, _, tail = field.decode().rpartition("|")
+        head, _, tail = field.rpartition("|")
         labels = _labels_of(head, len(figure.labels))
         if labels is None:
             continue
@@ -359,7 +384,8 @@ def _histogram_totals(figure: Figure, raw: dict[bytes, bytes]) -> dict[tuple[str
     for labels in per_le.keys() | sums.keys():
         counts = per_le.get(labels, {})
         bounds = sorted({*figure.buckets, *counts, math.inf})  # every bucket shown, empty or not
-        running, cumulative = 0, []
+        running = 0
+        cumulative: list[tuple[str, int]] = []
         for bound in bounds:
             running += counts.get(bound, 0)
             cumulative.append((_le(bound), running))
@@ -367,15 +393,16 @@ def _histogram_totals(figure: Figure, raw: dict[bytes, bytes]) -> dict[tuple[str
     return totals
 
 
-def read_figures(client: redis.Redis, figures: Iterable[Figure] = CATALOGUE.values()) -> dict[str, dict[tuple[str, ...], Any]]:
+# A figure's totals: label values -> a number (a counter) or `HistogramTotals` (a histogram).
+Totals = dict[tuple[str, ...], float] | dict[tuple[str, ...], HistogramTotals]
+
+
+def read_figures(store: FigureStore, figures: Iterable[Figure] = CATALOGUE.values()) -> dict[str, Totals]:
     """Every figure's totals over all processes, in one round trip: figure name -> labels -> total
     (a number for a counter, `HistogramTotals` for a histogram)."""
-    figures = list(figures)
-    pipe = client.pipeline(transaction=False)
-    for figure in figures:
-        pipe.hgetall(figure.key)
-    result: dict[str, dict[tuple[str, ...], Any]] = {}
-    for figure, raw in zip(figures, pipe.execute()):
+    wanted = list(figures)
+    result: dict[str, Totals] = {}
+    for figure, raw in zip(wanted, store.read([figure.key for figure in wanted]), strict=True):
         if figure.kind is Kind.COUNTER:
             result[figure.name] = _counter_totals(figure, raw)
         else:

@@ -14,7 +14,8 @@ import contextvars
 import json
 import logging
 import sys
-from typing import Any, Iterator, MutableMapping, TextIO
+from collections.abc import Iterator, MutableMapping
+from typing import Any, TextIO
 
 RESERVED_KEYS = frozenset({"asctime", "levelname", "message", "labels", "process"})
 MAX_LINE_BYTES = 5 * 1024 * 1024
@@ -22,13 +23,13 @@ MAX_LINE_BYTES = 5 * 1024 * 1024
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
-_labels: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("sluice_log_labels", default={})
+_labels: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("sluice_log_labels", default=None)
 
 
 @contextlib.contextmanager
 def labelled(**labels: str) -> Iterator[None]:
     """Every line logged inside the block carries these labels (e.g. the API and job it is for)."""
-    token = _labels.set({**_labels.get(), **labels})
+    token = _labels.set({**(_labels.get() or {}), **labels})
     try:
         yield
     finally:
@@ -70,7 +71,7 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
                 return
             self.stream.write(line + self.terminator)
             self.flush()
-        except Exception:
+        except Exception:  # noqa: BLE001 - logging's own rule: a handler reports its failure, never raises it
             self.handleError(record)
 
 

@@ -18,6 +18,10 @@ per job (`sluice:logs:job:<job id>`) and one per realtime API (`sluice:logs:api:
 - Followed by id: stream ids only grow, so a reader passes the `next` id of its last page as
   `after` and gets only newer lines.
 
+`LogStreams` is what the handler and the API's readers type against; `RedisLogStreams` keeps the
+streams in Redis, `foundation.memory.MemoryLogStreams` in memory for fast tests; both pass
+`tests/contracts/log_streams.py`.
+
 Which stream a line goes to: inside `handler.capturing(stream)` (a worker wraps each batch and
 each completion in one) the lines of that thread go to that job's stream; elsewhere, to the
 handler's default stream (a replica's API), or nowhere (a worker's own lines between jobs). A
@@ -35,17 +39,16 @@ import os
 import re
 import threading
 from collections import deque
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
-from foundation.errors import BadRequest
-from foundation.json_logs import MAX_LINE_BYTES, JsonLinesFormatter
 
 from foundation import keys
+from foundation.errors import BadRequest
+from foundation.json_logs import MAX_LINE_BYTES, JsonLinesFormatter
+from foundation.redis_clients import background_client
 
 if TYPE_CHECKING:
     from foundation.settings import Settings
@@ -66,9 +69,9 @@ FLUSH_INTERVAL_S = 0.5
 # A stream keeps each line up to this size: 10,000 lines of a predictor that logs its payloads
 # must not fill Redis's memory.
 MAX_STREAM_LINE_BYTES = 16 * 1024
-# Log shipping gives up on a call after this long instead of riding out a Redis stall (the lines
-# are on stderr anyway); no call is ever made on a batch's or a request's thread.
-SOCKET_TIMEOUT_S = 2.0
+# Log shipping gives up on a call after a short while instead of riding out a Redis stall (the
+# lines are on stderr anyway: `foundation.redis_clients.BACKGROUND`); no call is ever made on a
+# batch's or a request's thread.
 START = "0-0"
 
 _STREAM_ID = re.compile(r"^(\d{1,20})(?:-(\d{1,20}))?$")
@@ -93,7 +96,9 @@ def parse_stream_id(text: str) -> str:
     """`text` as a stream id Redis accepts, or BadStreamId."""
     match = _STREAM_ID.match(text.strip())
     if match is None or int(match.group(1)) >= _UINT64 or int(match.group(2) or 0) >= _UINT64:
-        raise BadStreamId(f"after must be a log position as `next` gives it, such as 1700000000000-0 (got {text[:40]!r})")
+        raise BadStreamId(
+            f"after must be a log position as `next` gives it, such as 1700000000000-0 (got {text[:40]!r})"
+        )
     return match.group(0)
 
 
@@ -108,7 +113,14 @@ class LogPage:
         return {"lines": self.lines, "next": self.next}
 
 
-def _parse_line(raw: bytes | str) -> dict[str, Any]:
+def stream_id_key(stream_id: str) -> tuple[int, int]:
+    """A stream id as a pair that sorts as Redis orders ids (a missing sequence is 0)."""
+    milliseconds, _, sequence = stream_id.partition("-")
+    return int(milliseconds), int(sequence or 0)
+
+
+def parse_line(raw: bytes | str) -> dict[str, Any]:
+    """A stored line as the reader gets it: its JSON object, or {"message": text} for anything else."""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     try:
         line = json.loads(text)
@@ -117,24 +129,17 @@ def _parse_line(raw: bytes | str) -> dict[str, Any]:
     return line if isinstance(line, dict) else {"message": line}
 
 
-class LogStreams:
-    """Appends lines to log streams within their bounds, and reads them back a page at a time."""
+class LogStreams(Protocol):
+    """Log streams: lines appended within their bounds, read back a page at a time.
 
-    def __init__(
-        self, client: redis.Redis, max_lines: int = DEFAULT_MAX_LINES, retention_s: float = DEFAULT_RETENTION_S,
-    ) -> None:
-        self._redis = client
-        self.max_lines = max(int(max_lines), 1)
-        self.retention_s = max(int(retention_s), 1)
+    Streams that cannot be reached raise `redis.RedisError` (a `redis.ConnectionError` when they
+    cannot be reached at all).
+    """
 
-    @classmethod
-    def for_shipping(cls, settings: "Settings") -> "LogStreams":
-        """A client of its own that fails fast: a stalled Redis must not hold the flusher for long."""
-        client = redis.Redis.from_url(
-            settings.redis_url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S,
-            retry=Retry(NoBackoff(), 0),  # the next flush is the retry
-        )
-        return cls(client, settings.log_lines, settings.log_retention_s)
+    @property
+    def max_lines(self) -> int:
+        """About how many of its newest lines a stream keeps (at least this many)."""
+        ...
 
     def append(self, lines_by_stream: Mapping[str, Iterable[str]], superseded: Collection[str] = ()) -> int:
         """Append lines to their streams in one round trip; how many were sent.
@@ -143,6 +148,40 @@ class LogStreams:
         more that were logged: what the stream holds is emptied first (its ids still grow), so
         it keeps the newest lines without a gap before them.
         """
+        ...
+
+    def read(self, stream: str, after: str | None = None, limit: int = DEFAULT_PAGE_LINES) -> LogPage:
+        """Up to `limit` lines after the position `after` (from the oldest kept line without it);
+        `BadStreamId` for an `after` that is not a position."""
+        ...
+
+
+def clamp_limit(limit: int) -> int:
+    """A page's size as asked, within 1 and MAX_PAGE_LINES."""
+    return min(max(int(limit), 1), MAX_PAGE_LINES)
+
+
+class RedisLogStreams(LogStreams):
+    """`LogStreams` in Redis streams (`XADD MAXLEN ~`, `EXPIRE`, `XREAD`); the client is passed in."""
+
+    def __init__(
+        self, client: redis.Redis, max_lines: int = DEFAULT_MAX_LINES, retention_s: float = DEFAULT_RETENTION_S,
+    ) -> None:
+        self._redis = client
+        self._max_lines = max(int(max_lines), 1)
+        self.retention_s = max(int(retention_s), 1)
+
+    @property
+    def max_lines(self) -> int:
+        return self._max_lines
+
+    @classmethod
+    def for_shipping(cls, settings: Settings) -> RedisLogStreams:
+        """A background client of its own that fails fast: a stalled Redis must not hold the
+        flusher for long, and the next flush is the retry."""
+        return cls(background_client(settings), settings.log_lines, settings.log_retention_s)
+
+    def append(self, lines_by_stream: Mapping[str, Iterable[str]], superseded: Collection[str] = ()) -> int:
         pipe = self._redis.pipeline(transaction=False)
         sent = 0
         for stream, lines in lines_by_stream.items():
@@ -160,14 +199,13 @@ class LogStreams:
         return sent
 
     def read(self, stream: str, after: str | None = None, limit: int = DEFAULT_PAGE_LINES) -> LogPage:
-        """Up to `limit` lines after the position `after` (from the oldest kept line without it)."""
         cursor = parse_stream_id(after) if after else START
-        limit = min(max(int(limit), 1), MAX_PAGE_LINES)
-        answer = self._redis.xread({stream: cursor}, count=limit)
-        entries = answer[0][1] if answer else []
+        answer: Any = self._redis.xread({stream: cursor}, count=clamp_limit(limit))
+        # [[stream, [(id, {field: value}), ...]]] (RESP2); nothing when the stream has no newer line
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = answer[0][1] if answer else []
         if not entries:
             return LogPage([], cursor)
-        lines = [_parse_line(fields.get(LINE_FIELD.encode(), b"")) for _, fields in entries]
+        lines = [parse_line(fields.get(LINE_FIELD.encode(), b"")) for _, fields in entries]
         last = entries[-1][0]
         return LogPage(lines, last.decode() if isinstance(last, bytes) else str(last))
 
@@ -256,7 +294,7 @@ class StreamLogHandler(logging.Handler):
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="sluice-log-shipper", daemon=True)
                     self._thread.start()
-        except Exception:
+        except Exception:  # noqa: BLE001 - logging's own rule: a handler reports its failure, never raises it
             self.handleError(record)
 
     def _run(self) -> None:
@@ -275,7 +313,8 @@ class StreamLogHandler(logging.Handler):
                 return
             try:
                 self.streams.append(pending, superseded=overflowed)
-            except Exception as e:  # Redis away or refusing: the lines are on stderr all the same
+            except Exception as e:  # noqa: BLE001
+                # Redis away or refusing (or any other failure): the lines are on stderr all the same.
                 if not self._failing:
                     self._failing = True
                     log.warning("log lines could not be written to Redis (%s: %s); `sluice logs` misses the lines "
@@ -304,17 +343,30 @@ def install(handler: StreamLogHandler, logger: logging.Logger | None = None) -> 
     return handler
 
 
-def install_job_log_handler(settings: "Settings") -> StreamLogHandler:
-    """A worker process's handler: lines go to a job's stream only inside `capturing_job`."""
-    return install(StreamLogHandler(LogStreams.for_shipping(settings)))
+def install_job_log_handler(settings: Settings, streams: LogStreams | None = None) -> StreamLogHandler:
+    """A worker process's handler: lines go to a job's stream only inside `capturing_job`
+    (to `streams`; by default the deployment's Redis through a client of the handler's own)."""
+    return install(StreamLogHandler(streams or RedisLogStreams.for_shipping(settings)))
 
 
-def install_api_log_handler(settings: "Settings", api_name: str) -> StreamLogHandler:
+def install_api_log_handler(settings: Settings, api_name: str, streams: LogStreams | None = None) -> StreamLogHandler:
     """A realtime replica process's handler: every line goes to its API's stream."""
-    return install(StreamLogHandler(LogStreams.for_shipping(settings), default_stream=api_stream(api_name)))
+    return install(StreamLogHandler(streams or RedisLogStreams.for_shipping(settings),
+                                    default_stream=api_stream(api_name)))
 
 
 __all__ = [
-    "API_STREAM_PREFIX", "BadStreamId", "JOB_STREAM_PREFIX", "LogPage", "LogStreams", "StreamLogHandler",
-    "api_stream", "install", "install_api_log_handler", "install_job_log_handler", "job_stream", "parse_stream_id",
+    "API_STREAM_PREFIX",
+    "JOB_STREAM_PREFIX",
+    "BadStreamId",
+    "LogPage",
+    "LogStreams",
+    "RedisLogStreams",
+    "StreamLogHandler",
+    "api_stream",
+    "install",
+    "install_api_log_handler",
+    "install_job_log_handler",
+    "job_stream",
+    "parse_stream_id",
 ]

@@ -1,29 +1,52 @@
-"""Riding out Redis stalls and restarts: a client that repeats a command for a while before giving up.
+"""Every Redis client a Sluice process uses, built in one place, by named policy.
 
-redis-py's client, as `Redis.from_url` builds it, gives up after one socket timeout (5 s) and
-does not retry. But a Redis that stalls (a slow fork, a paused VM or container, SIGSTOP) still
-runs every command it was sent once it wakes up: a timeout loses the *reply*, not the write. A
-Redis that restarts on its append-only file loses nothing it acknowledged, only the connections.
-Either way the caller's best move is to send the command again until Redis answers, for a
-bounded time (`Settings.redis_retry_s`, `SLUICE_REDIS_RETRY_S`).
+A policy says how long a client waits for Redis and what it does when Redis does not answer;
+`client(url, policy)` is the one function that builds a `redis.Redis` (a later Sentinel setup
+plugs in here). Every connection gets a socket timeout, a connect timeout and TCP keepalive, so
+that a Redis that went away (a dead host, a dropped NAT entry) is noticed instead of waited on.
 
-That is only safe because every command Sluice sends through this client may run twice: plain
-writes are idempotent (HSET, SADD, EXPIRE), and the job store's scripts carry a token per call so
-that a repeat of a call that already ran answers what the first run answered (`jobs/store.py`).
+- `STORE` (`store_client`): the job store and the API's services. Rides out Redis stalls and
+  restarts: a command is sent again, with backoff, for up to `Settings.redis_retry_s`
+  (`SLUICE_REDIS_RETRY_S`), see `RideOut` below.
+- `HEARTBEAT` (`heartbeat_client`): registries and heartbeats of processes that loop (replica
+  launchers and their manager, the proxy controller, the embedded stack's probes). Short
+  timeouts, a health check of an idle connection, no retries: the next turn of the loop is the
+  retry, and a stalled Redis must not stall the loop (a replica keeps serving meanwhile).
+- `BACKGROUND` (`background_client`): flushes from a thread of their own (figures, log lines).
+  Shorter timeouts still and no retries: a failed flush is kept (figures) or told once (log
+  lines), and exit is never held up for long.
+
+Why riding out is right for the store: redis-py's client, as `Redis.from_url` builds it, gives
+up after one socket timeout and does not retry. But a Redis that stalls (a slow fork, a paused
+VM or container, SIGSTOP) still runs every command it was sent once it wakes up: a timeout loses
+the *reply*, not the write. A Redis that restarts on its append-only file loses nothing it
+acknowledged, only the connections. Either way the caller's best move is to send the command
+again until Redis answers, for a bounded time.
+
+That is only safe because every command Sluice sends through the store's client may run twice:
+plain writes are idempotent (HSET, SADD, EXPIRE), and the job store's scripts carry a token per
+call so that a repeat of a call that already ran answers what the first run answered
+(`jobs/store.py`).
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import time
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import AuthorizationError
-from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from foundation.errors import NotReady, SluiceError
+
+if TYPE_CHECKING:
+    from foundation.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +96,7 @@ class RideOut(Retry):
         self._sleep = sleep
         self._clock = clock
 
-    def __eq__(self, other: Any) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, RideOut) and self.within_s == other.within_s and super().__eq__(other)
 
     __hash__ = Retry.__hash__
@@ -113,6 +136,72 @@ class RideOut(Retry):
                 self._sleep(delay)
 
 
-def connect(url: str, retry_s: float, **kwargs: Any) -> redis.Redis:
-    """A client for `url` whose every command rides out Redis failures for up to `retry_s` seconds."""
-    return redis.Redis.from_url(url, retry=RideOut(retry_s), **kwargs)
+# -- policies --------------------------------------------------------------------------------------
+def _keepalive_options() -> dict[int, int]:
+    """Probe an idle connection after 30 s, every 5 s, 3 times: a vanished peer is noticed in about 45 s
+    (the kernel's own default waits two hours). Only the options this platform has."""
+    # TCP_KEEPALIVE is macOS's name for Linux's TCP_KEEPIDLE.
+    wanted = {"TCP_KEEPIDLE": 30, "TCP_KEEPALIVE": 30, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3}
+    return {getattr(socket, name): value for name, value in wanted.items() if hasattr(socket, name)}
+
+
+KEEPALIVE_OPTIONS = _keepalive_options()
+
+
+@dataclass(frozen=True)
+class ClientPolicy:
+    """How one kind of client talks to Redis: how long it waits, and whether it sends a command again."""
+
+    name: str
+    socket_timeout_s: float          # longest wait for a reply (and, with `connect_timeout_s`, for a connection)
+    connect_timeout_s: float
+    retry_s: float = 0.0             # > 0: ride out failures for this long (`RideOut`); 0: send once
+    health_check_interval_s: int = 0  # PING a connection idle this long before using it again; 0: never
+
+    def riding_out(self, retry_s: float) -> ClientPolicy:
+        """This policy with a retry window of `retry_s` (a deployment's `Settings.redis_retry_s`)."""
+        return replace(self, retry_s=retry_s)
+
+
+STORE = ClientPolicy("store", socket_timeout_s=5.0, connect_timeout_s=5.0, retry_s=30.0, health_check_interval_s=30)
+HEARTBEAT = ClientPolicy("heartbeat", socket_timeout_s=5.0, connect_timeout_s=5.0, health_check_interval_s=30)
+BACKGROUND = ClientPolicy("background", socket_timeout_s=2.0, connect_timeout_s=2.0)
+
+
+def client(url: str, policy: ClientPolicy, **options: Any) -> redis.Redis:
+    """A client for `url` that behaves as `policy` says: the one place a Sluice process builds one.
+
+    `options` are redis-py's own, over the policy's (a test's shorter socket timeout, say).
+    Nothing connects until the first command.
+    """
+    settings: dict[str, Any] = {
+        "socket_timeout": policy.socket_timeout_s,
+        "socket_connect_timeout": policy.connect_timeout_s,
+        "socket_keepalive": True,
+        "socket_keepalive_options": KEEPALIVE_OPTIONS,
+        "health_check_interval": policy.health_check_interval_s,
+        "retry": RideOut(policy.retry_s) if policy.retry_s > 0 else Retry(NoBackoff(), 0),
+    }
+    settings.update(options)
+    return redis.Redis.from_url(url, **settings)
+
+
+def store_client(settings: Settings) -> redis.Redis:
+    """The job store's client (and the API's): rides out stalls for `settings.redis_retry_s`."""
+    return client(settings.redis_url, STORE.riding_out(settings.redis_retry_s))
+
+
+def heartbeat_client(settings: Settings) -> redis.Redis:
+    """A looping process's client for registries and heartbeats: short timeouts, no retries."""
+    return client(settings.redis_url, HEARTBEAT)
+
+
+def background_client(settings: Settings) -> redis.Redis:
+    """A flusher thread's client (figures, log lines): shorter timeouts still, no retries."""
+    return client(settings.redis_url, BACKGROUND)
+
+
+def connect(url: str, retry_s: float, **options: Any) -> redis.Redis:
+    """The store's client for `url` whose every command rides out Redis failures for up to `retry_s`
+    seconds (`store_client` builds the same from settings)."""
+    return client(url, STORE.riding_out(retry_s), **options)

@@ -5,15 +5,22 @@ any host. The launcher writes a `ReplicaRecord` into Redis every heartbeat; the 
 API's requests to its live, ready, non-draining replicas. Inside a replica each gunicorn process
 builds the predictor on its own (after the fork, so CUDA and threads are its own) and leaves a
 marker file when done: the replica is ready when every process has one.
+
+`ReplicaDirectory` is what callers type against; `RedisReplicaDirectory` keeps the records in one
+Redis hash shared by all hosts (`keys.REPLICAS`), `foundation.memory.MemoryReplicaDirectory` in a
+dict for fast tests; both pass `tests/contracts/replica_directory.py`. The readiness markers are
+files in a replica's own state folder, shared by the processes of one host only: a fast test
+gives them a temporary folder, so they have no fake.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
@@ -54,15 +61,57 @@ class ReplicaRecord:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ReplicaRecord":
+    def from_dict(cls, d: dict[str, Any]) -> ReplicaRecord:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
-    def seen_at(self, now: float, **changes: Any) -> "ReplicaRecord":
+    def seen_at(self, now: float, **changes: Any) -> ReplicaRecord:
         return replace(self, seen=now, **changes)
 
 
-class ReplicaDirectory:
-    """The replicas of every realtime API, in one Redis hash shared by all hosts."""
+def live_among(records: Iterable[ReplicaRecord], now: float, api: str | None = None,
+               ttl_s: float = REPLICA_TTL_S) -> list[ReplicaRecord]:
+    """Those of `records` heard from within `ttl_s` (ready or not), of one API or all."""
+    return [r for r in records if now - r.seen <= ttl_s and (api is None or r.api == api)]
+
+
+def routable_among(records: Iterable[ReplicaRecord], now: float, api: str | None = None,
+                   ttl_s: float = REPLICA_TTL_S) -> list[ReplicaRecord]:
+    """Those of `records` the proxy should send new requests to."""
+    return [r for r in live_among(records, now, api, ttl_s) if r.routable(now, ttl_s)]
+
+
+class ReplicaDirectory(Protocol):
+    """The replicas of every realtime API, as their launchers announce them. A directory that
+    cannot be reached raises `redis.RedisError` (a `redis.ConnectionError` when it cannot be
+    reached at all)."""
+
+    def announce(self, record: ReplicaRecord) -> None:
+        """Write (or rewrite) the replica's record: every heartbeat of its launcher."""
+        ...
+
+    def remove(self, replica_id: str) -> None:
+        """Forget the replica (nothing happens if it is not there)."""
+        ...
+
+    def all(self) -> list[ReplicaRecord]:
+        """Every record, live or not, by replica id."""
+        ...
+
+    def live(self, now: float, api: str | None = None, ttl_s: float = REPLICA_TTL_S) -> list[ReplicaRecord]:
+        """Replicas heard from within `ttl_s` (ready or not), of one API or all."""
+        ...
+
+    def routable(self, now: float, api: str | None = None, ttl_s: float = REPLICA_TTL_S) -> list[ReplicaRecord]:
+        """Live replicas that are ready and not draining, of one API or all."""
+        ...
+
+    def forget_silent(self, now: float, older_than_s: float = 60 * REPLICA_TTL_S) -> int:
+        """Drop records of replicas gone for long (their host died without deregistering); how many."""
+        ...
+
+
+class RedisReplicaDirectory(ReplicaDirectory):
+    """`ReplicaDirectory` in one Redis hash shared by all hosts; the client is passed in."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._redis = client
@@ -83,14 +132,12 @@ class ReplicaDirectory:
         return sorted(records, key=lambda r: r.replica_id)
 
     def live(self, now: float, api: str | None = None, ttl_s: float = REPLICA_TTL_S) -> list[ReplicaRecord]:
-        """Replicas heard from within `ttl_s` (ready or not), of one API or all."""
-        return [r for r in self.all() if now - r.seen <= ttl_s and (api is None or r.api == api)]
+        return live_among(self.all(), now, api, ttl_s)
 
     def routable(self, now: float, api: str | None = None, ttl_s: float = REPLICA_TTL_S) -> list[ReplicaRecord]:
-        return [r for r in self.live(now, api, ttl_s) if r.routable(now, ttl_s)]
+        return routable_among(self.all(), now, api, ttl_s)
 
     def forget_silent(self, now: float, older_than_s: float = 60 * REPLICA_TTL_S) -> int:
-        """Drop records of replicas gone for long (their host died without deregistering)."""
         gone = [r.replica_id for r in self.all() if now - r.seen > older_than_s]
         if gone:
             self._redis.hdel(REPLICAS_KEY, *gone)

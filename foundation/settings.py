@@ -7,13 +7,18 @@ module reads the environment on its own.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from . import api_keys
 from .errors import ConfigError
-from .limits import DEFAULT_BUNDLE_CACHE_BYTES, MAX_BATCH_TIMEOUT_S, MAX_BUNDLE_FILES, MAX_UNPACKED_BYTES
+from .limits import (
+    DEFAULT_BUNDLE_CACHE_BYTES,
+    MAX_BATCH_TIMEOUT_S,
+    MAX_BUNDLE_FILES,
+    MAX_UNPACKED_BYTES,
+)
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -94,7 +99,7 @@ class Settings:
     log_retention_s: float = 7 * 24 * 3600.0
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read `SLUICE_*` variables; anything unset keeps its default."""
         env = os.environ if env is None else env
         defaults = cls()

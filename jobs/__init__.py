@@ -17,8 +17,9 @@ def __getattr__(name: str) -> Any:
     global _app
     if name in ("app", "celery"):
         if _app is None:
-            from .celery_app import create_celery
             from foundation.settings import Settings
+
+            from .celery_app import create_celery
 
             _app = create_celery(Settings.from_env())
         return _app

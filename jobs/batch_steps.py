@@ -20,7 +20,10 @@ that must not run), and act after. Outermost first:
 - `predict`: the user's predictor.
 
 The runner builds the pipeline once per process (`batch_pipeline`); a new concern is one more
-step, not a branch inside the worker loop.
+step, not a branch inside the worker loop. Each step is given only the collaborators it uses (the
+batch ledger, the job records, the node registry, placement, the process's job predictors, its
+watchdog, figures and log capture, the function that sends a completion); none calls back into the
+runner that built it.
 """
 
 from __future__ import annotations
@@ -28,24 +31,27 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Protocol
 
 from foundation.errors import PredictorError, SluiceError
-from predictors_runtime.loader import error_text
-from foundation.json_logs import labelled
-
+from foundation.figure_sink import FigureSink
 from foundation.figures import BATCH_SECONDS, BATCHES, ITEMS
+from foundation.json_logs import labelled
+from predictors_runtime.loader import error_text
+
+from .delivery import Delivery
 from .inputs import read_range
 from .job import ACTIVE_STATUSES, Job, JobStatus
-from .nodes import Delivery
+from .nodes import NodeRegistry
 from .outputs import write_part
-from .publish import send_completion
-from .store import Recorded
-from .time_limit import timed_out_message
-
-if TYPE_CHECKING:
-    from .runner import WorkerRuntime
+from .placement import JobPlacement
+from .predictors import JobPredictor, JobPredictors
+from .publish import SendCompletion
+from .store import BatchLedger, JobRecords, Recorded
+from .time_limit import BatchWatchdog, timed_out_message
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +99,7 @@ class BatchRun:
     payload_ref: dict[str, Any] | None
     delivery: Delivery | None
     job: Job | None = None
-    predictor: Any = None
+    predictor: JobPredictor | None = None
     open_delivery: Delivery | None = None  # in its node's in-flight hash and not recorded yet
     first_try: int = 1
     result: Any = None
@@ -103,6 +109,13 @@ class BatchRun:
 
 Next = Callable[[BatchRun], None]
 Step = Callable[[BatchRun, Next], None]
+
+
+class JobLogs(Protocol):
+    """Where a job's log lines also go (`foundation.log_streams.StreamLogHandler`)."""
+
+    def capturing_job(self, job_id: str) -> AbstractContextManager[None]:
+        """The lines this thread logs inside the block go to the job's log stream too."""
 
 
 def chain(steps: Sequence[Step]) -> Next:
@@ -118,59 +131,60 @@ def chain(steps: Sequence[Step]) -> Next:
 class Labels:
     """Log lines name the job and batch, and are also captured into the job's log stream."""
 
-    def __init__(self, runtime: "WorkerRuntime") -> None:
-        self.runtime = runtime
+    def __init__(self, logs: JobLogs) -> None:
+        self.logs = logs
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
-        with labelled(job_id=run.job_id, batch_index=str(run.index)), self.runtime.logs.capturing_job(run.job_id):
+        with labelled(job_id=run.job_id, batch_index=str(run.index)), self.logs.capturing_job(run.job_id):
             call_next(run)
 
 
 class OpenDelivery:
     """A delivery entered in flight but not recorded (its job ended meanwhile) leaves its node's hash."""
 
-    def __init__(self, runtime: "WorkerRuntime") -> None:
-        self.runtime = runtime
+    def __init__(self, nodes: NodeRegistry) -> None:
+        self.nodes = nodes
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
         try:
             call_next(run)
         finally:
             if run.open_delivery is not None:
-                self.runtime.services.nodes.end_delivery(run.open_delivery)
+                self.nodes.end_delivery(run.open_delivery)
                 run.open_delivery = None
 
 
 class Figures:
     """A recorded batch counts in the figures (a duplicate does not: figures count what the store counts)."""
 
-    def __init__(self, runtime: "WorkerRuntime") -> None:
-        self.runtime = runtime
+    def __init__(self, figures: FigureSink) -> None:
+        self.figures = figures
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
         call_next(run)
         outcome = run.outcome
         if not run.recorded or outcome is None or run.job is None:
             return
-        figures, api = self.runtime.figures, run.job.api_name
-        figures.counter(BATCHES, api, "succeeded" if outcome.ok else "failed").inc()
-        figures.counter(ITEMS, api).inc(outcome.items)
+        api = run.job.api_name
+        self.figures.count(BATCHES.name, (api, "succeeded" if outcome.ok else "failed"))
+        self.figures.count(ITEMS.name, (api,), outcome.items)
         if outcome.seconds is not None:
-            figures.histogram(BATCH_SECONDS, api).observe(outcome.seconds)
+            self.figures.observe(BATCH_SECONDS.name, (api,), outcome.seconds)
 
 
 class Record:
     """Record the outcome the inner steps decided, exactly once; the last batch sends the completion."""
 
-    def __init__(self, runtime: "WorkerRuntime") -> None:
-        self.runtime = runtime
+    def __init__(self, ledger: BatchLedger, send_completion: SendCompletion) -> None:
+        self.ledger = ledger
+        self.send_completion = send_completion
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
         call_next(run)
         outcome, job = run.outcome, run.job
         if outcome is None or job is None:
             return  # the batch did not run (its job ended, or it was recorded already)
-        store, seconds = self.runtime.services.store, outcome.seconds or 0.0
+        store, seconds = self.ledger, outcome.seconds or 0.0
         if outcome.ok:
             run.recorded = store.record_success(run.job_id, run.index, seconds, run.delivery)
         else:
@@ -180,26 +194,27 @@ class Record:
             )
         run.open_delivery = None  # recording took it off the node's in-flight hash
         if run.recorded is Recorded.COMPLETED_JOB:
-            send_completion(self.runtime.services.celery, job.job_id, job.queue)
+            self.send_completion(job.job_id, job.queue)
 
 
 class Begin:
     """Count the delivery; run nothing of an ended job, or of a batch recorded already, or one whose
     process died more often than its tries allow."""
 
-    def __init__(self, runtime: "WorkerRuntime") -> None:
-        self.runtime = runtime
+    def __init__(self, ledger: BatchLedger, predictors: JobPredictors) -> None:
+        self.ledger = ledger
+        self.predictors = predictors
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
-        start = self.runtime.services.store.begin_batch(run.job_id, run.index, run.delivery)
+        start = self.ledger.begin_batch(run.job_id, run.index, run.delivery)
         if start.status is None or start.status not in ACTIVE_STATUSES:
             return  # unknown, stopped, timed out or failed job: nothing more runs
         if start.already_recorded:
             log.info("job %s batch %d was already recorded; skipping a duplicate delivery", run.job_id, run.index)
             return
         run.open_delivery = run.delivery
-        self.runtime.sweep(run.job_id, time.monotonic())
-        run.job = job = self.runtime.job(run.job_id)
+        self.predictors.sweep(run.job_id, time.monotonic())
+        run.job = job = self.predictors.job(run.job_id)
         if start.deliveries > job.tries + LOST_DELIVERY_ALLOWANCE:
             run.outcome = Outcome(
                 ok=False, items=items_of(run.payload, run.payload_ref), tries=start.deliveries - 1,
@@ -212,18 +227,27 @@ class Begin:
 
 
 class BuildPredictor:
-    """The job's predictor in this process; one that cannot be built fails the job."""
+    """The job's predictor in this process; one that cannot be built fails the job (its nodes let go,
+    and what this process holds of it dropped)."""
 
-    def __init__(self, runtime: "WorkerRuntime") -> None:
-        self.runtime = runtime
+    def __init__(
+        self, predictors: JobPredictors, watchdog: BatchWatchdog, records: JobRecords, placement: JobPlacement,
+    ) -> None:
+        self.predictors = predictors
+        self.watchdog = watchdog
+        self.records = records
+        self.placement = placement
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
         job = _job_of(run)
         try:
-            with self.runtime.time_limit.while_active(job, run.index):
-                run.predictor = self.runtime.predictor_for(job)
+            with self.watchdog.while_active(job, run.index):
+                run.predictor = self.predictors.predictor_for(job)
         except PredictorError as e:
-            self.runtime.fail_job(job, JobStatus.WORKER_ERROR, e.message)
+            if self.records.transition(job.job_id, JobStatus.WORKER_ERROR, message=e.message):
+                log.error("job %s: %s: %s", job.job_id, JobStatus.WORKER_ERROR.value, e.message)
+                self.placement.release(job)
+            self.predictors.forget(job.job_id)
             return
         call_next(run)
 
@@ -231,13 +255,13 @@ class BuildPredictor:
 class ReadInput:
     """A batch carried by reference (a JSON-lines byte range) has its items read from storage."""
 
-    def __init__(self, runtime: "WorkerRuntime") -> None:
-        self.runtime = runtime
+    def __init__(self, local_roots: tuple[str, ...]) -> None:
+        self.local_roots = local_roots
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
         if run.payload_ref is not None:
             try:
-                run.payload = read_range(run.payload_ref, self.runtime.services.settings.local_input_roots)
+                run.payload = read_range(run.payload_ref, self.local_roots)
             except (SluiceError, OSError, ValueError) as e:  # storage (its errors are Sluice's) went away, a
                 # local file is gone (OSError), or its lines are no longer the JSON that was cut (ValueError)
                 run.outcome = Outcome(
@@ -251,12 +275,12 @@ class ReadInput:
 class TimeLimit:
     """Tries that earlier deliveries used up by running past the batch time limit count."""
 
-    def __init__(self, runtime: "WorkerRuntime") -> None:
-        self.runtime = runtime
+    def __init__(self, watchdog: BatchWatchdog) -> None:
+        self.watchdog = watchdog
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
         job = _job_of(run)
-        timed_out = self.runtime.time_limit.tries_timed_out(job, run.index)
+        timed_out = self.watchdog.tries_timed_out(job, run.index)
         if timed_out >= job.tries:
             run.outcome = Outcome(
                 ok=False, items=items_of(run.payload, run.payload_ref), tries=job.tries,
@@ -270,8 +294,8 @@ class TimeLimit:
 class Retries:
     """Each try left runs the rest of the pipeline under the time limit, until one succeeds."""
 
-    def __init__(self, runtime: "WorkerRuntime") -> None:
-        self.runtime = runtime
+    def __init__(self, watchdog: BatchWatchdog) -> None:
+        self.watchdog = watchdog
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
         job = _job_of(run)
@@ -279,9 +303,9 @@ class Retries:
         error = ""
         for attempt in range(run.first_try, job.tries + 1):
             try:
-                with self.runtime.time_limit.running(job, run.index, attempt, run.payload, run.payload_ref):
+                with self.watchdog.running(job, run.index, attempt, run.payload, run.payload_ref):
                     call_next(run)
-            except Exception as e:  # last-resort boundary: the user's code may raise anything; retry, then
+            except Exception as e:  # noqa: BLE001 - last-resort boundary: the user's code may raise anything; retry, then
                 # keep the batch as failed
                 error = error_text(e)
                 log.warning("job %s batch %d try %d/%d failed: %s", run.job_id, run.index, attempt, job.tries, e)
@@ -296,20 +320,22 @@ class Retries:
 class Outputs:
     """The rows a try returned are written as the job's output part (a failure to write fails the try)."""
 
-    def __init__(self, runtime: "WorkerRuntime") -> None:
-        self.runtime = runtime
+    def __init__(self, ledger: BatchLedger, local_roots: tuple[str, ...]) -> None:
+        self.ledger = ledger
+        self.local_roots = local_roots
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
         call_next(run)
         job = _job_of(run)
         if job.output is not None and isinstance(run.result, list):
-            rows = write_part(job.output, run.job_id, run.index, run.result,
-                              local_roots=self.runtime.services.settings.local_input_roots)
-            self.runtime.services.store.record_part(run.job_id, run.index, rows)
+            rows = write_part(job.output, run.job_id, run.index, run.result, local_roots=self.local_roots)
+            self.ledger.record_part(run.job_id, run.index, rows)
 
 
 def predict(run: BatchRun, call_next: Next) -> None:
     """The user's predictor, on the batch's items."""
+    if run.predictor is None:  # `BuildPredictor` sets it; a step placed before it is a programming error
+        raise RuntimeError("a batch was predicted before its job's predictor was built")
     run.result = run.predictor.predict(run.payload, batch_id_of(run.job_id, run.index))
     call_next(run)
 
@@ -320,9 +346,14 @@ def _job_of(run: BatchRun) -> Job:
     return run.job
 
 
-def batch_pipeline(runtime: "WorkerRuntime") -> Next:
-    """The steps a batch goes through in this process, outermost first."""
+def batch_pipeline(
+    *, ledger: BatchLedger, records: JobRecords, nodes: NodeRegistry, placement: JobPlacement,
+    predictors: JobPredictors, watchdog: BatchWatchdog, figures: FigureSink, logs: JobLogs,
+    send_completion: SendCompletion, local_roots: tuple[str, ...],
+) -> Next:
+    """The steps a batch goes through in this process, outermost first, each given what it uses."""
     return chain([
-        Labels(runtime), OpenDelivery(runtime), Figures(runtime), Record(runtime), Begin(runtime),
-        BuildPredictor(runtime), ReadInput(runtime), TimeLimit(runtime), Retries(runtime), Outputs(runtime), predict,
+        Labels(logs), OpenDelivery(nodes), Figures(figures), Record(ledger, send_completion),
+        Begin(ledger, predictors), BuildPredictor(predictors, watchdog, records, placement), ReadInput(local_roots),
+        TimeLimit(watchdog), Retries(watchdog), Outputs(ledger, local_roots), predict,
     ])

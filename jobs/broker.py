@@ -18,8 +18,9 @@ from the scheme name, `redis+socket://`, `sentinel://`) keep kombu's own transpo
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any
 from urllib.parse import urlparse
 
 from kombu.transport import redis as kombu_redis
@@ -38,7 +39,7 @@ class Channel(kombu_redis.Channel):
             yield client
             return
         if self._own_client is None:
-            self._own_client = self._create_client()
+            self._own_client = self._create_client()  # type: ignore[no-untyped-call]  # kombu's, untyped
         yield self._own_client
 
 
@@ -92,7 +93,7 @@ def keep_visible(client: Any, task_ids: Iterable[str], now: float) -> int:
         return 0
     tags = _tags_by_task(client.hgetall(Channel.unacked_key), wanted)
     if tags:
-        client.zadd(Channel.unacked_index_key, {tag: now for tag in tags.values()}, xx=True)
+        client.zadd(Channel.unacked_index_key, dict.fromkeys(tags.values(), now), xx=True)
     return len(tags)
 
 

@@ -7,8 +7,9 @@
   one-process worker.
 - `task_acks_late`: a node killed mid-batch (or ended by its batch time limit,
   `jobs/time_limit.py`) leaves the message unacknowledged; the node's in-flight hash lets beat
-  (or the node's next life) give it back at once (`jobs/placement.py`).
+  (or the node's next life) give it back at once.
   `task_reject_on_worker_lost` covers anyone who runs a node with `--pool prefork` anyway.
+  (Giving back is `jobs/settle.py`'s.)
 - `worker_prefetch_multiplier` (`SLUICE_WORKER_PREFETCH`, default 1): a node holds one batch at a
   time, so nothing waits behind a slow batch on a busy node (2 measured slower).
 - `visibility_timeout` is the longest batch allowed before Redis re-delivers it.
@@ -19,26 +20,27 @@
 - `beat_scheduler`: `celery -A jobs beat` runs Sluice's maintenance steps (timeouts, placement)
   in its own process (`beat/scheduler.py`); no periodic task goes to the nodes, whose predictors
   may hang. Named, not imported: only beat's process loads it.
+
+The tasks and the node's hooks take this process's services and runtime from `jobs/wiring.py`,
+built once, on first use.
 """
 
 from __future__ import annotations
 
-import threading
+from functools import partial
 
 from celery import Celery
 
 from foundation.settings import Settings
 
-_lock = threading.Lock()
-_runtime = None
 MAINTENANCE_SCHEDULER = "beat.scheduler:MaintenanceScheduler"
 
 
 def create_celery(settings: Settings) -> Celery:
     """A configured app with Sluice's tasks, beat scheduler and worker-node hooks registered."""
     from .broker import transport_for
-    from .placement import install_resume_on_start
     from .tasks import register_tasks
+    from .wiring import init_services, worker_runtime
     from .worker_node import install_worker_hooks
 
     # No result backend: tasks report to the job store, which also does the fan-in (jobs/publish.py).
@@ -65,17 +67,6 @@ def create_celery(settings: Settings) -> Celery:
         beat_scheduler=MAINTENANCE_SCHEDULER,
     )
 
-    def runtime_factory():  # one runtime per process, made on first task
-        global _runtime
-        with _lock:
-            if _runtime is None:
-                from .runner import WorkerRuntime
-                from .services import Services
-
-                _runtime = WorkerRuntime(Services.connect(settings, app))
-            return _runtime
-
-    register_tasks(app, runtime_factory)
-    install_worker_hooks(app, settings)
-    install_resume_on_start(app, settings)
+    register_tasks(app, partial(worker_runtime, app, settings))  # one runtime per process, made on first task
+    install_worker_hooks(app, settings, partial(init_services, app, settings))
     return app

@@ -5,6 +5,13 @@ to retry), so a bad submission creates nothing. Cutting input into batches and p
 then runs in the background while the job is `status_enqueuing`. The API process keeps no
 `AsyncResult` and waits on nothing: the batch tasks and the completion task write the job's
 progress to Redis themselves.
+
+Enqueueing stays a thread of the API process that took the submission, not a Celery task: no
+process consumes a queue a task could go to without taking a predictor's node (worker nodes are
+one solo process each, prefetching one message, placed per job), a task redelivered after a crash
+would publish the job's batches a second time, and the user's input (an item list) would have to
+travel through Redis once more. The thread's liveness is watched instead: it touches its job
+every `ENQUEUE_TOUCH_S`, and beat fails a job whose enqueuer went silent (`beat/steps.py`).
 """
 
 from __future__ import annotations
@@ -13,22 +20,23 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any
 
 import redis
 from kombu.exceptions import OperationalError
 
 from foundation.errors import BadRequest, Conflict, SluiceError
+from foundation.redis_clients import one_line
 from predictors_runtime.storage import ObjectInfo, split_uri
 
 from .inputs import check_local_path, cut_ranges, is_local, match_files
 from .job import Job, JobStatus, new_job_id
+from .publish import BatchPublisher, send_completion
 from .services import Services
 from .submission import JobRequest, split_items
 from .time_limit import batch_time_limit
-from .publish import BatchPublisher, send_completion
-from foundation.redis_clients import one_line
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +136,7 @@ def _enqueue(services: Services, job: Job, plan: JobPlan) -> None:
     """
     try:
         _publish_and_start(services, job, plan)
-    except Exception as e:  # last-resort boundary, the thread's last word: any failure must end the job
+    except Exception as e:  # noqa: BLE001 - last-resort boundary, the thread's last word: any failure must end the job
         # (with a one-line message), never the thread alone
         _fail_enqueue(services, job, e)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from wcmatch import glob
@@ -214,7 +215,7 @@ def read_range(ref: dict[str, Any], local_roots: tuple[str, ...] | None = None) 
         data = storage_for(ref["uri"]).read_range(ref["uri"], ref["start"], ref["end"])
     lines = [line for line in data.split(b"\n") if line.strip()]
     try:
-        items = orjson.loads(b"[" + b",".join(lines) + b"]")
+        items: list[Any] = orjson.loads(b"[" + b",".join(lines) + b"]")
     except orjson.JSONDecodeError as e:
         raise ValueError(f"{ref['uri']}: lines from {ref['first_line']}: not valid JSON any more: {e}") from e
     if len(items) != ref["lines"]:

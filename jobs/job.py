@@ -5,12 +5,12 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
-from enum import Enum
+from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 
-class JobStatus(str, Enum):
+class JobStatus(StrEnum):
     """Status of a batch job, spelled as Cortex spells it."""
 
     ENQUEUING = "status_enqueuing"
@@ -49,7 +49,7 @@ def new_job_id(now: float | None = None) -> str:
 
 def iso_time(epoch: float) -> str:
     """RFC 3339 UTC time, the form job specs carry."""
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(epoch, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
 def job_queue_name(job_id: str) -> str:
@@ -113,5 +113,5 @@ class Job:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Job":
+    def from_dict(cls, data: dict[str, Any]) -> Job:
         return cls(**data)

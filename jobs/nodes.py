@@ -1,112 +1,147 @@
-"""Worker nodes: their heartbeats, the deliveries each holds in flight, and giving those back.
+"""Worker nodes: their heartbeats and the deliveries each holds in flight.
 
-A node announces itself with a heartbeat in Redis (which hardware queues it serves, when it was
-last seen). While it runs a batch or a job's completion, the task id of that delivery sits in the
-node's in-flight hash, so that if the node dies its unacknowledged message can be put back at the
-head of its queue at once (`Nodes.give_back`) instead of after Redis's visibility timeout: a
-restarted node does it first thing for its previous life (`jobs/worker_node.py`), a reconnecting
-one settles what it held (`jobs/settle.py`), and beat does it for a node silent for
-`GIVE_BACK_AFTER_TTLS` node TTLs (`jobs/placement.py`).
+A node announces itself with a heartbeat (which hardware queues it serves, when it was last seen),
+written by a thread of the node (`jobs/worker_node.py`). While it runs a batch or a job's
+completion, the task id of that delivery sits in the node's in-flight hash, so that if the node
+dies its unacknowledged message can be given back at the head of its queue at once instead of
+after Redis's visibility timeout (`jobs/settle.py`): a reconnecting node settles what it held, and
+beat gives back what a node silent for `GIVE_BACK_AFTER_TTLS` node TTLs held (`jobs/placement.py`).
 
-A batch enters and leaves its node's in-flight hash inside the job store's own scripts (beginning
-and recording a batch, `jobs/store.py`), atomically with its outcome; everything else about
-nodes is here. The job store, in turn, owns job records and batch outcomes only.
+A batch enters and leaves its node's in-flight hash inside the batch ledger's own scripts
+(`jobs/store/ledger.py`), atomically with its outcome; everything else about nodes is here.
+`NodeRegistry` is what callers ask; `Nodes` keeps it in Redis, `MemoryNodes` (`jobs/memory_nodes.py`)
+in memory, and both pass the same contract tests.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 import redis
-from celery import Celery
 
 from foundation import keys
-from .broker import unacked_tags
-from .job import ACTIVE_STATUSES, JobStatus, job_queue_name
 
-if TYPE_CHECKING:
-    from collections.abc import Sequence
+# The delivery values are exported here too: what a node holds is spoken of in them.
+from .delivery import COMPLETION_ENTRY, Delivery, inflight_entry, job_of_entry, parse_inflight_entry
+
+__all__ = [
+    "COMPLETION_ENTRY",
+    "GIVE_BACK_AFTER_TTLS",
+    "Delivery",
+    "NodeRegistry",
+    "Nodes",
+    "inflight_entry",
+    "is_job_queue",
+    "job_of_entry",
+    "live_and_dead",
+    "parse_inflight_entry",
+    "silent_too_long",
+]
 
 log = logging.getLogger(__name__)
 
 # Silent this many node TTLs, a node's deliveries are given back (longer than "lost" for
 # placement: a predictor holding the GIL misses heartbeats while alive).
 GIVE_BACK_AFTER_TTLS = 4
-# The in-flight entry of a job's completion task, in place of a batch index.
-COMPLETION_ENTRY = "complete"
+# Silent this many node TTLs, a node is dropped from the registry.
+FORGET_AFTER_TTLS = 20
+
+Heartbeats = dict[str, dict[str, Any]]
+"""Node name -> {"queues": the hardware queues it serves, "seen": when it last beat}."""
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """Which node runs a batch, and the Celery task id of its message (to give it back if the node dies)."""
-
-    node: str
-    task_id: str
-
-
-def inflight_entry(job_id: str, index: int | str) -> str:
-    """What a node's in-flight hash holds for a task: "<job id>:<batch index>" or "<job id>:complete"."""
-    return f"{job_id}:{index}"
-
-
-def job_of_entry(entry: str) -> str:
-    """The job id of an in-flight entry (whatever follows it)."""
-    return entry.rpartition(":")[0]
-
-
-def parse_inflight_entry(entry: str) -> tuple[str, int | None]:
-    """(job id, batch index), the index None for a completion task."""
-    job_id, _, what = entry.rpartition(":")
-    return job_id, None if what == COMPLETION_ENTRY else int(what)
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 def is_job_queue(name: str) -> bool:
     return name.startswith("job.")
 
 
-def write_heartbeat(client: redis.Redis, node: str, queues: list[str], now: float) -> None:
-    """Record that `node` is alive and which hardware queues it serves."""
-    record = {"queues": sorted(q for q in queues if not is_job_queue(q)), "seen": now}
-    client.hset(keys.NODES, node, json.dumps(record))
+def heartbeat_record(queues: list[str], now: float) -> dict[str, Any]:
+    """What a heartbeat holds: the node's hardware queues (job queues left out) and the time."""
+    return {"queues": sorted(q for q in queues if not is_job_queue(q)), "seen": now}
 
 
-def drop_queue(celery: Celery, queue: str) -> None:
-    """Delete a job queue with every message still in it (kombu handles priority sub-queues)."""
-    with celery.connection_for_write() as conn:
-        channel = conn.default_channel
-        channel.queue_purge(queue)
-        channel.queue_delete(queue)
+def live_and_dead(heartbeats: Heartbeats, now: float, node_ttl_s: float) -> tuple[dict[str, list[str]], list[str]]:
+    """(live node -> hardware queues, nodes silent for so long they are to be dropped from the registry)."""
+    live: dict[str, list[str]] = {}
+    dead: list[str] = []
+    for name, record in heartbeats.items():
+        age = now - float(record["seen"])
+        if age <= node_ttl_s:
+            live[name] = record["queues"]
+        elif age > FORGET_AFTER_TTLS * node_ttl_s:
+            dead.append(name)
+    return live, dead
 
 
-class JobStatuses(Protocol):
-    """What giving back needs of the job store: whether each job is still active."""
+def silent_too_long(node: str, now: float, heartbeats: Heartbeats, node_ttl_s: float) -> bool:
+    """Whether `node`'s deliveries are to be given back: gone from the registry, or silent for
+    GIVE_BACK_AFTER_TTLS node TTLs."""
+    record = heartbeats.get(node)
+    return record is None or now - float(record["seen"]) > GIVE_BACK_AFTER_TTLS * node_ttl_s
 
-    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus | None]: ...
+
+class NodeRegistry(Protocol):
+    """The registry of worker nodes and their in-flight deliveries."""
+
+    node_ttl_s: float
+
+    def heartbeat(self, node: str, queues: list[str], now: float) -> None:
+        """Record that `node` is alive and which hardware queues it serves (job queues are left out)."""
+
+    def forget(self, node: str) -> None:
+        """`node` is gone (it stopped): it is no longer live."""
+
+    def heartbeats(self) -> Heartbeats:
+        """Every node's last heartbeat; an unreadable one is logged and left out, not fatal to the rest."""
+
+    def live(self, now: float, heartbeats: Heartbeats | None = None) -> dict[str, list[str]]:
+        """Live node name -> hardware queues it consumes. Long-dead nodes are dropped from the registry."""
+
+    def begin_delivery(self, delivery: Delivery, entry: str) -> None:
+        """Enter a task other than a batch (a job's completion) in its node's in-flight hash."""
+
+    def end_delivery(self, delivery: Delivery) -> None:
+        """Take a delivery that will not be recorded (its job ended) off its node's in-flight hash."""
+
+    def inflight(self, node: str) -> dict[str, str]:
+        """A node's in-flight deliveries: task id -> "<job id>:<batch index>"."""
+
+    def inflight_nodes(self) -> list[str]:
+        """Nodes with an in-flight hash (live ones, and dead ones whose batches were not given back yet)."""
+
+    def forget_inflight(self, node: str, task_ids: Iterable[str]) -> None:
+        """Take these deliveries off the node's in-flight hash."""
+
+
+def jobs_held(nodes: NodeRegistry, names: Sequence[str]) -> dict[str, set[str]]:
+    """Node -> ids of the jobs it holds deliveries of."""
+    return {name: {job_of_entry(entry) for entry in nodes.inflight(name).values()} for name in names}
 
 
 class Nodes:
-    """The registry of worker nodes and their in-flight deliveries; the Redis client is passed in."""
+    """`NodeRegistry` in Redis (`foundation.keys.NODES` and the nodes' in-flight hashes); the client
+    is passed in, never found globally."""
 
-    def __init__(self, client: redis.Redis, celery: Celery, node_ttl_s: float) -> None:
+    def __init__(self, client: redis.Redis, node_ttl_s: float) -> None:
         self._redis = client
-        self._celery = celery
         self.node_ttl_s = node_ttl_s
 
-    # -- heartbeats -------------------------------------------------------------------------
     def heartbeat(self, node: str, queues: list[str], now: float) -> None:
-        write_heartbeat(self._redis, node, queues, now)
+        self._redis.hset(keys.NODES, node, json.dumps(heartbeat_record(queues, now)))
 
     def forget(self, node: str) -> None:
         self._redis.hdel(keys.NODES, node)
 
-    def heartbeats(self) -> dict[str, dict[str, Any]]:
-        """Node name -> {queues, seen}; an unreadable record is logged and left out, not fatal to the rest."""
+    def heartbeats(self) -> Heartbeats:
         heartbeats = {}
         for raw_name, raw in self._redis.hgetall(keys.NODES).items():
-            name = raw_name.decode(errors="replace")
+            name = raw_name.decode(errors="replace") if isinstance(raw_name, bytes) else raw_name
             try:
                 record = json.loads(raw)
                 heartbeats[name] = {"queues": [str(q) for q in record["queues"]], "seen": float(record["seen"])}
@@ -114,69 +149,27 @@ class Nodes:
                 log.warning("ignoring the unreadable heartbeat of node %s: %r", name, e)
         return heartbeats
 
-    def live(self, now: float, heartbeats: dict[str, dict[str, Any]] | None = None) -> dict[str, list[str]]:
-        """Live node name -> hardware queues it consumes. Long-dead nodes are dropped from the registry."""
-        live: dict[str, list[str]] = {}
-        for name, record in (self.heartbeats() if heartbeats is None else heartbeats).items():
-            age = now - float(record["seen"])
-            if age <= self.node_ttl_s:
-                live[name] = record["queues"]
-            elif age > 20 * self.node_ttl_s:
-                self._redis.hdel(keys.NODES, name)
+    def live(self, now: float, heartbeats: Heartbeats | None = None) -> dict[str, list[str]]:
+        live, dead = live_and_dead(self.heartbeats() if heartbeats is None else heartbeats, now, self.node_ttl_s)
+        if dead:
+            self._redis.hdel(keys.NODES, *dead)
         return live
 
-    def silent_too_long(self, node: str, now: float, heartbeats: dict[str, dict[str, Any]]) -> bool:
-        """Whether `node`'s deliveries are to be given back: gone from the registry, or silent
-        for GIVE_BACK_AFTER_TTLS node TTLs."""
-        record = heartbeats.get(node)
-        return record is None or now - float(record["seen"]) > GIVE_BACK_AFTER_TTLS * self.node_ttl_s
-
-    # -- in-flight deliveries ---------------------------------------------------------------
     def begin_delivery(self, delivery: Delivery, entry: str) -> None:
-        """Enter a task other than a batch (a job's completion) in its node's in-flight hash."""
         self._redis.hset(keys.inflight(delivery.node), delivery.task_id, entry)
 
     def end_delivery(self, delivery: Delivery) -> None:
-        """Take a delivery that will not be recorded (its job ended) off its node's in-flight hash."""
         self._redis.hdel(keys.inflight(delivery.node), delivery.task_id)
 
     def inflight(self, node: str) -> dict[str, str]:
-        """A node's in-flight deliveries: task id -> "<job id>:<batch index>"."""
-        return {k.decode(): v.decode() for k, v in self._redis.hgetall(keys.inflight(node)).items()}
+        return {_text(k): _text(v) for k, v in self._redis.hgetall(keys.inflight(node)).items()}
 
     def inflight_nodes(self) -> list[str]:
-        """Nodes with an in-flight hash (live ones, and dead ones whose batches were not given back yet)."""
         return sorted(
-            keys.node_of_inflight(raw.decode()) for raw in self._redis.scan_iter(match=keys.INFLIGHT_PATTERN, count=500)
+            keys.node_of_inflight(_text(raw)) for raw in self._redis.scan_iter(match=keys.INFLIGHT_PATTERN, count=500)
         )
 
     def forget_inflight(self, node: str, task_ids: Iterable[str]) -> None:
         task_ids = list(task_ids)
         if task_ids:
             self._redis.hdel(keys.inflight(node), *task_ids)
-
-    def jobs_held(self, nodes: "Sequence[str]") -> dict[str, set[str]]:
-        """Node -> ids of the jobs it holds deliveries of."""
-        return {node: {job_of_entry(e) for e in self.inflight(node).values()} for node in nodes}
-
-    # -- giving back ------------------------------------------------------------------------
-    def give_back(self, node: str, jobs: JobStatuses) -> int:
-        """Put the deliveries a dead `node` held back at the head of their job queues; returns how many.
-
-        Those of jobs that have ended (per `jobs`, the job store) are dropped with their queue instead.
-        """
-        entries = self.inflight(node)
-        if not entries:
-            return 0
-        job_ids = {job_of_entry(entry) for entry in entries.values()}
-        statuses = jobs.statuses(sorted(job_ids))
-        with self._celery.connection_for_write() as conn:
-            channel = conn.default_channel
-            for tag in unacked_tags(channel, set(entries)).values():
-                channel.qos.restore_by_tag(tag)  # to the end BRPOP takes next; a no-op if acknowledged meanwhile
-        for job_id in job_ids:
-            if statuses.get(job_id) not in ACTIVE_STATUSES:
-                drop_queue(self._celery, job_queue_name(job_id))
-        self.forget_inflight(node, entries)
-        log.warning("gave back %d batch(es) held by node %s: %s", len(entries), node, sorted(entries.values()))
-        return len(entries)

@@ -9,88 +9,79 @@ to a live one and re-sends the consumer commands, which are idempotent, so a mis
 heals itself. A node still running a batch of a job that has ended (a hung predictor, until its
 watchdog ends the process: `jobs/time_limit.py`) is not chosen for another job.
 
-Heartbeats, the batches each node holds in flight and giving back a dead node's batches belong
-to `jobs/nodes.py`; the reconcile step here calls it for nodes silent too long.
+Heartbeats and the batches each node holds in flight belong to `jobs/nodes.py`, giving back a
+dead node's batches to `jobs/settle.py` (the reconcile step here calls it for nodes silent too
+long), and the broadcasts to `jobs/queues.py`. `JobPlacement` is what callers ask; `Placement`
+does it over any job records, node registry and job queues, Redis's or the in-memory ones, and
+passes the same contract tests on both.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import AbstractSet, Any, Callable
+from collections.abc import Callable, Set
+from typing import Protocol
 
 import redis
-from celery import Celery
 from kombu.exceptions import KombuError
 
 from foundation.errors import JobNotFound
 
 from .job import ACTIVE_STATUSES, BAD_RECORD_ERRORS, Job, JobStatus
-from .nodes import Nodes, drop_queue
-from foundation.settings import Settings
-from .store import JobStore
+from .nodes import Heartbeats, NodeRegistry, jobs_held, silent_too_long
+from .queues import JobQueues
+from .settle import give_back
+from .store import JobRecords
 
 log = logging.getLogger(__name__)
 
 
-def install_resume_on_start(app: Celery, settings: Settings) -> None:
-    """A node starting (or restarting under the same name) consumes its jobs' queues from the start."""
-    from celery import signals
+class JobPlacement(Protocol):
+    """Which nodes serve which job, as the enqueuer, the batch path, beat and the API ask it."""
 
-    @signals.celeryd_after_setup.connect(weak=False)
-    def _consume_assigned_queues(sender: str, instance: Any, **_: object) -> None:
-        if instance.app is not app:
-            return
-        from .services import Services
+    def assign(self, job: Job, now: float) -> list[str]:
+        """Give a new job its nodes (least loaded first) and tell them to consume its queue."""
 
-        try:
-            queues = Services.connect(settings, app).placement.assigned_queues(sender)
-        except redis.RedisError as e:  # beat's reconcile sends them again
-            log.warning("reading the jobs placed on %s failed: %s", sender, e)
-            return
-        for queue in queues:
-            app.amqp.queues.select_add(queue, exchange=queue, exchange_type="direct", routing_key=queue)
-        if queues:
-            log.info("node %s resumes the jobs placed on it: %s", sender, queues)
+    def reconcile(self, now: float) -> None:
+        """One step of the placement loop (beat's)."""
+
+    def release(self, job: Job, nodes: list[str] | None = None) -> None:
+        """A job has ended: its nodes stop consuming its queue and anything left in it is dropped."""
+
+    def drop_queue(self, queue: str) -> None:
+        """Delete a job queue with every message still in it."""
+
+    def live_nodes(self, now: float, heartbeats: Heartbeats | None = None) -> dict[str, list[str]]:
+        """Live node name -> hardware queues it consumes."""
+
+    def assigned_queues(self, node: str) -> list[str]:
+        """Queues of the active jobs placed on `node`."""
 
 
 class Placement:
     """Assigns job queues to worker nodes and takes them back."""
 
-    def __init__(
-        self, celery: Celery, store: JobStore, client: redis.Redis, node_ttl_s: float, nodes: Nodes | None = None,
-    ) -> None:
-        self._celery = celery
-        self._store = store
-        self._redis = client
-        self._node_ttl_s = node_ttl_s
-        self.nodes = nodes if nodes is not None else Nodes(client, celery, node_ttl_s)
+    def __init__(self, queues: JobQueues, records: JobRecords, nodes: NodeRegistry) -> None:
+        self._queues = queues
+        self._store = records
+        self.nodes = nodes
 
     # -- nodes (jobs/nodes.py owns them; placement reads them) -------------------------------
-    def heartbeat(self, node: str, queues: list[str], now: float) -> None:
-        self.nodes.heartbeat(node, queues, now)
-
-    def forget_node(self, node: str) -> None:
-        self.nodes.forget(node)
-
-    def give_back(self, node: str) -> int:
-        """Put the batches a dead `node` held back at the head of their queues (`Nodes.give_back`)."""
-        return self.nodes.give_back(node, self._store)
-
-    def live_nodes(self, now: float, heartbeats: dict[str, dict[str, Any]] | None = None) -> dict[str, list[str]]:
-        """Live node name -> hardware queues it consumes (`Nodes.live`)."""
+    def live_nodes(self, now: float, heartbeats: Heartbeats | None = None) -> dict[str, list[str]]:
+        """Live node name -> hardware queues it consumes (`NodeRegistry.live`)."""
         return self.nodes.live(now, heartbeats)
 
-    def _give_back_dead(self, now: float, heartbeats: dict[str, dict[str, Any]]) -> None:
+    def _give_back_dead(self, now: float, heartbeats: Heartbeats) -> None:
         """Give back the batches of nodes silent for `GIVE_BACK_AFTER_TTLS` node TTLs (or gone from the registry).
 
         Longer than "lost" for placement: a node whose predictor holds the GIL (a C call that
         never releases it) misses heartbeats while alive, and giving its batch back would run it twice.
         """
         for node in self.nodes.inflight_nodes():
-            if self.nodes.silent_too_long(node, now, heartbeats):
+            if silent_too_long(node, now, heartbeats, self.nodes.node_ttl_s):
                 try:
-                    self.give_back(node)
+                    give_back(node, self.nodes, self._store, self._queues)
                 except BAD_RECORD_ERRORS:  # one node's bad entry must not keep the others' batches from going back
                     log.exception("giving back the batches of node %s failed; skipping it in this step", node)
 
@@ -100,7 +91,7 @@ class Placement:
         Such a node is hung, or about to be ended by its watchdog and restarted: a job placed on it
         would wait for that. Read from the nodes' in-flight hashes.
         """
-        held = self.nodes.jobs_held(nodes)
+        held = jobs_held(self.nodes, nodes)
         job_ids = sorted(set().union(*held.values()))
         if not job_ids:
             return set()
@@ -110,7 +101,7 @@ class Placement:
     # -- assignment -------------------------------------------------------------------------
     def _choose(
         self, job: Job, current: list[str], live: dict[str, list[str]], load: Counter[str],
-        held: AbstractSet[str] = frozenset(),
+        held: Set[str] = frozenset(),
     ) -> list[str]:
         """The job keeps its live nodes, and gets the least loaded free ones up to `workers`."""
         kept = [n for n in current if job.hardware_queue in live.get(n, ())]
@@ -159,7 +150,7 @@ class Placement:
                 log.exception("placing job %s failed; skipping it in this step", job_id)
 
     def _reconcile_job(
-        self, job_id: str, live: dict[str, list[str]], load: Counter[str], held: AbstractSet[str]
+        self, job_id: str, live: dict[str, list[str]], load: Counter[str], held: Set[str]
     ) -> None:
         try:
             state = self._store.state(job_id)
@@ -209,20 +200,20 @@ class Placement:
         self.drop_queue(job.queue)
 
     def drop_queue(self, queue: str) -> None:
-        """Delete a job queue with every message still in it (`jobs/nodes.py`)."""
-        drop_queue(self._celery, queue)
+        """Delete a job queue with every message still in it (`jobs/queues.py`)."""
+        self._queues.drop(queue)
 
     # -- control broadcasts -----------------------------------------------------------------
-    def _broadcast(self, send: Callable[..., object], job: Job, nodes: list[str]) -> None:
+    def _broadcast(self, send: Callable[[str, list[str]], None], job: Job, nodes: list[str]) -> None:
         if not nodes:
             return
         try:
-            send(job.queue, destination=nodes, reply=False)
+            send(job.queue, nodes)
         except (KombuError, redis.RedisError, OSError):  # a broker hiccup: the next reconcile step sends it again
             log.exception("control command for job %s failed", job.job_id)
 
     def _add_consumers(self, job: Job, nodes: list[str]) -> None:
-        self._broadcast(self._celery.control.add_consumer, job, nodes)
+        self._broadcast(self._queues.add_consumers, job, nodes)
 
     def _cancel_consumers(self, job: Job, nodes: list[str]) -> None:
-        self._broadcast(self._celery.control.cancel_consumer, job, nodes)
+        self._broadcast(self._queues.cancel_consumers, job, nodes)

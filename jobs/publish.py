@@ -16,7 +16,9 @@ store until the batch is recorded, and beat publishes a lost batch again (`beat/
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
@@ -24,7 +26,10 @@ from celery import Celery
 from .tasks import FINISH_JOB, RUN_BATCH
 
 if TYPE_CHECKING:
-    from .store import JobStore
+    from .store import BatchLedger
+
+SendCompletion = Callable[[str, str], None]
+"""Sends a job's completion task: `(job id, the job's queue)`."""
 
 PIPELINE = 500
 
@@ -32,11 +37,11 @@ PIPELINE = 500
 class BatchPublisher(AbstractContextManager["BatchPublisher"]):
     """Publishes batch tasks through one producer, keeping no per-task state.
 
-    Given the job `store`, each batch's payload is kept there (`JobStore.keep_payloads`), written
+    Given the job's batch `ledger`, each batch's payload is kept there (`BatchLedger.keep_payloads`), written
     PIPELINE at a time and before the messages carrying them are flushed.
     """
 
-    def __init__(self, celery: Celery, job_id: str, queue: str, store: "JobStore | None" = None) -> None:
+    def __init__(self, celery: Celery, job_id: str, queue: str, store: BatchLedger | None = None) -> None:
         self._celery = celery
         self._job_id = job_id
         self._queue = queue
@@ -44,7 +49,7 @@ class BatchPublisher(AbstractContextManager["BatchPublisher"]):
         self._unkept: dict[int, tuple[Any, dict[str, Any] | None]] = {}
         self.published = 0
 
-    def __enter__(self) -> "BatchPublisher":
+    def __enter__(self) -> BatchPublisher:
         self._stack = ExitStack()
         self._producer = self._stack.enter_context(self._celery.producer_or_acquire())
         # Declared once here: Celery would otherwise copy, bind and look the queue up per task.
@@ -80,3 +85,8 @@ class BatchPublisher(AbstractContextManager["BatchPublisher"]):
 def send_completion(celery: Celery, job_id: str, queue: str) -> None:
     """Send the task that runs `on_job_complete` and settles the job's final status."""
     celery.send_task(FINISH_JOB, args=(job_id,), queue=queue, ignore_result=True, add_to_parent=False)
+
+
+def completion_sender(celery: Celery) -> SendCompletion:
+    """`send_completion` through this app, for what sends completions without knowing Celery."""
+    return partial(send_completion, celery)

@@ -1,30 +1,33 @@
 """What a worker process does with a batch and with a job's completion.
 
-Plain functions over `Services`, so they can be tested without Celery; `jobs/tasks.py` only
-wraps them. A batch runs through a pipeline of small steps (`jobs/batch_steps.py`); its errors
-are caught and recorded there and the task returns normally, so a Celery retry never runs a
-batch behind Sluice's back; the recording of the job's last batch sends its completion task
-(see `jobs/publish.py`).
+`WorkerRuntime` is assembled once per process (`jobs/wiring.py`) from its `Services`: the job
+predictors it keeps (`jobs/predictors.py`), the batch pipeline (`jobs/batch_steps.py`) and the
+completion (`jobs/completion.py`), each given the collaborators it uses. `jobs/tasks.py` only wraps
+`run_batch` and `finish_job`. A batch's errors are caught and recorded in its pipeline and the task
+returns normally, so a Celery retry never runs a batch behind Sluice's back; the recording of the
+job's last batch sends its completion task (see `jobs/publish.py`).
+
+Nothing here is called back by what it assembled: the arrows go from the runner down.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-from pathlib import Path
+import os
+from collections.abc import Callable
 from typing import Any
 
-from predictors_runtime.batch_predictor import BatchPredictor
-from predictors_runtime.config import ApiConfig
 from foundation import figure_sink as process_figures
-from foundation.json_logs import labelled
-
-from .batch_steps import LOST_DELIVERY_ALLOWANCE, BatchRun, batch_id_of, batch_pipeline
-from .completion import finish_job
+from foundation.figure_sink import FigureSink
 from foundation.figures import Recorder
-from .job import Job, JobStatus
+from foundation.json_logs import labelled
 from foundation.log_streams import install_job_log_handler
-from .nodes import Delivery
+
+from .batch_steps import LOST_DELIVERY_ALLOWANCE, BatchRun, JobLogs, batch_id_of, batch_pipeline
+from .completion import JobCompletion
+from .delivery import Delivery
+from .predictors import BundlePredictors, JobPredictors
+from .publish import completion_sender
 from .services import Services
 from .time_limit import BatchWatchdog
 
@@ -32,75 +35,41 @@ __all__ = ["LOST_DELIVERY_ALLOWANCE", "WorkerRuntime", "batch_id_of"]
 
 log = logging.getLogger(__name__)
 
-SWEEP_INTERVAL_S = 5.0
-
 
 class WorkerRuntime:
-    """Per-process state: one predictor per job, built on first use and kept for the job."""
+    """Per process: one predictor per job, built on first use and kept for the job; the batch
+    pipeline and the completion over them."""
 
-    def __init__(self, services: Services) -> None:
-        self.services = services
-        self._jobs: dict[str, Job] = {}
-        self._predictors: dict[str, BatchPredictor] = {}
-        self._last_sweep = 0.0
-        self.time_limit = BatchWatchdog(services, hard_stop_grace_s=services.settings.hard_stop_grace_s)
-        # Batches, items and model loads of this process, summed with every other's in Redis.
-        self.figures = Recorder.for_url(services.settings.redis_url).start()
-        process_figures.install(self.figures)
-        self.logs = install_job_log_handler(services.settings)  # a job's lines also go to its log stream
-        self._run = batch_pipeline(self)
+    def __init__(
+        self, services: Services, *, figures: FigureSink, logs: JobLogs, predictors: JobPredictors | None = None,
+        end_process: Callable[[int], Any] = os._exit,
+    ) -> None:
+        """`figures` count batches, `logs` capture a job's lines into its stream; `predictors` (built
+        from the jobs' bundles unless given) and `end_process` (how the watchdog stops a batch) are
+        given by fast tests."""
+        settings = services.settings
+        self.predictors = predictors if predictors is not None else JobPredictors(
+            services.store, BundlePredictors(services.bundles, settings))
+        self.logs = logs
+        send_completion = completion_sender(services.celery)
+        self.watchdog = BatchWatchdog(services.store, services.store, send_completion, end_process=end_process,
+                                      hard_stop_grace_s=settings.hard_stop_grace_s)
+        self._run = batch_pipeline(
+            ledger=services.store, records=services.store, nodes=services.nodes, placement=services.placement,
+            predictors=self.predictors, watchdog=self.watchdog, figures=figures, logs=logs,
+            send_completion=send_completion, local_roots=settings.local_input_roots,
+        )
+        self.completion = JobCompletion(services.store, services.nodes, services.placement, self.predictors,
+                                        settings.local_input_roots)
 
-    # -- predictors -------------------------------------------------------------------------
-    def job(self, job_id: str) -> Job:
-        """The job's record, read once per process."""
-        job = self._jobs.get(job_id)
-        if job is None:
-            job = self._jobs[job_id] = self.services.store.get(job_id)
-        return job
+    @classmethod
+    def start(cls, services: Services) -> WorkerRuntime:
+        """This process's runtime: its batches, items and model loads counted in Redis with every other
+        process's, and a job's log lines shipped to the job's log stream too."""
+        figures = Recorder.for_url(services.settings.redis_url).start()
+        process_figures.install(figures)
+        return cls(services, figures=figures, logs=install_job_log_handler(services.settings))
 
-    def predictor_for(self, job: Job) -> BatchPredictor:
-        """The job's predictor in this process, built once per (API version, job)."""
-        predictor = self._predictors.get(job.job_id)
-        if predictor is None:
-            folder = self.services.bundles.local_folder(job.bundle)
-            api = ApiConfig.from_dict(job.api_spec)
-            log.info("building predictor of api %s for job %s", job.api_name, job.job_id)
-            settings = self.services.settings
-            predictor = BatchPredictor.build(
-                folder, api, job.predictor_job_spec(), job.config,
-                model_cache_dir=Path(settings.cache_dir).expanduser() / "models" / job.job_id,
-                poll_interval_s=settings.model_poll_interval_s,
-            )
-            self._predictors[job.job_id] = predictor
-        return predictor
-
-    def forget(self, job_id: str) -> None:
-        predictor = self._predictors.pop(job_id, None)
-        job = self._jobs.pop(job_id, None)
-        if predictor is not None:
-            predictor.close()
-            shutil.rmtree(Path(self.services.settings.cache_dir).expanduser() / "models" / job_id, ignore_errors=True)
-            if job is not None:  # its bundle folder may now be evicted from this host's cache
-                self.services.bundles.release(job.bundle)
-
-    def sweep(self, current_job_id: str, now: float) -> None:
-        """Drop the predictors of jobs that have ended elsewhere (stopped, timed out, finished)."""
-        others = [j for j in self._predictors if j != current_job_id]
-        if not others or now - self._last_sweep < SWEEP_INTERVAL_S:
-            return
-        self._last_sweep = now
-        for job_id, status in self.services.store.statuses(others).items():
-            if status is None or status.is_terminal:
-                self.forget(job_id)
-
-    def fail_job(self, job: Job, status: JobStatus, message: str) -> None:
-        """End the job (its predictor could not be built, say) and drop what this process holds of it."""
-        if self.services.store.transition(job.job_id, status, message=message):
-            log.error("job %s: %s: %s", job.job_id, status.value, message)
-            self.services.placement.release(job)
-        self.forget(job.job_id)
-
-    # -- tasks ------------------------------------------------------------------------------
     def run_batch(
         self, job_id: str, index: int, payload: Any, payload_ref: dict[str, Any] | None = None,
         delivery: Delivery | None = None,
@@ -117,4 +86,4 @@ class WorkerRuntime:
         """The completion task: run `on_job_complete` once, then settle the job's final status
         (`jobs/completion.py`: it rides out Redis errors and duplicate copies of the task)."""
         with labelled(job_id=job_id), self.logs.capturing_job(job_id):
-            finish_job(self, job_id, delivery)
+            self.completion.finish(job_id, delivery)

@@ -1,4 +1,10 @@
-"""The connected parts every Sluice process uses, built once from `Settings`."""
+"""The connected parts every Sluice process uses, typed by what they do, not by which backend does it.
+
+`Services.connect` builds the Redis ones from `Settings` (contacting Redis lazily, on first use);
+a process does that once, at its wiring point (`jobs/wiring.py`). Fast tests build `Services` from
+the in-memory fakes instead (`MemoryJobStore`, `MemoryNodes`, `MemoryJobQueues`), which pass the
+same contract tests as the Redis parts.
+"""
 
 from __future__ import annotations
 
@@ -7,41 +13,47 @@ from dataclasses import dataclass
 import redis
 from celery import Celery
 
+from foundation.redis_clients import connect
+from foundation.settings import Settings
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.project import BundleLimits
 
-from .nodes import Nodes
-from .placement import Placement
-from foundation.redis_clients import connect
-from foundation.settings import Settings
-from .store import JobStore
+from .nodes import NodeRegistry, Nodes
+from .placement import JobPlacement, Placement
+from .queues import CeleryJobQueues, JobQueues
+from .store import JobStorage, JobStore
 
 
 @dataclass
 class Services:
+    """One process's connected parts. `redis` is the client the API's own registries use."""
+
     settings: Settings
     celery: Celery
     redis: redis.Redis
-    store: JobStore
-    nodes: Nodes
-    placement: Placement
+    store: JobStorage
+    nodes: NodeRegistry
+    placement: JobPlacement
     bundles: BundleStore
+    queues: JobQueues
 
     @classmethod
-    def connect(cls, settings: Settings, celery: Celery) -> "Services":
-        """Build the clients; Redis is contacted lazily, on first use."""
+    def connect(cls, settings: Settings, celery: Celery) -> Services:
+        """Build the Redis clients and the parts over them; Redis is contacted lazily, on first use."""
         client = connect(settings.redis_url, settings.redis_retry_s, health_check_interval=30)  # rides out stalls
         store = JobStore(client, job_ttl_s=settings.job_ttl_s)
-        nodes = Nodes(client, celery, node_ttl_s=settings.node_ttl_s)
+        nodes = Nodes(client, node_ttl_s=settings.node_ttl_s)
+        queues = CeleryJobQueues(celery)
         return cls(
             settings=settings,
             celery=celery,
             redis=client,
             store=store,
             nodes=nodes,
-            placement=Placement(celery, store, client, node_ttl_s=settings.node_ttl_s, nodes=nodes),
+            placement=Placement(queues, store, nodes),
             bundles=BundleStore(
                 settings.storage, settings.cache_dir, cache_bytes=settings.bundle_cache_bytes,
                 limits=BundleLimits(settings.max_unpacked_bundle_bytes, settings.max_bundle_files),
             ),
+            queues=queues,
         )

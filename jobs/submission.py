@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import typing
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import annotated_types
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from foundation.limits import MAX_BATCH_TIMEOUT_S
 from foundation.errors import BadRequest
+from foundation.limits import MAX_BATCH_TIMEOUT_S
 
 SOURCES = ("item_list", "file_path_lister", "delimited_files", "retry_failed_of")
 
@@ -142,7 +143,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _describe(error: Mapping[str, Any]) -> str:
     path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]).lstrip(".")
     message = error["msg"]
     if error["type"] == "extra_forbidden":

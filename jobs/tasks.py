@@ -1,4 +1,4 @@
-"""Thin Celery task wrappers over `jobs.runner`: the only tasks worker nodes run.
+"""Thin Celery task wrappers over the worker runtime (`jobs/runner.py`): the only tasks worker nodes run.
 
 No task stores a result (`ignore_result`): batches report to the job store, which also decides
 when a job is complete (see `jobs/publish.py`). Periodic maintenance is no task: it runs in beat's
@@ -7,22 +7,35 @@ own process (`beat/scheduler.py`), so a node whose predictor hangs cannot hold i
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from celery import Celery, Task
 from celery.exceptions import Reject
 
 from foundation.redis_clients import TRANSIENT_ERRORS
-from .nodes import Delivery
+
+from .delivery import Delivery
 
 RUN_BATCH = "sluice.run_batch"
 FINISH_JOB = "sluice.finish_job"
 
 
-def register_tasks(app: Celery, runtime_factory: Any) -> None:
-    """Register Sluice's tasks on `app`; `runtime_factory()` gives this process's `WorkerRuntime`."""
+class BatchWorker(Protocol):
+    """What the tasks run (`jobs.runner.WorkerRuntime`)."""
 
-    @app.task(name=RUN_BATCH, ignore_result=True, acks_late=True, bind=True)
+    def run_batch(self, job_id: str, index: int, payload: Any, payload_ref: dict[str, Any] | None = None,
+                  delivery: Delivery | None = None) -> None: ...
+
+    def finish_job(self, job_id: str, delivery: Delivery | None = None) -> None: ...
+
+
+def register_tasks(app: Celery, runtime_factory: Callable[[], BatchWorker]) -> None:
+    """Register Sluice's tasks on `app`; `runtime_factory()` gives this process's `WorkerRuntime`.
+
+    Not shared with other apps (`shared=False`): a process that makes two apps (the API's, a test's)
+    must not have one app's tasks reach the other's runtime."""
+
     def run_batch(
         task: Task, job_id: str, index: int, payload: Any, payload_ref: dict[str, Any] | None = None
     ) -> None:
@@ -35,8 +48,11 @@ def register_tasks(app: Celery, runtime_factory: Any) -> None:
             # Redis is still away, settled by this node when it reconnects (jobs/settle.py).
             raise Reject(f"Redis failed while the batch ran: {e}", requeue=True) from e
 
-    @app.task(name=FINISH_JOB, ignore_result=True, acks_late=True, bind=True)
     def finish_job(task: Task, job_id: str) -> None:
         request = task.request
         delivery = Delivery(request.hostname, request.id) if request.hostname and request.id else None
         runtime_factory().finish_job(job_id, delivery)
+
+    # Registered by call, not as decorators: Celery's are untyped, and would make these functions so.
+    app.task(name=RUN_BATCH, ignore_result=True, acks_late=True, bind=True, shared=False)(run_batch)
+    app.task(name=FINISH_JOB, ignore_result=True, acks_late=True, bind=True, shared=False)(finish_job)

@@ -6,7 +6,7 @@ batch by ending its own process, from a watchdog thread: past the limit it recor
 failed ("timed out after N s"; on the batch's last try the batch itself is recorded as failed, so
 the job goes on), then calls `os._exit`. The process's supervisor (the embedded stack, docker's
 restart policy) starts the node again, and the new process first gives back what the old one
-held (`jobs/placement.py`): the batch returns to its job's queue for its next try, counted from
+held (`jobs/settle.py`): the batch returns to its job's queue for its next try, counted from
 the tries recorded here. The watchdog also watches the job itself while a batch runs: a job that
 times out or is stopped ends its in-flight batches the same way, so a hung predictor never keeps
 a node from the next job.
@@ -26,18 +26,18 @@ import signal
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import redis
 
-from foundation import keys
-from .job import Job, JobStatus
-from .publish import send_completion
-from .services import Services
 from foundation.settings import Settings
-from .store import Recorded
+
+from .job import Job, JobStatus
+from .publish import SendCompletion
+from .store import BatchLedger, JobRecords, Recorded
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def hook_time_limit(limit: float | None, on_expiry: Callable[[], Any],
             return
         try:
             on_expiry()
-        except Exception:  # noqa: BLE001 - the process ends either way; say why the record may be missing
+        except Exception:
             log.exception("recording the timed-out on_job_complete failed")
         end_process(EXIT_STOPPED_BATCH)
 
@@ -91,27 +91,6 @@ def hook_time_limit(limit: float | None, on_expiry: Callable[[], Any],
         yield
     finally:
         finished.set()
-
-
-_timed_out_key = keys.job_timed_out
-
-
-class TimedOutTries:
-    """Tries of a batch that ended by the time limit, kept across the node restarts they cause."""
-
-    def __init__(self, client: redis.Redis, ttl_s: float) -> None:
-        self._redis = client
-        self._ttl_s = int(ttl_s)
-
-    def used(self, job_id: str, index: int) -> int:
-        raw = self._redis.hget(_timed_out_key(job_id), str(index))
-        return int(raw) if raw is not None else 0
-
-    def mark(self, job_id: str, index: int, tries_used: int) -> None:
-        pipe = self._redis.pipeline()
-        pipe.hset(_timed_out_key(job_id), str(index), tries_used)
-        pipe.expire(_timed_out_key(job_id), self._ttl_s)
-        pipe.execute()
 
 
 @dataclass(frozen=True)
@@ -131,22 +110,26 @@ class BatchWatchdog:
     """One per node process: ends the process when the batch it runs must stop."""
 
     def __init__(
-        self, services: Services, status_poll_s: float = STATUS_POLL_S,
-        end_process: Callable[[int], Any] = os._exit, hard_stop_grace_s: float | None = None,
+        self, records: JobRecords, ledger: BatchLedger, send_completion: SendCompletion,
+        status_poll_s: float = STATUS_POLL_S, end_process: Callable[[int], Any] = os._exit,
+        hard_stop_grace_s: float | None = None,
     ) -> None:
-        """`hard_stop_grace_s`: seconds past the limit the kernel ends the process (None: never)."""
-        self._services = services
+        """`records`: the job's status is watched there; `ledger`: a timed-out try is counted there, and
+        a last one recorded (with `send_completion` for a job it completes); `hard_stop_grace_s`:
+        seconds past the limit the kernel ends the process (None: never)."""
+        self._records = records
+        self._ledger = ledger
+        self._send_completion = send_completion
         self._status_poll_s = status_poll_s
         self._end_process = end_process
         self._hard_stop_grace_s = hard_stop_grace_s
-        self.tries = TimedOutTries(services.redis, services.settings.job_ttl_s)
         self._cond = threading.Condition()
         self._watch: _Watch | None = None
         self._thread: threading.Thread | None = None
 
     def tries_timed_out(self, job: Job, index: int) -> int:
         """Tries of this batch used up by the time limit in earlier deliveries."""
-        return self.tries.used(job.job_id, index) if job.batch_timeout is not None else 0
+        return self._ledger.timed_out_tries(job.job_id, index) if job.batch_timeout is not None else 0
 
     @contextmanager
     def running(
@@ -234,7 +217,7 @@ class BatchWatchdog:
 
     def _job_status(self, watch: _Watch) -> JobStatus | None:
         try:
-            return self._services.store.status(watch.job.job_id)
+            return self._records.status(watch.job.job_id)
         except redis.RedisError as e:  # Redis away for a moment: the job is read again next poll
             log.warning("reading the status of job %s failed: %s", watch.job.job_id, e)
             return JobStatus.RUNNING
@@ -247,7 +230,7 @@ class BatchWatchdog:
             job.job_id, index, watch.attempt, job.tries, message, "" if last else " (the batch will be tried again)",
         )
         try:
-            self.tries.mark(job.job_id, index, watch.attempt)
+            self._ledger.mark_timed_out(job.job_id, index, watch.attempt)
             if last:
                 self._record_failure(watch, message)
         except redis.RedisError as e:  # the batch's next delivery sees its tries as they were
@@ -261,11 +244,11 @@ class BatchWatchdog:
         message back and its next delivery, seeing the batch recorded, is acknowledged.
         """
         job = watch.job
-        recorded = self._services.store.record_failure(
+        recorded = self._ledger.record_failure(
             job.job_id, watch.index, watch.limit or 0.0, message, job.tries, watch.payload, watch.payload_ref,
         )
         if recorded is Recorded.COMPLETED_JOB:
-            send_completion(self._services.celery, job.job_id, job.queue)
+            self._send_completion(job.job_id, job.queue)
 
     def _job_ended(self, watch: _Watch, status: JobStatus | None) -> None:
         job = watch.job
@@ -276,8 +259,6 @@ class BatchWatchdog:
         self._exit()
 
     def _exit(self) -> None:
-        try:
+        with suppress(OSError, ValueError):
             sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
         self._end_process(EXIT_STOPPED_BATCH)

@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from foundation.errors import PredictorError
+
 from .builder import BuiltPredictor, build_predictor
 from .config import ApiConfig, merge_config
-from foundation.errors import PredictorError
 from .loader import DeclaredCall
 
 
@@ -32,7 +33,7 @@ class BatchPredictor:
     def build(
         cls, project_dir: Path, api: ApiConfig, job_spec: dict[str, Any], job_config: dict[str, Any],
         model_cache_dir: Path | None = None, poll_interval_s: float = 10.0,
-    ) -> "BatchPredictor":
+    ) -> BatchPredictor:
         """Build the job's predictor: `config` is the API's config merged with the job's, plus `job_spec`.
 
         Raises `PredictorError` carrying the user's traceback when the import or `__init__`

@@ -21,7 +21,8 @@ import contextvars
 import logging
 import threading
 import time
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 from foundation.errors import PredictorError, RequestTimeout, SluiceError
 
@@ -53,7 +54,7 @@ class BatchFailed(PredictorError):
 class _Failure:
     """How a member's wait ends when its batch failed: a fresh exception per member."""
 
-    __slots__ = ("message", "cause", "size", "timeout")
+    __slots__ = ("cause", "message", "size", "timeout")
 
     def __init__(self, message: str, cause: BaseException | None = None, size: int = 0,
                  timeout: bool = False) -> None:
@@ -71,7 +72,7 @@ class _Failure:
 class _Window:
     """One batch: its members (in arrival order) and, once run, their outcomes."""
 
-    __slots__ = ("items", "deadlines", "full", "done", "outcomes")
+    __slots__ = ("deadlines", "done", "full", "items", "outcomes")
 
     def __init__(self) -> None:
         self.items: list[Any] = []
@@ -171,7 +172,7 @@ class Batcher(Generic[T]):
             self._on_batch(size)
         try:
             results = self._run(items)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the user's predict may raise anything: the batch fails
             failure = _Failure(f"predict raised {type(e).__name__}: {e}", cause=e, size=size)
             self._log(failure, items, e)
             for i in live:
@@ -186,7 +187,7 @@ class Batcher(Generic[T]):
                 f"with server_side_batching, predict must return one result per request; "
                 f"it returned {len(results)} results for a batch of {size}", size=size)
         else:
-            for i, result in zip(live, results):
+            for i, result in zip(live, results, strict=False):
                 outcomes[i] = result
             return outcomes
         self._log(failure, items, None)

@@ -17,17 +17,19 @@ the process's own between them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
+
+from foundation.errors import PredictorError, SluiceError
 
 from .config import ApiConfig, ModelsConfig
-from foundation.errors import PredictorError, SluiceError
 from .extras import require_predictor_runtime
 from .loader import call_with_declared, error_text, load_predictor_class
 from .namespace import ApiNamespace
-from .project import read_dotenv
 from .predictor_types import PREDICTOR_TYPES
+from .project import read_dotenv
 from .storage import split_uri
 
 SUPPORTED_TYPES = tuple(PREDICTOR_TYPES)
@@ -148,7 +150,7 @@ def _construct(
     """Inside the namespace: the predictor instance and its model client (or None)."""
     predictor = api.predictor
     # One module per (project folder, tag): two versions of one API never share module state.
-    predictor_class = load_predictor_class(project_dir, predictor.path, module_tag=str(project_dir))
+    predictor_class: Any = load_predictor_class(project_dir, predictor.path, module_tag=str(project_dir))
     available: dict[str, Any] = dict(init_args)
     try:
         client = make_client(api, project_dir, model_cache_dir, poll_interval_s)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from foundation.errors import ConfigError
 from foundation.limits import DEFAULT_BUNDLE_CACHE_BYTES
+
 from .project import BundleLimits, bundle_digest, unpack_project
 from .storage import join_uri, storage_for
 
@@ -31,11 +32,15 @@ _LOCK_SUFFIX = ".lock"
 _TRASH_PREFIX = ".evicted."
 
 
+# What a bundle may unpack to unless the settings say otherwise.
+DEFAULT_LIMITS = BundleLimits()
+
+
 class BundleStore:
     """Puts bundles into Sluice's storage and unpacks them into a local cache on demand."""
 
     def __init__(
-        self, root_uri: str, cache_dir: str | Path, *, limits: BundleLimits = BundleLimits(),
+        self, root_uri: str, cache_dir: str | Path, *, limits: BundleLimits = DEFAULT_LIMITS,
         cache_bytes: int = DEFAULT_BUNDLE_CACHE_BYTES,
     ) -> None:
         self._root = root_uri

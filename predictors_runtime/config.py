@@ -27,7 +27,7 @@ KINDS = ("BatchAPI", "RealtimeAPI")
 RESERVED_NAMES = frozenset({"apis", "batch", "healthz", "metrics", "openapi.json"})
 # Cortex fields accepted for compatibility but without effect here, by section.
 IGNORED_API_FIELDS = ("autoscaling", "networking", "update_strategy", "monitoring")
-IGNORED_PREDICTOR_FIELDS = tuple("image tensorflow_serving_image shm_size dependencies".split())
+IGNORED_PREDICTOR_FIELDS = ("image", "tensorflow_serving_image", "shm_size", "dependencies")
 # Bounds of the realtime fields: generous, but finite so no value can overflow a timer or a proxy setting.
 MAX_PROCESSES = 64
 MAX_THREADS = 1024
@@ -528,7 +528,7 @@ def _read_yaml(text: str, source: str) -> list[Any]:
             f"{source}: {size} bytes, over the limit of {MAX_CONFIG_BYTES} bytes for an API configuration"
         )
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""

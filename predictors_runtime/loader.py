@@ -7,8 +7,9 @@ import importlib.util
 import inspect
 import sys
 import traceback
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from foundation.errors import PredictorError
 

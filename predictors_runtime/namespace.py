@@ -37,10 +37,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from foundation.errors import SluiceError
 
@@ -101,7 +102,7 @@ class _Outside:
     cwd: str | None
 
     @classmethod
-    def capture(cls) -> "_Outside":
+    def capture(cls) -> _Outside:
         try:
             cwd: str | None = os.getcwd()
         except FileNotFoundError:  # the folder was removed under the process: nowhere to return to
@@ -111,7 +112,7 @@ class _Outside:
 
 # Process-wide, like the things they guard: the namespaces entered, innermost last (only that
 # one is in place), and the process's own state while any namespace is in place.
-_entered: list["ApiNamespace"] = []
+_entered: list[ApiNamespace] = []
 _outside: _Outside | None = None
 
 
@@ -119,18 +120,18 @@ def _locations(module: Any) -> list[str]:
     """Where a module was loaded from, read from its `__dict__` so no lazy module is triggered."""
     try:
         namespace = object.__getattribute__(module, "__dict__")
-    except Exception:  # not a module: some libraries put other objects in sys.modules
+    except Exception:  # noqa: BLE001 - not a module: some libraries put other objects in sys.modules
         return []
     file = namespace.get("__file__")
     if isinstance(file, str):
         return [file]
     try:
         return [entry for entry in namespace.get("__path__") or () if isinstance(entry, str)]
-    except Exception:
+    except Exception:  # noqa: BLE001 - a foreign object's __path__ may raise anything: not the API's
         return []
 
 
-def active_namespace() -> "ApiNamespace | None":
+def active_namespace() -> ApiNamespace | None:
     """The namespace in place now, if any."""
     return _entered[-1] if _entered else None
 
@@ -194,7 +195,7 @@ class ApiNamespace:
         return sorted(self._modules)
 
     @contextlib.contextmanager
-    def active(self) -> Iterator["ApiNamespace"]:
+    def active(self) -> Iterator[ApiNamespace]:
         """Put this namespace in place for the block, and the previous state back after it.
 
         Re-entrant: entered again while in place, it stays in place until the outermost block
@@ -347,7 +348,5 @@ class ApiNamespace:
         _set_environ(outside.environ, current_environ)
         sys.path[:] = outside.path
         if outside.cwd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.chdir(outside.cwd)
-            except OSError:
-                pass

@@ -36,10 +36,10 @@ class UploadedFile(FileStorage):
 
     @property
     def file(self) -> IO[bytes]:
-        return self.stream  # type: ignore[no-any-return]
+        return self.stream
 
     @classmethod
-    def of(cls, storage: FileStorage) -> "UploadedFile":
+    def of(cls, storage: FileStorage) -> UploadedFile:
         return cls(stream=storage.stream, filename=storage.filename, name=storage.name, headers=storage.headers)
 
 

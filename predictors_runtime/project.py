@@ -149,8 +149,8 @@ def pack_project(
     buffer = _CappedBuffer(max_bytes)
     current = ""
     try:
-        with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0, compresslevel=6) as gz:
-            with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        with (gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0, compresslevel=6) as gz,
+              tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar):
                 for name in names:
                     current = name
                     path = root / name

@@ -20,15 +20,20 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from foundation.errors import PredictorError, RequestTimeout
 
 from .batching import DEFAULT_MAX_WAIT_S, Batcher, request_deadline
 from .config import ServerSideBatching
-from foundation.errors import PredictorError, RequestTimeout
 from .loader import DeclaredCall
+
+if TYPE_CHECKING:
+    from werkzeug.datastructures import Headers
 
 PREDICT_ARGUMENTS = ("payload", "query_params", "headers")
 POST_PREDICT_ARGUMENTS = ("response", "payload", "query_params", "headers")
@@ -43,7 +48,7 @@ class RequestArgs:
 
     payload: Any = None
     query_params: dict[str, str] | None = None
-    headers: Mapping[str, str] | None = None
+    headers: Mapping[str, str] | Headers | None = None  # werkzeug's, in a replica
     request_id: str = ""
     deadline: float | None = None  # epoch seconds by which the answer is due
 

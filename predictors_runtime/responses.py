@@ -70,9 +70,10 @@ def _from_starlette(value: Any) -> Response | None:
             body = file.read()
     else:
         raise PredictorError(f"predict returned a starlette {type(value).__name__}, which Sluice cannot send")
-    response = Response(body, status=value.status_code, headers=headers)
-    if "content-type" not in headers and getattr(value, "media_type", None):
-        response.content_type = value.media_type
+    response = Response(bytes(body), status=value.status_code, headers=headers)
+    media_type: str | None = getattr(value, "media_type", None)
+    if "content-type" not in headers and media_type:
+        response.content_type = media_type
     return response
 
 

@@ -12,9 +12,10 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -273,7 +274,8 @@ def _get_all(client: Client, output: str) -> None:
         return
     _table(None, ["name", "kind", "status", "replicas / jobs running", "last deployed"], [
         [r["name"], r["kind"], r["status"],
-         f"{r['replicas_ready']}/{r['replicas_wanted']} ready" if "replicas_ready" in r else f"{r['jobs_running']} running",
+         f"{r['replicas_ready']}/{r['replicas_wanted']} ready" if "replicas_ready" in r
+         else f"{r['jobs_running']} running",
          _ago(r["deployed_at"], now)]
         for r in rows
     ])
@@ -364,7 +366,8 @@ def _get_job(client: Client, api: str, job_id: str, output: str) -> None:
     average = metrics.get("average_time_per_batch")
     lines = [
         f"job {job_id} of {api}: {job['status']}",
-        f"start: {job.get('start_time', '-')}  end: {job.get('end_time') or '-'}  duration: {_duration(_job_duration(job, now))}",
+        f"start: {job.get('start_time', '-')}  end: {job.get('end_time') or '-'}  "
+        f"duration: {_duration(_job_duration(job, now))}",
         f"batches: {metrics['succeeded']} succeeded, {metrics['failed']} failed, {job['total_batch_count']} total, "
         f"{job.get('batches_in_queue', 0)} in queue; average {average if average is not None else '-'} s per batch",
         f"workers: {job['workers']} requested; " + ", ".join(f"{k} {v}" for k, v in workers.items()),
@@ -429,6 +432,7 @@ def submit(ctx: click.Context, api: str, submission, items_file, body_file, batc
                 body["sqs_dead_letter_queue"] = {"arn": "", "max_receive_count": tries}
             spec = client.submit_raw(api, body)
         else:
+            assert batch_size is not None  # refused above when missing with --items
             spec = client.submit(api, json.load(items_file), batch_size, workers=workers or 1, config=config,
                                  timeout=timeout, tries=tries)
     except json.JSONDecodeError as e:
@@ -448,7 +452,15 @@ def submit(ctx: click.Context, api: str, submission, items_file, body_file, batc
 def _wait_with_progress(client: Client, api: str, job_id: str, timeout: float | None) -> dict[str, Any]:
     """Poll the job with a live progress bar on stderr (batches done/total, rate, ETA); its final status."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        ProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
     from rich.text import Text
 
     class RateColumn(ProgressColumn):
@@ -522,7 +534,8 @@ _LOG_KEYS = ("asctime", "levelname", "message", "labels", "process", "exception"
 
 def log_text(line: dict[str, Any]) -> str:
     """A log line for people: time, level, where it ran (batch, request, process), message, other fields."""
-    labels = line.get("labels") if isinstance(line.get("labels"), dict) else {}
+    labels = line.get("labels")
+    labels = labels if isinstance(labels, dict) else {}
     where = [f"{key}={value}" for key, value in labels.items() if key not in ("job_id", "api")]
     if line.get("process") is not None:
         where.append(f"pid={line['process']}")
@@ -595,7 +608,8 @@ def logs(ctx: click.Context, api: str, job_id: str | None, follow: bool, output:
 @main.command()
 @click.argument("api")
 @click.option("--json", "json_file", type=click.File("rb"), help="File holding the JSON request body ('-': stdin).")
-@click.option("--data", "data", default=None, help="The request body; sent as JSON when it parses as JSON, else as text.")
+@click.option("--data", "data", default=None,
+              help="The request body; sent as JSON when it parses as JSON, else as text.")
 @output_option(help="table: the answer as it came (JSON pretty-printed); json: the answer as one JSON document "
                "(a text answer as a JSON string).")
 @click.pass_context
@@ -611,6 +625,7 @@ def predict(ctx: click.Context, api: str, json_file, data: str | None, output: s
             raise click.BadParameter(f"--json: not valid JSON: {e}") from e
         content_type = "application/json"
     else:
+        data = data or ""  # given: exactly one of the two is
         body = data.encode()
         try:
             json.loads(data)
@@ -675,7 +690,8 @@ def jobs(ctx: click.Context, api: str, output: str) -> None:
         _print(listed)
         return
     for job in listed:
-        click.echo(f"{job['job_id']}  {job['status']:<32} {job['batch_metrics']['succeeded']}/{job['total_batch_count']}")
+        done = f"{job['batch_metrics']['succeeded']}/{job['total_batch_count']}"
+        click.echo(f"{job['job_id']}  {job['status']:<32} {done}")
 
 
 @main.command(hidden=True)
@@ -709,7 +725,8 @@ def up(port: int, workers: int) -> None:
         stack.start()
     except SluiceError as e:
         raise click.ClickException(str(e)) from e
-    click.echo(f"logs in {stack.data_dir / 'logs'}", err=True)
+    if stack.data_dir is not None:
+        click.echo(f"logs in {stack.data_dir / 'logs'}", err=True)
     click.echo(stack.url)
     stopping = False
 
@@ -793,6 +810,7 @@ def proxy(port: int, bind: str, management: str, state_dir: Path | None) -> None
     with needs_extra("server", "`sluice proxy`"):
         import redis
 
+        from foundation.redis_clients import heartbeat_client
         from foundation.settings import Settings
 
         from .proxy import ProxyController
@@ -800,7 +818,7 @@ def proxy(port: int, bind: str, management: str, state_dir: Path | None) -> None
     configure_json_logging()
     settings = Settings.from_env()
     controller = ProxyController(
-        redis.Redis.from_url(settings.redis_url), port=port, bind=bind, management=management,
+        heartbeat_client(settings), port=port, bind=bind, management=management,
         state_dir=state_dir or Path(settings.cache_dir) / f"proxy-{port}",
     )
     stopping = threading.Event()

@@ -13,17 +13,19 @@ import json
 import os
 import random as _random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import quote
 
 import requests
 import yaml
 
-from jobs.job import ACTIVE_STATUSES as _ACTIVE, TERMINAL_STATUSES as _TERMINAL
 from foundation.errors import SluiceError
+from jobs.job import ACTIVE_STATUSES as _ACTIVE
+from jobs.job import TERMINAL_STATUSES as _TERMINAL
 from predictors_runtime.project import pack_project
 
 DEFAULT_URL = "http://127.0.0.1:8888"

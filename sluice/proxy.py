@@ -36,13 +36,14 @@ from typing import Any
 
 import redis
 
-from foundation.api_keys import KEYS_VARIABLE, PROTECT_REALTIME_VARIABLE, header_values, refuse_open_bind
-from foundation.api_registry import ApiRegistry
-from foundation.replica_directory import ReplicaDirectory
 from foundation import keys
-from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS, Recorder
-from foundation.settings import Settings
+from foundation.api_keys import KEYS_VARIABLE, PROTECT_REALTIME_VARIABLE, header_values, refuse_open_bind
+from foundation.api_registry import ApiRegistry, RedisApiRegistry
 from foundation.errors import ConfigError, NotReady
+from foundation.figure_store import RedisFigureStore
+from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS, Recorder
+from foundation.replica_directory import RedisReplicaDirectory, ReplicaDirectory
+from foundation.settings import Settings
 
 from .local_socket import reachable_socket
 from .proxy_config import Route, plan_routes, render_config, tag_of
@@ -82,7 +83,7 @@ class ProxyRecord:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ProxyRecord":
+    def from_dict(cls, d: dict[str, Any]) -> ProxyRecord:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
@@ -282,7 +283,7 @@ class HAProxy:
         if not lines or not lines[0].startswith("# "):
             return []
         header = lines[0][2:].split(",")
-        return [dict(zip(header, line.split(","))) for line in lines[1:]]
+        return [dict(zip(header, line.split(","), strict=False)) for line in lines[1:]]
 
 
 # -- the controller -------------------------------------------------------------------------------
@@ -298,7 +299,12 @@ class _Reload:
 
 @dataclass
 class ProxyController:
-    """Keeps one haproxy serving the current routes; `step(now)` is one turn of its loop."""
+    """Keeps one haproxy serving the current routes; `step(now)` is one turn of its loop.
+
+    It reads the API registry and the replica directory, counts its refusals with `recorder`, and
+    publishes its own routing state (`sluice:proxies`), all through `redis_client` unless given
+    others (a test's fakes: `foundation.memory`).
+    """
 
     redis_client: redis.Redis
     port: int
@@ -310,6 +316,9 @@ class ProxyController:
     forget_every_s: float = FORGET_EVERY_S
     # API keys and whether realtime APIs want them (default: Settings.from_env()).
     settings: Settings | None = None
+    registry: ApiRegistry | None = None
+    replicas: ReplicaDirectory | None = None
+    recorder: Recorder | None = None
     restarts: int = 0
     reloads: int = 0
     _haproxy: HAProxy | None = None
@@ -333,10 +342,10 @@ class ProxyController:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.proxy_id = self.proxy_id or f"{socket.gethostname()}:{self.port}"
         self.settings = self.settings or Settings.from_env()
-        self._registry = ApiRegistry(self.redis_client)
-        self._replicas = ReplicaDirectory(self.redis_client)
+        self._registry: ApiRegistry = self.registry or RedisApiRegistry(self.redis_client)
+        self._replicas: ReplicaDirectory = self.replicas or RedisReplicaDirectory(self.redis_client)
         self._haproxy = HAProxy(self.state_dir, self.executable)
-        self._figures = Recorder(self.redis_client)
+        self._figures = self.recorder or Recorder(RedisFigureStore(self.redis_client))
 
     @property
     def haproxy(self) -> HAProxy:
@@ -396,7 +405,7 @@ class ProxyController:
         self._config, self._routes = text, routes
 
     # lifecycle
-    def start(self, now: float | None = None, timeout: float = 15.0) -> "ProxyController":
+    def start(self, now: float | None = None, timeout: float = 15.0) -> ProxyController:
         """Start haproxy on the current routes and wait until it serves them."""
         now = time.time() if now is None else now
         assert self.settings is not None
@@ -544,7 +553,7 @@ class ProxyController:
         if self._own_state_dir and self.state_dir is not None and not os.environ.get("SLUICE_KEEP_DATA"):
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
-    def __enter__(self) -> "ProxyController":
+    def __enter__(self) -> ProxyController:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -26,13 +26,13 @@ import hashlib
 import logging
 import math
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
-from predictors_runtime.config import ApiConfig
 from foundation.api_registry import DeployedApi
-from foundation.replica_directory import ReplicaRecord
 from foundation.errors import ConfigError
+from foundation.replica_directory import ReplicaRecord
+from predictors_runtime.config import ApiConfig
 
 from .proxy_rejections import REASON_INDEX, TABLE
 
@@ -282,7 +282,8 @@ def _realtime_backend(route: Route, keys_file: str | None = None) -> list[str]:
         # reload counts no server at all in its stopped backends.
         "    http-request return status 503 content-type application/json lf-string "
         + _json_body("not_ready", _literal(f"no replica of {name} is ready"))
-        + " hdr X-Sluice-Error not_ready if " + " ".join(f"!{{ srv_is_up({route.backend}/{s.name}) }}" for s in route.servers),
+        + " hdr X-Sluice-Error not_ready if "
+        + " ".join(f"!{{ srv_is_up({route.backend}/{s.name}) }}" for s in route.servers),
         # Every replica busy and the queue full: refuse at once; the client may retry shortly.
         "    http-request return status 503 content-type application/json lf-string "
         + _json_body("overloaded", _literal(f"{name} is at capacity: every replica is busy and its queue is full"))

@@ -31,18 +31,20 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Literal
 
 import redis
 
-from predictors_runtime.config import ApiConfig
-from foundation.api_registry import ApiRegistry, DeployedApi
-from foundation.replica_directory import ReadinessMarkers, ReplicaDirectory, ReplicaRecord
-from predictors_runtime.bundles import BundleStore
-from predictors_runtime.project import BundleLimits
+from foundation.api_registry import ApiRegistry, DeployedApi, RedisApiRegistry
 from foundation.errors import ApiNotFound, ConfigError, NotReady, SluiceError
+from foundation.redis_clients import heartbeat_client
+from foundation.replica_directory import ReadinessMarkers, RedisReplicaDirectory, ReplicaDirectory, ReplicaRecord
+from predictors_runtime.bundles import BundleStore
+from predictors_runtime.config import ApiConfig
+from predictors_runtime.project import BundleLimits
 
 from .local_socket import host_identity, remove_stale, socket_path_for
 from .replica_process import graceful_timeout_s, gunicorn_argv, replica_env, signal_group, spawn_gunicorn
@@ -208,11 +210,14 @@ class ReplicaLauncher:
         port: int, host: str = "127.0.0.1", advertise: str | None = None, api_url: str = DEFAULT_API_URL,
         base_env: Mapping[str, str] | None = None, drain_cap_s: float = DRAIN_CAP_S,
         unrouted: Unrouted | None = None, spawn: Callable[..., subprocess.Popen] = spawn_gunicorn,
+        registry: ApiRegistry | None = None, directory: ReplicaDirectory | None = None,
     ) -> None:
+        """`registry` and `directory` default to Redis's through `redis_client`; a fast test hands in
+        `foundation.memory`'s fakes and its own `unrouted` (its client is then never used)."""
         self.api_name = api_name
         self._redis = redis_client
-        self._registry = ApiRegistry(redis_client)
-        self._directory = ReplicaDirectory(redis_client)
+        self._registry: ApiRegistry = registry or RedisApiRegistry(redis_client)
+        self._directory: ReplicaDirectory = directory or RedisReplicaDirectory(redis_client)
         self._bundles = bundles
         self._state_root = Path(state_root)
         self.base_port = port
@@ -289,7 +294,7 @@ class ReplicaLauncher:
             self._forget(gen)
 
     # -- the registry ------------------------------------------------------------------------
-    def _lookup(self, now: float) -> DeployedApi | None | bool:
+    def _lookup(self, now: float) -> DeployedApi | Literal[False] | None:
         """The API as deployed now; False when it is gone (or no longer realtime); None if unknown."""
         try:
             api = self._registry.get(self.api_name)
@@ -471,8 +476,7 @@ def serve(
     settings = Settings.from_env(env)
     # Short timeouts, no retries inside a command: a stalled Redis must not stall the loop that
     # keeps gunicorn alive (the replica keeps serving; heartbeats resume with Redis).
-    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30, socket_timeout=5,
-                                  socket_connect_timeout=5)
+    client = heartbeat_client(settings)
     bundles = BundleStore(
         settings.storage, settings.cache_dir, cache_bytes=settings.bundle_cache_bytes,
         limits=BundleLimits(settings.max_unpacked_bundle_bytes, settings.max_bundle_files),

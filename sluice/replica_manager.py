@@ -22,16 +22,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 import redis
 
-from foundation.api_registry import ApiRegistry, DeployedApi
+from foundation.api_registry import ApiRegistry, DeployedApi, RedisApiRegistry
+from foundation.redis_clients import heartbeat_client
 
 from .replica import (
-    DEFAULT_API_URL, DRAIN_CAP_S, KILL_AFTER_GRACE_S, REALTIME_KIND, advertised_address, redis_host,
+    DEFAULT_API_URL,
+    DRAIN_CAP_S,
+    KILL_AFTER_GRACE_S,
+    REALTIME_KIND,
+    advertised_address,
+    redis_host,
     restart_delay_s,
 )
 from .replica_process import MIN_GRACEFUL_S, spawn_gunicorn
@@ -205,8 +211,7 @@ def serve_all(
     env = dict(os.environ if env is None else env)
     settings = Settings.from_env(env)
     select = on_hardware(hardware)
-    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30, socket_timeout=5,
-                                  socket_connect_timeout=5)
+    client = heartbeat_client(settings)  # short timeouts, no retries: the next step is the retry
     state_root = state_dir or Path(settings.cache_dir).expanduser() / "replicas"
     # Resolved once, so every launcher of this host announces the same address.
     address = advertised_address(host, advertise, toward=redis_host(client))
@@ -215,7 +220,7 @@ def serve_all(
         argv = launcher_argv(api_name, port, host=host, advertise=address, api_url=api_url, state_dir=state_root)
         return spawn_gunicorn(argv, env, Path.cwd())  # any command: own session, dies with us
 
-    manager = ReplicaManager(ApiRegistry(client), spawn, select=select)
+    manager = ReplicaManager(RedisApiRegistry(client), spawn, select=select)
     stopping = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     log.info("serving %s realtime APIs on %s (advertised as %s)", hardware or "all", host, address)

@@ -9,13 +9,14 @@ life, so that nothing outlives the launcher.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from foundation.api_registry import DeployedApi
 from predictors_runtime.config import ApiConfig, PredictorConfig
@@ -137,7 +138,5 @@ def spawn_gunicorn(argv: list[str], env: Mapping[str, str], cwd: Path) -> subpro
 
 def signal_group(process: subprocess.Popen, sig: int) -> None:
     """Signal gunicorn and its workers at once (a worker left by a dead arbiter keeps the port)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -18,6 +18,14 @@ if str(ROOT) not in sys.path:
 from sluice.embedded import free_port  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tool_state_outside_the_checkout(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Hypothesis keeps its example database in `./.hypothesis` unless told otherwise; here, and in
+    every child process (schemathesis's CLI runs on it), it goes to the session's temporary folder,
+    so that a test run leaves nothing in the checkout."""
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(tmp_path_factory.mktemp("hypothesis")))
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory):
     """A private redis-server for the whole session; yields its URL."""

@@ -16,7 +16,7 @@ FEATURES = ["sepal_length", "sepal_width", "petal_length", "petal_width"]
 def main():
     iris = load_iris()
     items = [
-        {name: round(float(value), 2) for name, value in zip(FEATURES, row)}
+        {name: round(float(value), 2) for name, value in zip(FEATURES, row, strict=False)}
         for row in iris.data
     ]
     # one item per line: valid JSON that still diffs nicely

@@ -88,7 +88,7 @@ class PythonPredictor:
 
         predicted = self.model.predict(rows) if rows else []
         results = []
-        for item, class_index in zip(payload, predicted):
+        for item, class_index in zip(payload, predicted, strict=False):
             label = self.labels[int(class_index)]
             results.append({"input": item, "label": label})
             self.label_counts[label] += 1

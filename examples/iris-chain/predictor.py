@@ -44,7 +44,7 @@ def normalise(payload):
     unit = payload.get("unit", "cm")
     if unit not in TO_CENTIMETRES:
         raise Invalid(f"unit must be one of {', '.join(TO_CENTIMETRES)}, not {unit!r}")
-    flowers = payload["flowers"] if "flowers" in payload else [payload]
+    flowers = payload.get("flowers", [payload])
     if not isinstance(flowers, list) or not 1 <= len(flowers) <= MAX_FLOWERS:
         raise Invalid(f"flowers must be a list of 1 to {MAX_FLOWERS} flowers")
     normalised = []

@@ -17,5 +17,5 @@ class ONNXPredictor:
         # Returned rows are written to the job's output, when the job asks for one.
         return [
             {"batch_id": batch_id, **item, "label": LABELS[int(label)], "confidence": float(p.max())}
-            for item, label, p in zip(payload, labels, probabilities)
+            for item, label, p in zip(payload, labels, probabilities, strict=False)
         ]

@@ -67,5 +67,5 @@ class ONNXPredictor:
         label = LABELS[int(labels[0])]
         logger.info("classified a flower", extra={"label": label, "model_version": version})
         if query_params.get("probabilities", "").lower() in ("1", "true", "yes"):
-            return {"label": label, "probabilities": dict(zip(LABELS, probabilities[0].tolist()))}
+            return {"label": label, "probabilities": dict(zip(LABELS, probabilities[0].tolist(), strict=False))}
         return label

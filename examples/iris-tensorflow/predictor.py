@@ -15,5 +15,5 @@ class TensorFlowPredictor:
         outputs = self.client.predict(rows)  # output name -> values, as TensorFlow Serving answers
         return [
             {"batch_id": batch_id, **item, "label": LABELS[int(label)]}
-            for item, label in zip(payload, outputs["label"])
+            for item, label in zip(payload, outputs["label"], strict=False)
         ]

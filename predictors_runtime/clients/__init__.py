@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from foundation.errors import ConfigError
 from predictors_runtime.predictor_types import PREDICTOR_TYPES

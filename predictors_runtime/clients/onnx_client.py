@@ -133,7 +133,8 @@ def _batch_of_one(spec: InputSpec, array: np.ndarray[Any, Any]) -> np.ndarray[An
     shape = spec.shape
     if not shape or array.ndim != len(shape) - 1 or shape[0] not in (None, 1):
         return array
-    if any(expected is not None and expected != actual for expected, actual in zip(shape[1:], array.shape)):
+    if any(expected is not None and expected != actual
+           for expected, actual in zip(shape[1:], array.shape, strict=False)):
         return array
     return array[np.newaxis, ...]
 
@@ -147,7 +148,7 @@ def _check_shape(spec: InputSpec, array: np.ndarray[Any, Any]) -> None:
             f"input {spec.name!r}: expected {len(spec.shape)} dimensions (shape {_shape_text(spec.shape)}), "
             f"got {array.ndim} (shape {_shape_text(array.shape)})"
         )
-    for axis, (expected, actual) in enumerate(zip(spec.shape, array.shape)):
+    for axis, (expected, actual) in enumerate(zip(spec.shape, array.shape, strict=False)):
         if expected is not None and expected != actual:
             raise ModelInputError(
                 f"input {spec.name!r}: expected shape {_shape_text(spec.shape)}, got {_shape_text(array.shape)} "
@@ -306,7 +307,8 @@ class ONNXClient(ModelClient):
             "input_signatures": {spec.name: spec.describe() for spec in model.inputs},
         }
 
-    def predict(self, model_input: Any, model_name: str | None = None, model_version: str | int = "latest") -> list[Any]:
+    def predict(self, model_input: Any, model_name: str | None = None,
+                model_version: str | int = "latest") -> list[Any]:
         """Run the model on `model_input` and return its outputs, as onnxruntime does.
 
         `model_input` is a dict of input name -> array-like, or one array-like for a model with a

@@ -71,7 +71,8 @@ class Stacking:
             log.warning("server-side batching: the calls of %s are run one by one from now on: %s", model_label, why)
 
 
-def signature_stacking(inputs: Sequence[InputSpec], output_shapes: dict[str, tuple[int | None, ...] | None]) -> Stacking:
+def signature_stacking(inputs: Sequence[InputSpec],
+                       output_shapes: dict[str, tuple[int | None, ...] | None]) -> Stacking:
     """Whether a signature's calls can be stacked along its first dimension, from its declared shapes.
 
     Every input needs a known rank of at least one and a first dimension of any size (the batch
@@ -174,7 +175,7 @@ class CallGatherer:
             groups.setdefault(call.key, []).append(index)
         outcomes: list[Any] = [None] * len(calls)
         for members in groups.values():
-            for index, outcome in zip(members, self._run_group([calls[i] for i in members])):
+            for index, outcome in zip(members, self._run_group([calls[i] for i in members]), strict=False):
                 outcomes[index] = outcome
         return outcomes
 

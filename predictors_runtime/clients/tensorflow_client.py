@@ -13,6 +13,7 @@ tensorflow is imported when the first model is loaded, never when this module is
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from predictors_runtime.batching import DEFAULT_MAX_WAIT_S
 from foundation.errors import ConfigError, ModelInputError
+from predictors_runtime.batching import DEFAULT_MAX_WAIT_S
 
 from .hardware import tensorflow_device
 from .onnx_client import InputSpec, prepare_inputs
@@ -129,10 +130,8 @@ class TensorFlowClient(ModelClient):
 
             gpus = tf.config.list_physical_devices("GPU") if self._gpu else []
             for gpu in gpus:
-                try:
+                with contextlib.suppress(RuntimeError, ValueError):  # already initialised: keep its setting
                     tf.config.experimental.set_memory_growth(gpu, True)
-                except (RuntimeError, ValueError):  # the GPU is already initialised; keep its setting
-                    pass
             self._device = tensorflow_device(self._gpu, available=gpus)
         return self._device
 

@@ -17,8 +17,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from predictors_runtime.config import ModelsConfig
 from foundation.errors import ConfigError
+from predictors_runtime.config import ModelsConfig
 from predictors_runtime.predictor_types import PREDICTOR_TYPES as _REGISTRY
 from predictors_runtime.predictor_types import predictor_type as _predictor_type
 from predictors_runtime.storage import ObjectInfo, join_uri, storage_for

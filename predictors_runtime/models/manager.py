@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from foundation import figure_sink as figures
-from predictors_runtime.config import ModelsConfig
 from foundation.errors import (
     BadRequest,
     ModelNotFound,
     PredictorError,
     SluiceError,
 )
+from predictors_runtime.config import ModelsConfig
 
 from . import disk
 from .cache import LRU

@@ -8,6 +8,7 @@ Every method of a `Storage` takes full URIs of its scheme: a local path (or `fil
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib
 import io
 import os
@@ -16,8 +17,8 @@ import shutil
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from contextlib import contextmanager
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -93,10 +94,7 @@ class Storage(ABC):
         found = False
         for info in self.list(uri):
             found = True
-            if info.uri == base:
-                relative = base.rstrip("/").rsplit("/", 1)[-1]
-            else:
-                relative = info.uri[len(folder):]
+            relative = base.rstrip("/").rsplit("/", 1)[-1] if info.uri == base else info.uri[len(folder):]
             if not relative or relative.endswith("/"):
                 continue  # a zero-byte "folder marker" some S3/GCS tools create
             parts = [p for p in relative.split("/") if p]
@@ -155,10 +153,9 @@ class GuardedReader(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            try:
+            # Closing a half-read HTTP body may fail in any way; nothing to report to the reader.
+            with contextlib.suppress(Exception):
                 self._close()
-            except Exception:
-                pass  # closing a half-read HTTP body may fail; nothing to report to the reader
         super().close()
 
     @classmethod

@@ -7,7 +7,7 @@ import stat as stat_module
 import sys
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import BinaryIO
 
 from foundation.errors import AccessDenied, BadStorageUri, StorageError, StorageNotFound
@@ -134,10 +134,8 @@ class LocalStorage(Storage):
                     f.write(data)
                 os.replace(tmp, path)
             except BaseException:
-                try:
+                with suppress(OSError):
                     os.unlink(tmp)
-                except OSError:
-                    pass
                 raise
 
 
@@ -241,10 +239,8 @@ def write_bytes_confined(path: str, data: bytes, roots: Sequence[str]) -> None:
                     f.write(data)
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except BaseException:
-                try:
+                with suppress(OSError):
                     os.unlink(tmp, dir_fd=dir_fd)
-                except OSError:
-                    pass
                 raise
     finally:
         os.close(dir_fd)
@@ -254,7 +250,6 @@ def read_range_confined(path: str, start: int, end: int, roots: Sequence[str]) -
     """Bytes `[start, end)` of a local file, opened with `open_confined`."""
     if start < 0 or end < start:
         raise ValueError(f"bad byte range [{start}, {end})")
-    with open_confined(path, roots) as f:
-        with _errors(path):
-            f.seek(start)
-            return f.read(end - start)
+    with open_confined(path, roots) as f, _errors(path):
+        f.seek(start)
+        return f.read(end - start)

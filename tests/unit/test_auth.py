@@ -1,19 +1,16 @@
 """API keys: the management API asks for one when keys are set, the proxy asks realtime callers
 for one when the operator says so, and nothing listens beyond loopback anonymously by accident.
 
-The management app is the real one (Flask's test client) on a real redis-server.
+Fast: keys, binds and the proxy's rendered configuration. The management app on a real Redis and
+`haproxy -c` reading the configuration are in tests/integration/test_auth_management_app.py.
 """
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
-from api.app import create_app
 from foundation.api_keys import (
     header_values,
     key_matches,
@@ -22,75 +19,21 @@ from foundation.api_keys import (
     presented_key,
     refuse_open_bind,
 )
-from foundation.errors import InsecureBind
 from foundation.api_registry import DeployedApi
+from foundation.errors import ConfigError, InsecureBind
 from foundation.replica_directory import ReplicaRecord
 from foundation.settings import Settings
 from predictors_runtime.config import ApiConfig
-from foundation.errors import ConfigError
 from sluice.client import Client
-from sluice.proxy import ProxyController, find_haproxy
+from sluice.proxy import ProxyController
 from sluice.proxy_config import plan_routes, render_config
 
 KEY = "k-3f9a1c27e8b44d0f"
 OTHER_KEY = "k-second-7b21"
 
 
-@pytest.fixture
-def make_client(redis_server: str, tmp_path: Path):
-    """A test client of the management app on database 3 of the session's Redis."""
-    url = redis_server.rsplit("/", 1)[0] + "/3"
-    redis.Redis.from_url(url).flushdb()
-
-    def make(**settings: Any):
-        base = Settings(redis_url=url, storage=str(tmp_path / "storage"), cache_dir=str(tmp_path / "cache"))
-        return create_app(Settings(**{**base.__dict__, **settings})).test_client()
-
-    yield make
-    redis.Redis.from_url(url).flushdb()
-
-
-# -- the management API ------------------------------------------------------------------------------
-def test_without_keys_every_endpoint_is_open_as_before(make_client):
-    client = make_client()
-    assert client.get("/apis").status_code == 200
-    assert client.get("/healthz").status_code == 200
-
-
-@pytest.mark.parametrize("authorization", [None, "", "Bearer", "Bearer wrong-key", f"Basic {KEY}",
-                                           f"Bearer {KEY}x", f"Bearer {KEY[:-1]}"])
-def test_with_keys_a_request_without_the_right_key_is_refused(make_client, authorization):
-    client = make_client(api_keys=(KEY, OTHER_KEY))
-    headers = {} if authorization is None else {"Authorization": authorization}
-    for method, path in [("GET", "/apis"), ("POST", "/apis"), ("GET", "/batch/x"), ("GET", "/metrics"),
-                         ("GET", "/openapi.json"), ("DELETE", "/apis/x"), ("GET", "/no/such/path")]:
-        answer = client.open(path, method=method, headers=headers)
-        assert answer.status_code == 401, (method, path)
-        assert answer.get_json()["kind"] == "unauthorized"
-        assert answer.get_json()["message"]
-        assert answer.headers["WWW-Authenticate"] == "Bearer"
-
-
-@pytest.mark.parametrize("authorization", [f"Bearer {KEY}", f"bearer {KEY}", f"Bearer {OTHER_KEY}"])
-def test_with_keys_a_request_with_a_right_key_is_served(make_client, authorization):
-    client = make_client(api_keys=(KEY, OTHER_KEY))
-    answer = client.get("/apis", headers={"Authorization": authorization})
-    assert answer.status_code == 200, answer.get_json()
-
-
-def test_healthz_stays_open_for_probes(make_client):
-    client = make_client(api_keys=(KEY,))
-    assert client.get("/healthz").status_code == 200
-
-
-def test_realtime_fallback_answers_are_protected_exactly_when_realtime_apis_are(make_client):
-    # `/<name>` with no replica is answered by the management API on the realtime API's behalf.
-    assert make_client(api_keys=(KEY,)).get("/iris").status_code == 404
-    protected = make_client(api_keys=(KEY,), protect_realtime=True)
-    assert protected.get("/iris").status_code == 401
-    assert protected.get("/iris", headers={"Authorization": f"Bearer {KEY}"}).status_code == 404
-
-
+# The management app's answers with and without keys (it needs Redis) are in
+# tests/integration/test_auth_management_app.py.
 def test_the_client_sends_its_key(monkeypatch):
     monkeypatch.setenv("SLUICE_API_KEY", KEY)
     assert Client("http://127.0.0.1:1")._session.headers["Authorization"] == f"Bearer {KEY}"
@@ -153,29 +96,38 @@ def test_loopback_needs_no_keys(bind):
     refuse_open_bind(bind, Settings())
 
 
-def test_the_proxy_refuses_to_start_on_a_public_address_without_keys(redis_client, tmp_path):
-    controller = ProxyController(redis_client, port=1, bind="0.0.0.0", management="127.0.0.1:2",
-                                 state_dir=tmp_path / "proxy", settings=Settings())
+class Untouched:
+    """Stands in for the proxy's Redis client where nothing may reach Redis: any use fails the test."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"Redis was used ({name}) where nothing should reach it")
+
+
+def test_the_proxy_refuses_to_start_on_a_public_address_without_keys(tmp_path):
+    controller = ProxyController(Untouched(), port=1, bind="0.0.0.0",  # type: ignore[arg-type]
+                                 management="127.0.0.1:2", state_dir=tmp_path / "proxy", settings=Settings())
     try:
         with pytest.raises(InsecureBind, match="SLUICE_ALLOW_ANONYMOUS"):
-            controller.start()
+            controller.start()  # before haproxy starts, and before Redis is asked anything
         assert not controller.haproxy.alive()
     finally:
-        controller.stop(grace=0)
+        controller.haproxy.close()
 
 
-def test_the_proxy_refuses_to_protect_realtime_apis_without_keys(redis_client, tmp_path):
-    controller = ProxyController(redis_client, port=1, management="127.0.0.1:2", state_dir=tmp_path / "proxy",
-                                 settings=Settings(protect_realtime=True))
+def test_the_proxy_refuses_to_protect_realtime_apis_without_keys(tmp_path):
+    controller = ProxyController(Untouched(), port=1, management="127.0.0.1:2",  # type: ignore[arg-type]
+                                 state_dir=tmp_path / "proxy", settings=Settings(protect_realtime=True))
     try:
         with pytest.raises(ConfigError, match="SLUICE_API_KEYS"):
             controller.start()
+        assert not controller.haproxy.alive()
     finally:
-        controller.stop(grace=0)
+        controller.haproxy.close()
 
 
 # -- the proxy's configuration -----------------------------------------------------------------------
-def _render(keys_file: str | None) -> str:
+def render(keys_file: str | None) -> str:
+    """The configuration of one realtime API with one ready replica (`keys_file`: realtime keys wanted)."""
     config = ApiConfig.from_dict({"name": "iris", "kind": "RealtimeAPI", "predictor": {"path": "predictor.py"}})
     api = DeployedApi(name="iris", kind="RealtimeAPI", spec=config.to_dict(), bundle="b1", queue=config.queue,
                       deployed_at=0.0, ignored_fields=[])
@@ -198,11 +150,7 @@ def _backend(config: str, header: str) -> list[str]:
 def test_with_realtime_protection_each_realtime_backend_checks_the_key_first_and_drops_it(tmp_path):
     keys_file = tmp_path / "realtime-keys.lst"
     keys_file.write_text("".join(f"{value}\n" for value in header_values([KEY])))
-    config = _render(str(keys_file))
-    checked = tmp_path / "haproxy.cfg"
-    checked.write_text(config)
-    result = subprocess.run([find_haproxy(), "-c", "-q", "-f", str(checked)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr + result.stdout
+    config = render(str(keys_file))  # haproxy reads it: tests/integration/test_auth_management_app.py
 
     backend = _backend(config, "backend rt_iris")
     assert backend[backend.index("http-request track-sc0 str(iris) table sluice_rejected") + 1].startswith(
@@ -219,11 +167,12 @@ def test_with_realtime_protection_each_realtime_backend_checks_the_key_first_and
 
 
 def test_without_realtime_protection_realtime_backends_check_nothing():
-    assert "authorization" not in _render(None).lower()
+    assert "authorization" not in render(None).lower()
 
 
-def test_the_proxy_writes_the_accepted_headers_readable_by_its_user_only(redis_client, tmp_path):
-    controller = ProxyController(redis_client, port=1, management="127.0.0.1:2", state_dir=tmp_path / "proxy",
+def test_the_proxy_writes_the_accepted_headers_readable_by_its_user_only(tmp_path):
+    controller = ProxyController(Untouched(), port=1, management="127.0.0.1:2",  # type: ignore[arg-type]
+                                 state_dir=tmp_path / "proxy",
                                  settings=Settings(api_keys=(KEY, OTHER_KEY), protect_realtime=True))
     controller._write_keys_file()
     assert controller.keys_file is not None

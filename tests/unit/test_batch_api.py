@@ -1,58 +1,79 @@
 """The Batch API as a user calls it (`/batch/<api>`), through Flask's test client.
 
-Fast: the app is built with `create_app(services=...)` around the in-memory job store (it passes
-the store's contract tests) and kombu's in-memory broker; the API registry and node heartbeats
-are in a real redis-server. No worker runs: batches are recorded the way a worker records them,
-through the store, and the enqueuer's thread is joined, never slept on.
+Fast: the app is built with `create_app(services=...)` around the in-memory job store, node registry
+and job queues (they pass their contract tests) and kombu's in-memory broker, with the foundation's
+in-memory API registry, replica directory, log streams and figure store in its extensions. No worker
+runs: batches are recorded the way a worker records them, through the store, and the enqueuer's
+thread is joined, never slept on.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis
 from celery import Celery
+from flask import Flask
 from flask.testing import FlaskClient
 
+from api import context
 from api.app import create_app
-from foundation.api_registry import ApiRegistry
+from foundation.figures import Recorder
+from foundation.memory import MemoryApiRegistry, MemoryFigureStore, MemoryLogStreams, MemoryReplicaDirectory
+from foundation.settings import Settings
 from jobs.job import JobStatus
-from jobs.memory_store import MemoryJobStore
-from jobs.nodes import Nodes
+from jobs.memory_nodes import MemoryNodes
+from jobs.memory_queues import MemoryJobQueues
 from jobs.placement import Placement
 from jobs.services import Services
-from foundation.settings import Settings
+from jobs.store.memory import MemoryJobStore
 from jobs.tasks import RUN_BATCH
+from predictors_runtime.bundles import BundleStore
 from predictors_runtime.config import ApiConfig
 
 API = {"name": "iris", "kind": "BatchAPI", "predictor": {"type": "python", "path": "predictor.py"}}
 
 
 @pytest.fixture
-def services(redis_client: redis.Redis, tmp_path: Path) -> Services:
-    kwargs = redis_client.connection_pool.connection_kwargs
-    settings = Settings(
-        redis_url=f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs['db']}", storage=str(tmp_path / "storage"),
-        local_input_roots=(str(tmp_path),),
-    )
+def services(tmp_path: Path) -> Services:
+    settings = Settings(storage=str(tmp_path / "storage"), local_input_roots=(str(tmp_path),))
     celery = Celery("sluice-test", broker="memory://", set_as_current=False)
     celery.conf.update(task_serializer="json", accept_content=["json"])
     store = MemoryJobStore()
-    nodes = Nodes(redis_client, celery, node_ttl_s=settings.node_ttl_s)
+    nodes = MemoryNodes(settings.node_ttl_s, inflight=store.inflight)
+    queues = MemoryJobQueues()
     return Services(
-        settings=settings, celery=celery, redis=redis_client, store=store, nodes=nodes,  # type: ignore[arg-type]
-        placement=Placement(celery, store, redis_client, settings.node_ttl_s, nodes=nodes),  # type: ignore[arg-type]
-        bundles=None,  # type: ignore[arg-type]
+        settings=settings, celery=celery, redis=redis.Redis(), store=store, nodes=nodes,  # a client never used
+        placement=Placement(queues, store, nodes), queues=queues,
+        bundles=BundleStore(settings.storage, tmp_path / "cache"),
     )
 
 
 @pytest.fixture
-def client(services: Services) -> Iterator[FlaskClient]:
-    ApiRegistry(services.redis).put(ApiConfig.from_dict(API), "sha256-abc")
-    app = create_app(services=services)
+def registry() -> MemoryApiRegistry:
+    registry = MemoryApiRegistry()
+    registry.put(ApiConfig.from_dict(API), "sha256-abc")
+    return registry
+
+
+def app_of(services: Services, registry: MemoryApiRegistry) -> Flask:
+    """The management app around `services`, its registries and figures in memory."""
+    figures = MemoryFigureStore()
+    app = create_app(services=services, recorder=Recorder(figures))
+    app.extensions.update({
+        context.REGISTRY: registry, context.REPLICAS: MemoryReplicaDirectory(), context.LOG_STREAMS: MemoryLogStreams(),
+        context.FIGURE_STORE: figures,
+    })
+    return app
+
+
+@pytest.fixture
+def client(services: Services, registry: MemoryApiRegistry) -> Iterator[FlaskClient]:
+    app = app_of(services, registry)
     with app.test_client() as client:
         yield client
     app.extensions["sluice.figures"].close()
@@ -174,9 +195,11 @@ def test_the_api_description_carries_an_absolute_endpoint(client: FlaskClient) -
     assert client.get("/apis/iris").get_json()["endpoint"] == "http://localhost/iris"
 
 
-def test_a_realtime_api_takes_no_jobs_and_its_path_refuses_delete(client: FlaskClient, services: Services) -> None:
+def test_a_realtime_api_takes_no_jobs_and_its_path_refuses_delete(
+    client: FlaskClient, services: Services, registry: MemoryApiRegistry
+) -> None:
     realtime = {"name": "live", "kind": "RealtimeAPI", "predictor": {"type": "python", "path": "predictor.py"}}
-    ApiRegistry(services.redis).put(ApiConfig.from_dict(realtime), "sha256-def")
+    registry.put(ApiConfig.from_dict(realtime), "sha256-def")
     body = {"item_list": {"items": [1], "batch_size": 1}}
 
     at_batch = client.post("/batch/live", json=body)
@@ -195,10 +218,10 @@ def test_with_api_keys_a_job_at_the_apis_own_path_wants_a_key_while_realtime_ans
     from dataclasses import replace
 
     keyed = replace(services, settings=replace(services.settings, api_keys=("s3cret",)))
-    registry = ApiRegistry(services.redis)
+    registry = MemoryApiRegistry()
     registry.put(ApiConfig.from_dict(API), "sha256-abc")
     registry.put(ApiConfig.from_dict({**API, "name": "live", "kind": "RealtimeAPI"}), "sha256-def")
-    app = create_app(services=keyed)
+    app = app_of(keyed, registry)
     body = {"item_list": {"items": [1], "batch_size": 1}}
     try:
         with app.test_client() as client:

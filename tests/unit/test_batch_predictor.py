@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
+from foundation.errors import PredictorError
 from predictors_runtime.batch_predictor import BatchPredictor
 from predictors_runtime.config import ApiConfig, parse_api_configs
-from foundation.errors import PredictorError
 
 JOB_SPEC = {"job_id": "0018bcfe5680a1b2c3d4", "api_name": "iris", "workers": 1, "config": {},
             "total_batch_count": 2, "start_time": "2023-11-14T22:13:20Z"}
@@ -159,7 +160,7 @@ def test_the_working_directory_is_restored_when_predict_raises(tmp_path: Path) -
     """))
     before = os.getcwd()
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="bad row"):
         predictor.predict([1], "b-1")
 
     assert os.getcwd() == before

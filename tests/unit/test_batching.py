@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from predictors_runtime.batching import BatchFailed, Batcher
-from predictors_runtime.config import ServerSideBatching
 from foundation.errors import ModelInputError, PredictorError, RequestTimeout
+from predictors_runtime.batching import Batcher, BatchFailed
+from predictors_runtime.config import ServerSideBatching
 from predictors_runtime.realtime_predictor import RealtimePredictor, RequestArgs
 
 JOIN_TIMEOUT_S = 30.0
@@ -49,13 +50,14 @@ class Recorder:
         self.lock = threading.Lock()
         self.running = 0
         self.most_running = 0
+        self.working = threading.Event()  # never set
 
     def __call__(self, items: list[int]) -> list[int]:
         with self.lock:
             self.batches.append(list(items))
             self.running += 1
             self.most_running = max(self.most_running, self.running)
-        time.sleep(0.001)
+        self.working.wait(0.001)  # the model's work: time for a second batch to overlap, were batches concurrent
         with self.lock:
             self.running -= 1
         return [item * 2 for item in items]
@@ -187,7 +189,8 @@ def test_a_predictor_with_server_side_batching_receives_aligned_lists_and_answer
     class Batched:
         def predict(self, payload, query_params, headers):
             seen.append((payload, query_params, headers))
-            return [f"{p['n']}:{q['tag']}:{h['x-caller']}" for p, q, h in zip(payload, query_params, headers)]
+            return [f"{p['n']}:{q['tag']}:{h['x-caller']}"
+                    for p, q, h in zip(payload, query_params, headers, strict=True)]
 
     predictor = RealtimePredictor(Batched(), batching=ServerSideBatching(max_batch_size=8, batch_interval=0.02))
 
@@ -214,9 +217,9 @@ def test_a_client_error_raised_by_a_batched_predict_keeps_its_cause():
 
 
 def test_batch_settings_are_checked():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_batch_size must be at least 1"):
         Batcher(lambda items: items, max_batch_size=0, interval_s=0.1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="interval_s must be greater than 0"):
         Batcher(lambda items: items, max_batch_size=1, interval_s=0)
 
 

@@ -10,10 +10,8 @@ import redis
 from beat.loop import MaintenanceLoop
 from beat.schedule import Step, maintenance_steps
 from beat.scheduler import MaintenanceScheduler
-from jobs.celery_app import create_celery
-from jobs.job import Job, JobStatus
 from foundation.settings import Settings
-from jobs.store import JobStore
+from jobs.celery_app import create_celery
 
 T0 = 1_700_000_000.0
 
@@ -65,22 +63,3 @@ def test_no_periodic_task_goes_to_the_worker_nodes() -> None:
     assert app.conf.beat_scheduler == "beat.scheduler:MaintenanceScheduler"
     assert sorted(name for name in app.tasks if name.startswith("sluice.")) == ["sluice.finish_job", "sluice.run_batch"]
     assert MaintenanceScheduler(app).schedule == {}  # not even Celery's backend_cleanup
-
-
-def test_beats_own_scheduler_times_out_a_job_on_its_tick(
-    redis_client: redis.Redis, redis_server: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    url = redis_server.rsplit("/", 1)[0] + "/1"
-    monkeypatch.setenv("SLUICE_REDIS_URL", url)
-    store = JobStore(redis_client)
-    store.create(Job(job_id="slow", api_name="iris", workers=1, config={}, timeout=30, total_batch_count=3,
-                     start_time=T0), JobStatus.RUNNING)
-    clock = [T0 + 10]
-    scheduler = MaintenanceScheduler(create_celery(Settings(redis_url=url)), clock=lambda: clock[0])
-
-    scheduler.tick()
-    assert store.status("slow") is JobStatus.RUNNING
-
-    clock[0] = T0 + 31
-    assert scheduler.tick() == pytest.approx(5.0)  # the next round, one beat interval later
-    assert store.status("slow") is JobStatus.TIMED_OUT

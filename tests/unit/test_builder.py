@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from foundation.errors import PredictorError
 from predictors_runtime.builder import BuiltPredictor, build_predictor
 from predictors_runtime.config import ApiConfig, parse_api_configs
-from foundation.errors import PredictorError
 from predictors_runtime.namespace import active_namespace
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from sluice.client import Client, NotReady, Overloaded, RetryPolicy
+from sluice.client import Client, ClientError, NotReady, Overloaded, RetryPolicy
 
 OVERLOADED = {"kind": "overloaded", "message": "ap is at capacity: every replica is busy and its queue is full"}
 
@@ -179,7 +179,7 @@ def test_other_errors_are_never_retried(server):
     server.script.append((500, {"Retry-After": "1"}, {"kind": "predictor_error", "message": "boom"}))
     waits = Waits()
 
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(ClientError) as raised:
         client(server.url, waits).predict("ap", {})
 
     assert raised.value.http_status == 500 and len(server.seen) == 1 and waits.waits == []
@@ -197,5 +197,5 @@ def test_retries_zero_disables_retrying(server):
 def test_an_int_sets_the_number_of_retries_and_the_default_retries(server):
     assert Client(server.url, retries=5).retry_policy.retries == 5
     assert Client(server.url).retry_policy.retries > 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="cannot be negative"):
         RetryPolicy(retries=-1)

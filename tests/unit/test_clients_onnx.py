@@ -16,10 +16,10 @@ from skl2onnx import to_onnx
 from sklearn.datasets import load_iris
 from sklearn.linear_model import LogisticRegression
 
+from foundation.errors import ModelInputError, ModelNotFound
 from predictors_runtime.clients import ONNXClient
 from predictors_runtime.clients.onnx_client import InputSpec, OnnxModel
 from predictors_runtime.config import ModelsConfig
-from foundation.errors import ModelInputError, ModelNotFound
 from predictors_runtime.models.manager import LoadedModel, ModelManager
 
 IRIS_X, IRIS_Y = load_iris(return_X_y=True)
@@ -80,9 +80,10 @@ def write_model(folder: Path, data: bytes, name: str = "model.onnx") -> Path:
 def client_for_models(tmp_path: Path, gpu: bool = False, **models: Any) -> ONNXClient:
     """An ONNXClient over the real ModelManager, serving local folders."""
     config = ModelsConfig(**models)
-    factory: Callable[[Callable[[Path], Any]], ModelManager] = (
-        lambda load: ModelManager(config, "onnx", tmp_path / "cache", load, poll_interval_s=3600)
-    )
+
+    def factory(load: Callable[[Path], Any]) -> ModelManager:
+        return ModelManager(config, "onnx", tmp_path / "cache", load, poll_interval_s=3600)
+
     return ONNXClient(factory, gpu=gpu)
 
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from foundation.errors import ConfigError, ModelInputError
 from predictors_runtime.clients import TensorFlowClient
 from predictors_runtime.clients.tensorflow_client import pick_signature
 from predictors_runtime.config import ModelsConfig
-from foundation.errors import ConfigError, ModelInputError
 from predictors_runtime.models.manager import ModelManager
 
 W = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
@@ -73,9 +73,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def tf_client(tmp_path: Path, path: Path, signature_key: str | None = None, gpu: bool = False) -> TensorFlowClient:
     config = ModelsConfig(path=str(path))
-    factory: Callable[[Callable[[Path], Any]], ModelManager] = (
-        lambda load: ModelManager(config, "tensorflow", tmp_path / "cache", load, poll_interval_s=3600)
-    )
+
+    def factory(load: Callable[[Path], Any]) -> ModelManager:
+        return ModelManager(config, "tensorflow", tmp_path / "cache", load, poll_interval_s=3600)
+
     return TensorFlowClient(factory, signature_key=signature_key, gpu=gpu)
 
 
@@ -397,7 +398,7 @@ def test_outputs_not_one_row_per_input_row_fall_back_to_one_call_per_run(
 
     for outcome in (*outcomes, *later):
         assert not isinstance(outcome, BaseException), outcome
-    for i, (first, second) in enumerate(zip(outcomes, later)):
+    for i, (first, second) in enumerate(zip(outcomes, later, strict=True)):
         np.testing.assert_array_equal(first["flat"], (rows_of(i) * 2).ravel())
         np.testing.assert_array_equal(second["flat"], (rows_of(i) * 2).ravel())
     # The shared run answered 2 values per row; each call was run again alone, and the model
@@ -450,8 +451,8 @@ def test_an_input_that_does_not_fit_fails_its_caller_without_joining_a_window(
 
 
 def test_a_call_past_its_requests_deadline_is_left_out_of_its_run(tmp_path: Path, scaled_models: Path) -> None:
-    from predictors_runtime.batching import request_deadline
     from foundation.errors import RequestTimeout
+    from predictors_runtime.batching import request_deadline
 
     client, runs = gathering_client(tmp_path, scaled_models, "rows", max_batch_size=4, interval_s=0.01)
     token = request_deadline.set(time.time() - 1)

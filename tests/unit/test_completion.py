@@ -1,44 +1,35 @@
 """A job's completion: `on_job_complete` runs at most once however often the completion task comes, a
 Redis error is waited out rather than taken for a vanished job, and beat sends the completion again
-for a job whose batches are all recorded but which has not ended."""
+for a job whose batches are all recorded but which has not ended.
+
+Fast: the job store and node registry are the in-memory ones (they pass the contract tests),
+placement runs over them with the in-memory job queues, and the job's predictor is a small class here.
+"""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import redis
 
 from beat.completions import COMPLETION_GRACE_S, completion_grace_s, resend_completions
-from jobs.completion import DIED_MESSAGE, finish_job
-from jobs.job import Job, JobStatus
-from foundation.settings import Settings
-from jobs.nodes import Delivery, Nodes
-from jobs.store import JobStore
-from jobs.tasks import FINISH_JOB
 from foundation.errors import PredictorError
+from foundation.settings import Settings
+from jobs.completion import DIED_MESSAGE, JobCompletion
+from jobs.delivery import Delivery
+from jobs.job import Job, JobStatus
+from jobs.memory_nodes import MemoryNodes
+from jobs.memory_queues import MemoryJobQueues
+from jobs.placement import Placement
+from jobs.predictors import JobPredictor, JobPredictors
+from jobs.store import JobStorage
+from jobs.store.memory import MemoryJobStore
 
 T0 = 1_700_000_000.0
 GRACE_S = 10.0
-
-
-class RecordingPlacement:
-    def __init__(self) -> None:
-        self.released: list[str] = []
-
-    def release(self, job: Job, nodes: list[str] | None = None) -> None:
-        self.released.append(job.job_id)
-
-
-class RecordingCelery:
-    """Stands in for the Celery app: remembers the tasks sent."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, tuple[Any, ...], str]] = []
-
-    def send_task(self, name: str, args: tuple[Any, ...], queue: str, **_: Any) -> None:
-        self.sent.append((name, args, queue))
 
 
 class Predictor:
@@ -46,42 +37,81 @@ class Predictor:
         self.completed: list[dict[str, Any]] = []
         self.raises = raises
 
-    def on_job_complete(self, job_status: dict[str, Any]) -> None:
+    def on_job_complete(self, job_status: dict[str, Any] | None = None) -> None:
+        assert job_status is not None
         self.completed.append(job_status)
         if self.raises:
             raise ValueError("the summary could not be written")
 
+    def close(self) -> None:
+        pass
 
-class Runtime:
-    """Stands in for `WorkerRuntime`: one predictor per job, and what it forgot."""
+    def predict(self, payload: Any, batch_id: str) -> Any:
+        return payload
 
-    def __init__(self, services: SimpleNamespace, predictor: Predictor | None = None, build_error: str = "") -> None:
-        self.services = services
-        self.predictor = predictor or Predictor()
+
+class Builder:
+    """Stands in for building the job's predictor from its bundle."""
+
+    def __init__(self, predictor: Predictor, build_error: str = "") -> None:
+        self.predictor = predictor
         self.build_error = build_error
-        self.forgotten: list[str] = []
 
-    def predictor_for(self, job: Job) -> Predictor:
+    def build(self, job: Job) -> JobPredictor:
         if self.build_error:
             raise PredictorError(self.build_error)
         return self.predictor
 
-    def forget(self, job_id: str) -> None:
-        self.forgotten.append(job_id)
+    def discard(self, job_id: str, job: Job | None) -> None:
+        pass
+
+
+@dataclass
+class World:
+    """A process's collaborators, in memory, and what they were asked."""
+
+    store: MemoryJobStore = field(default_factory=MemoryJobStore)
+    queues: MemoryJobQueues = field(default_factory=MemoryJobQueues)
+    sent: list[tuple[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.nodes = MemoryNodes(30, inflight=self.store.inflight)
+        self.placement = Placement(self.queues, self.store, self.nodes)
+
+    def send_completion(self, job_id: str, queue: str) -> None:
+        self.sent.append((job_id, queue))
+
+    @property
+    def released(self) -> list[str]:
+        """Jobs whose queue was dropped: what `Placement.release` does last."""
+        return [queue.removeprefix("job.") for queue in self.queues.dropped]
+
+
+class Completing:
+    """A process completing jobs (`JobCompletion`) with one predictor for every job."""
+
+    def __init__(self, world: World, predictor: Predictor | None = None, build_error: str = "",
+                 sleep: Callable[[float], Any] = lambda seconds: None, store: Any = None) -> None:
+        """`store`: the job store as this process sees it (a flaky one, say); the world's by default."""
+        self.predictor = predictor or Predictor()
+        self.predictors = JobPredictors(world.store, Builder(self.predictor, build_error))
+        self.completion = JobCompletion(store or world.store, world.nodes, world.placement, self.predictors, (),
+                                        sleep=sleep)
+
+    def finish(self, job_id: str, delivery: Delivery | None = None) -> None:
+        self.completion.finish(job_id, delivery)
 
 
 @pytest.fixture
-def services(redis_client: redis.Redis) -> SimpleNamespace:
-    celery = RecordingCelery()
-    return SimpleNamespace(store=JobStore(redis_client), nodes=Nodes(redis_client, celery, node_ttl_s=30),  # type: ignore[arg-type]
-                           placement=RecordingPlacement(), celery=celery)
+def world() -> World:
+    return World()
 
 
-def finished_job(services: SimpleNamespace, job_id: str = "job-1", recorded_at: float = T0, failed: int = 0) -> Job:
+def finished_job(world: World, job_id: str = "job-1", recorded_at: float = T0, failed: int = 0) -> Job:
     """A running job whose two batches are recorded (the last of them at `recorded_at`)."""
     job = Job(job_id=job_id, api_name="iris", workers=1, config={}, timeout=None, total_batch_count=2,
               start_time=T0 - 60)
-    store = services.store
+    store = world.store
     store.create(job, JobStatus.RUNNING)
     for index in range(2):
         if index < failed:
@@ -97,64 +127,64 @@ def delivery(task_id: str = "task-1") -> Delivery:
 
 
 # -- the completion task ------------------------------------------------------------------------------
-def test_the_completion_runs_the_hook_once_and_ends_the_job(services: SimpleNamespace) -> None:
-    finished_job(services)
-    runtime = Runtime(services)
+def test_the_completion_runs_the_hook_once_and_ends_the_job(world: World) -> None:
+    finished_job(world)
+    runtime = Completing(world)
 
-    finish_job(runtime, "job-1", delivery())
+    runtime.finish("job-1", delivery())
 
-    state = services.store.state("job-1")
+    state = world.store.state("job-1")
     assert state.status is JobStatus.SUCCEEDED and state.message == ""
     assert len(runtime.predictor.completed) == 1
     assert runtime.predictor.completed[0]["batch_metrics"]["succeeded"] == 2
-    assert services.placement.released == ["job-1"]
-    assert services.nodes.inflight("node@a") == {}  # off the node once done
+    assert world.released == ["job-1"]
+    assert world.nodes.inflight("node@a") == {}  # off the node once done
 
 
-def test_a_copy_of_the_completion_arriving_after_it_ran_changes_nothing(services: SimpleNamespace) -> None:
-    finished_job(services)
-    runtime = Runtime(services)
-    finish_job(runtime, "job-1", delivery("task-1"))
+def test_a_copy_of_the_completion_arriving_after_it_ran_changes_nothing(world: World) -> None:
+    finished_job(world)
+    runtime = Completing(world)
+    runtime.finish("job-1", delivery("task-1"))
 
-    finish_job(runtime, "job-1", delivery("task-2"))  # beat's copy, or the one a lost reply made
+    runtime.finish("job-1", delivery("task-2"))  # beat's copy, or the one a lost reply made
 
     assert len(runtime.predictor.completed) == 1
-    assert services.store.state("job-1").status is JobStatus.SUCCEEDED
+    assert world.store.state("job-1").status is JobStatus.SUCCEEDED
 
 
-def test_a_copy_arriving_while_another_runs_the_hook_leaves_it_to_that_one(services: SimpleNamespace) -> None:
-    finished_job(services)
-    assert services.store.claim_completion("job-1", "task-1/first", "task-1").value == "claimed"
-    runtime = Runtime(services)
+def test_a_copy_arriving_while_another_runs_the_hook_leaves_it_to_that_one(world: World) -> None:
+    finished_job(world)
+    assert world.store.claim_completion("job-1", "task-1/first", "task-1").value == "claimed"
+    runtime = Completing(world)
 
-    finish_job(runtime, "job-1", delivery("task-2"))
+    runtime.finish("job-1", delivery("task-2"))
 
     assert runtime.predictor.completed == []
-    assert services.store.state("job-1").status is JobStatus.RUNNING
+    assert world.store.state("job-1").status is JobStatus.RUNNING
 
 
 def test_a_redelivery_after_its_node_died_before_the_hook_was_done_fails_the_job_without_running_it_again(
-    services: SimpleNamespace,
+    world: World,
 ) -> None:
-    finished_job(services)
-    services.store.claim_completion("job-1", "task-1/previous-life", "task-1")  # then the node was killed
-    runtime = Runtime(services)
+    finished_job(world)
+    world.store.claim_completion("job-1", "task-1/previous-life", "task-1")  # then the node was killed
+    runtime = Completing(world)
 
-    finish_job(runtime, "job-1", delivery("task-1"))  # the same message, given back by the node's next life
+    runtime.finish("job-1", delivery("task-1"))  # the same message, given back by the node's next life
 
-    state = services.store.state("job-1")
+    state = world.store.state("job-1")
     assert state.status is JobStatus.WORKER_ERROR and state.message == DIED_MESSAGE
     assert runtime.predictor.completed == []
 
 
-def test_once_the_hook_ran_any_copy_settles_the_jobs_status_with_what_the_hook_did(services: SimpleNamespace) -> None:
-    finished_job(services)
-    store = services.store
+def test_once_the_hook_ran_any_copy_settles_the_jobs_status_with_what_the_hook_did(world: World) -> None:
+    finished_job(world)
+    store = world.store
     store.claim_completion("job-1", "task-1/died-after-the-hook", "task-1")
     store.mark_hook_done("job-1", "on_job_complete raised: ValueError: no")
-    runtime = Runtime(services)
+    runtime = Completing(world)
 
-    finish_job(runtime, "job-1", delivery("task-1"))
+    runtime.finish("job-1", delivery("task-1"))
 
     state = store.state("job-1")
     assert state.status is JobStatus.COMPLETED_WITH_FAILURES
@@ -162,40 +192,40 @@ def test_once_the_hook_ran_any_copy_settles_the_jobs_status_with_what_the_hook_d
     assert runtime.predictor.completed == []
 
 
-def test_a_hook_that_raises_completes_the_job_with_failures(services: SimpleNamespace) -> None:
-    finished_job(services)
-    runtime = Runtime(services, Predictor(raises=True))
+def test_a_hook_that_raises_completes_the_job_with_failures(world: World) -> None:
+    finished_job(world)
+    runtime = Completing(world, Predictor(raises=True))
 
-    finish_job(runtime, "job-1", delivery())
+    runtime.finish("job-1", delivery())
 
-    state = services.store.state("job-1")
+    state = world.store.state("job-1")
     assert state.status is JobStatus.COMPLETED_WITH_FAILURES
     assert state.message.startswith("on_job_complete raised:") and "the summary could not be written" in state.message
 
 
-def test_a_predictor_that_cannot_be_built_fails_the_job(services: SimpleNamespace) -> None:
-    finished_job(services)
+def test_a_predictor_that_cannot_be_built_fails_the_job(world: World) -> None:
+    finished_job(world)
 
-    finish_job(Runtime(services, build_error="the model file is corrupt"), "job-1", delivery())
+    Completing(world, build_error="the model file is corrupt").finish("job-1", delivery())
 
-    state = services.store.state("job-1")
+    state = world.store.state("job-1")
     assert state.status is JobStatus.WORKER_ERROR and state.message == "the model file is corrupt"
 
 
-def test_a_completion_of_a_job_that_is_gone_does_nothing(services: SimpleNamespace) -> None:
-    runtime = Runtime(services)
+def test_a_completion_of_a_job_that_is_gone_does_nothing(world: World) -> None:
+    runtime = Completing(world)
 
-    finish_job(runtime, "never-was", delivery())
+    runtime.finish("never-was", delivery())
 
-    assert runtime.predictor.completed == [] and services.placement.released == []
+    assert runtime.predictor.completed == [] and world.released == []
 
 
 class FlakyStore:
     """The job store with Redis away for the first `failures` calls of each listed method."""
 
-    def __init__(self, store: JobStore, failures: int, methods: tuple[str, ...]) -> None:
+    def __init__(self, store: JobStorage, failures: int, methods: tuple[str, ...]) -> None:
         self._store = store
-        self._left = {name: failures for name in methods}
+        self._left = dict.fromkeys(methods, failures)
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._store, name)
@@ -213,74 +243,74 @@ class FlakyStore:
 
 @pytest.mark.parametrize("method", ["state", "claim_completion", "mark_hook_done", "transition"])
 def test_a_redis_error_at_any_step_is_waited_out_not_taken_for_a_vanished_job(
-    services: SimpleNamespace, method: str
+    world: World, method: str
 ) -> None:
-    finished_job(services)
-    services.store = FlakyStore(services.store, failures=3, methods=(method,))
-    runtime = Runtime(services)
+    finished_job(world)
     pauses: list[float] = []
+    runtime = Completing(world, sleep=pauses.append, store=FlakyStore(world.store, failures=3, methods=(method,)))
 
-    finish_job(runtime, "job-1", delivery(), sleep=pauses.append)
+    runtime.finish("job-1", delivery())
 
-    assert services.store.state("job-1").status is JobStatus.SUCCEEDED
+    assert world.store.state("job-1").status is JobStatus.SUCCEEDED
     assert len(runtime.predictor.completed) == 1  # repeats of the run never run the hook again
     assert len(pauses) == 3 and pauses == sorted(pauses)
 
 
 # -- beat sends the completion again ---------------------------------------------------------------------
-def sent(services: SimpleNamespace) -> list[tuple[str, tuple[Any, ...], str]]:
-    return services.celery.sent
+def resend(world: World, now: float) -> list[str]:
+    """Beat's step, with the grace period of these tests."""
+    return resend_completions(world.store, world.store, world.send_completion, now, grace_s=GRACE_S)
 
 
 def test_a_job_left_unended_after_its_batches_were_recorded_gets_its_completion_again(
-    services: SimpleNamespace,
+    world: World,
 ) -> None:
-    finished_job(services)  # its completion task was lost: the recorder never heard that it completed the job
+    finished_job(world)  # its completion task was lost: the recorder never heard that it completed the job
 
-    assert resend_completions(services, now=T0 + GRACE_S - 0.001, grace_s=GRACE_S) == []
-    assert resend_completions(services, now=T0 + GRACE_S, grace_s=GRACE_S) == ["job-1"]
+    assert resend(world, now=T0 + GRACE_S - 0.001) == []
+    assert resend(world, now=T0 + GRACE_S) == ["job-1"]
 
-    assert sent(services) == [(FINISH_JOB, ("job-1",), "job.job-1")]
-
-
-def test_the_completion_is_sent_again_once_per_grace_period(services: SimpleNamespace) -> None:
-    finished_job(services)
-
-    assert resend_completions(services, now=T0 + GRACE_S, grace_s=GRACE_S) == ["job-1"]
-    assert resend_completions(services, now=T0 + GRACE_S + 1, grace_s=GRACE_S) == []
-    assert resend_completions(services, now=T0 + 2 * GRACE_S, grace_s=GRACE_S) == ["job-1"]
-
-    assert len(sent(services)) == 2
+    assert world.sent == [("job-1", "job.job-1")]
 
 
-def test_jobs_with_batches_left_ended_or_being_completed_are_left_alone(services: SimpleNamespace) -> None:
-    store = services.store
+def test_the_completion_is_sent_again_once_per_grace_period(world: World) -> None:
+    finished_job(world)
+
+    assert resend(world, now=T0 + GRACE_S) == ["job-1"]
+    assert resend(world, now=T0 + GRACE_S + 1) == []
+    assert resend(world, now=T0 + 2 * GRACE_S) == ["job-1"]
+
+    assert len(world.sent) == 2
+
+
+def test_jobs_with_batches_left_ended_or_being_completed_are_left_alone(world: World) -> None:
+    store = world.store
     unfinished = Job(job_id="unfinished", api_name="iris", workers=1, config={}, timeout=None,
                      total_batch_count=2, start_time=T0)
     store.create(unfinished, JobStatus.RUNNING)
     store.record_success("unfinished", 0, 0.1)
     store.seal("unfinished", 2, now=T0)
-    finished_job(services, "ended")
+    finished_job(world, "ended")
     store.transition("ended", JobStatus.SUCCEEDED, now=T0)
-    finished_job(services, "completing")
+    finished_job(world, "completing")
     store.claim_completion("completing", "task-1/a", "task-1")  # its hook is running now
 
-    assert resend_completions(services, now=T0 + 3600, grace_s=GRACE_S) == []
-    assert sent(services) == []
+    assert resend(world, now=T0 + 3600) == []
+    assert world.sent == []
 
 
 def test_a_job_whose_hook_ran_but_whose_status_was_not_settled_gets_its_completion_again(
-    services: SimpleNamespace,
+    world: World,
 ) -> None:
-    finished_job(services)
-    services.store.claim_completion("job-1", "task-1/a", "task-1")
-    services.store.mark_hook_done("job-1")  # then its node died before the job's status was written
+    finished_job(world)
+    world.store.claim_completion("job-1", "task-1/a", "task-1")
+    world.store.mark_hook_done("job-1")  # then its node died before the job's status was written
 
-    assert resend_completions(services, now=T0 + GRACE_S, grace_s=GRACE_S) == ["job-1"]
+    assert resend(world, now=T0 + GRACE_S) == ["job-1"]
 
-    runtime = Runtime(services)
-    finish_job(runtime, "job-1", delivery("task-2"))
-    assert services.store.state("job-1").status is JobStatus.SUCCEEDED
+    runtime = Completing(world)
+    runtime.finish("job-1", delivery("task-2"))
+    assert world.store.state("job-1").status is JobStatus.SUCCEEDED
     assert runtime.predictor.completed == []
 
 

@@ -1,14 +1,13 @@
 """The compose files are valid Compose files: checked against the Compose Specification's JSON
-schema (vendored in tests/data, see its README), and by `docker compose config` where docker is
-installed, which also merges the files, interpolates the variables and applies the profiles.
+schema (vendored in tests/data, see its README). `docker compose config`, which also merges the
+files, interpolates the variables and applies the profiles, checks them where docker is installed:
+tests/integration/test_compose_docker.py.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -69,30 +68,4 @@ def test_the_hosts_file_overrides_services_of_compose_yaml_and_every_one_from_sl
     assert published.startswith("${SLUICE_REDIS_PUBLISH:?") and published.endswith("}:6379:6379")
 
 
-def _docker_compose() -> list[str]:
-    docker = shutil.which("docker")
-    if docker is None:
-        pytest.skip("`docker compose config` not run: docker is not installed here (the schema check above still ran)")
-    found = subprocess.run([docker, "compose", "version"], capture_output=True, text=True, timeout=60)
-    if found.returncode != 0:
-        pytest.skip("`docker compose config` not run: docker has no compose plugin here "
-                    f"({(found.stderr or found.stdout).strip().splitlines()[0][:200]})")
-    return [docker, "compose"]
-
-
-@pytest.mark.parametrize("files", [COMPOSE_FILES[:1], COMPOSE_FILES], ids=["one-host", "across-hosts"])
-@pytest.mark.parametrize("profile", [None, "gpu"])
-def test_docker_compose_accepts_the_files_with_the_example_env_file(
-    files: tuple[str, ...], profile: str | None, tmp_path: Path
-) -> None:
-    compose = _docker_compose()
-    env_file = tmp_path / "sluice.env"
-    example = (DOCKER / "sluice.env.example").read_text()
-    env_file.write_text(example + "".join(f"{k}={v}\n" for k, v in HOSTS_VARIABLES.items()))
-    argv = [*compose, "--env-file", str(env_file), "--project-directory", str(DOCKER)]
-    for name in files:
-        argv += ["-f", str(DOCKER / name)]
-    if profile:
-        argv += ["--profile", profile]
-    checked = subprocess.run([*argv, "config", "-q"], capture_output=True, text=True, timeout=120)
-    assert checked.returncode == 0, checked.stderr
+# `docker compose config` on the same files: tests/integration/test_compose_docker.py.

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from foundation.errors import ConfigError
 from predictors_runtime.config import (
     ApiConfig,
     load_api_configs,
     merge_config,
     parse_api_configs,
 )
-from foundation.errors import ConfigError
 
 BATCH_API = """
 - name: iris-batch

@@ -7,8 +7,8 @@ the shared storage.
 from __future__ import annotations
 
 import functools
-import json
 import importlib
+import json
 import re
 from pathlib import Path
 from typing import Any

@@ -1,62 +1,82 @@
 """Submitting a job: its record, its placement and the batch tasks it publishes.
 
 Fast: the job store is the in-memory one (it passes the store's contract tests), the broker is
-kombu's in-memory transport, and placement is a recorder. Background enqueueing is waited for by
-joining its thread, never by sleeping.
+kombu's in-memory transport, and placement runs over the in-memory fakes, remembering what it was
+asked. Background enqueueing is waited for by joining its thread, never by sleeping.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 
+from foundation.errors import BadRequest, Conflict, JobNotFound
+from foundation.settings import Settings
 from jobs.enqueue import plan_job, stop_job, submit_job
 from jobs.job import Job, JobStatus
-from jobs.memory_store import MemoryJobStore
+from jobs.memory_nodes import MemoryNodes
+from jobs.memory_queues import MemoryJobQueues
+from jobs.placement import Placement
 from jobs.services import Services
-from foundation.settings import Settings
+from jobs.store.memory import MemoryJobStore
 from jobs.submission import parse_job_request
 from jobs.tasks import FINISH_JOB, RUN_BATCH
-from foundation.errors import BadRequest, Conflict, JobNotFound
+from predictors_runtime.bundles import BundleStore
 
 T0 = 1_700_000_000.0
 API_SPEC = {"name": "iris", "kind": "BatchAPI", "predictor": {"type": "python", "path": "predictor.py"}}
 
 
-class RecordingPlacement:
-    """Stands in for `Placement`: remembers what it was asked to do; `on_assign` lets a test act
+class RecordingPlacement(Placement):
+    """Placement over the in-memory fakes that remembers what it was asked; `on_assign` lets a test act
     at the moment a job is placed (a user stopping it, say)."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: MemoryJobStore) -> None:
+        self.queues = MemoryJobQueues()
+        super().__init__(self.queues, store, MemoryNodes(15.0, inflight=store.inflight))
         self.assigned: list[str] = []
         self.released: list[str] = []
-        self.dropped: list[str] = []
-        self.on_assign: Any = None
+        self.on_assign: Callable[[Job], object] | None = None
 
     def assign(self, job: Job, now: float) -> list[str]:
         self.assigned.append(job.job_id)
         if self.on_assign is not None:
             self.on_assign(job)
-        return []
+        return super().assign(job, now)
 
     def release(self, job: Job, nodes: list[str] | None = None) -> None:
         self.released.append(job.job_id)
+        super().release(job, nodes)
 
-    def drop_queue(self, queue: str) -> None:
-        self.dropped.append(queue)
+    @property
+    def dropped(self) -> list[str]:
+        return self.queues.dropped
 
 
 @pytest.fixture
-def services(tmp_path: Path) -> Services:
+def store() -> MemoryJobStore:
+    return MemoryJobStore()
+
+
+@pytest.fixture
+def placement(store: MemoryJobStore) -> RecordingPlacement:
+    return RecordingPlacement(store)
+
+
+@pytest.fixture
+def services(tmp_path: Path, store: MemoryJobStore, placement: RecordingPlacement) -> Services:
     celery = Celery("sluice-test", broker="memory://", set_as_current=False)
     celery.conf.update(task_serializer="json", accept_content=["json"])
     return Services(
-        settings=Settings(local_input_roots=(str(tmp_path),)), celery=celery, redis=None,  # type: ignore[arg-type]
-        store=MemoryJobStore(), nodes=None, placement=RecordingPlacement(), bundles=None,  # type: ignore[arg-type]
+        settings=Settings(local_input_roots=(str(tmp_path),)), celery=celery, redis=redis.Redis(),  # never used
+        store=store, nodes=placement.nodes, placement=placement, queues=placement.queues,
+        bundles=BundleStore(str(tmp_path / "storage"), tmp_path / "cache"),
     )
 
 
@@ -88,7 +108,7 @@ def enqueued(job: Job) -> None:
 
 
 def test_an_item_list_is_cut_into_batches_published_on_the_jobs_own_queue_and_the_job_runs(
-    services: Services,
+    services: Services, placement: RecordingPlacement
 ) -> None:
     job = submit(services, {"item_list": {"items": [1, 2, 3, 4, 5], "batch_size": 2}, "workers": 2})
 
@@ -99,7 +119,7 @@ def test_an_item_list_is_cut_into_batches_published_on_the_jobs_own_queue_and_th
     ]
     state = services.store.state(job.job_id)
     assert (state.status, state.job.total_batch_count, state.sealed_total) == (JobStatus.RUNNING, 3, 3)
-    assert services.placement.assigned == [job.job_id]  # type: ignore[attr-defined]
+    assert placement.assigned == [job.job_id]
     # Each batch's payload is kept until it is recorded, so beat can publish a lost one again.
     assert services.store.kept_payloads(job.job_id, [0, 2]) == {0: ([1, 2], None), 2: ([5], None)}
 
@@ -113,19 +133,21 @@ def test_enqueueing_in_the_background_answers_at_once_with_the_job_enqueuing(ser
     assert len(published(services, job.queue)) == 2
 
 
-def test_a_job_stopped_as_soon_as_it_was_placed_never_starts_and_its_queue_is_dropped(services: Services) -> None:
-    services.placement.on_assign = lambda job: stop_job(services, job)  # type: ignore[attr-defined]
+def test_a_job_stopped_as_soon_as_it_was_placed_never_starts_and_its_queue_is_dropped(
+    services: Services, placement: RecordingPlacement
+) -> None:
+    placement.on_assign = lambda job: stop_job(services, job)
 
     job = submit(services, {"item_list": {"items": [1, 2, 3], "batch_size": 1}})
 
     state = services.store.state(job.job_id)
     assert (state.status, state.message) == (JobStatus.STOPPED, "stopped by request")
-    assert job.queue in services.placement.dropped  # type: ignore[attr-defined]
-    assert services.placement.released == [job.job_id]  # type: ignore[attr-defined]
+    assert job.queue in placement.dropped
+    assert placement.released == [job.job_id]
 
 
 def test_a_json_lines_file_with_a_bad_line_fails_the_job_naming_the_line_and_nothing_of_it_runs(
-    services: Services, tmp_path: Path
+    services: Services, tmp_path: Path, placement: RecordingPlacement
 ) -> None:
     (tmp_path / "input.jsonl").write_text('{"x": 1}\n{"x": 2\n{"x": 3}\n')
 
@@ -135,15 +157,17 @@ def test_a_json_lines_file_with_a_bad_line_fails_the_job_naming_the_line_and_not
     assert state.status is JobStatus.ENQUEUE_FAILED
     assert state.message.startswith("enqueueing failed: ") and "line 2: not valid JSON" in state.message
     assert "\n" not in state.message
-    assert services.placement.assigned == []  # type: ignore[attr-defined]
-    assert services.placement.released == [job.job_id]  # type: ignore[attr-defined]
+    assert placement.assigned == []
+    assert placement.released == [job.job_id]
 
 
-def test_a_job_with_all_batches_recorded_before_its_seal_is_completed_by_the_enqueuer(services: Services) -> None:
+def test_a_job_with_all_batches_recorded_before_its_seal_is_completed_by_the_enqueuer(
+    services: Services, placement: RecordingPlacement
+) -> None:
     def run_everything_at_once(job: Job) -> None:  # workers faster than the enqueuer's seal
         services.store.record_success(job.job_id, 0, 0.1)
 
-    services.placement.on_assign = run_everything_at_once  # type: ignore[attr-defined]
+    placement.on_assign = run_everything_at_once
 
     job = submit(services, {"item_list": {"items": [1], "batch_size": 1}})
 

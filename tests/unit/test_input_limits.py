@@ -6,8 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 import tarfile
 import typing
 from pathlib import Path
@@ -18,10 +16,10 @@ import pytest
 from pydantic import BaseModel
 
 from api.json_body import MAX_JSON_DEPTH, parse_json_body
+from foundation.errors import AccessDenied, BadRequest, ConfigError
 from jobs.inputs import RangeRef, read_range
 from jobs.submission import JobRequest, parse_job_request
 from predictors_runtime.bundles import BundleStore
-from foundation.errors import AccessDenied, BadRequest, ConfigError
 from predictors_runtime.project import (
     MAX_BUNDLE_FILES,
     MAX_UNPACKED_BYTES,
@@ -294,31 +292,7 @@ def test_a_bundle_in_use_by_this_process_is_never_evicted(tmp_path, make_store):
     assert not folder.exists()
 
 
-def test_a_bundle_in_use_by_another_process_is_never_evicted(tmp_path, make_store):
-    store = make_store(cache_bytes=1)
-    a, b = (store.put(project_bundle(tmp_path / n, 50_000)) for n in "ab")
-    folder = store.local_folder(a)
-    store.release(a)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", (
-            "import sys; sys.path.insert(0, sys.argv[1])\n"
-            "from predictors_runtime.bundles import BundleStore\n"
-            "store = BundleStore(sys.argv[2], sys.argv[3])\n"
-            "store.local_folder(sys.argv[4])\n"
-            "print('holding', flush=True)\n"
-            "sys.stdin.read()\n"
-        ), str(Path(__file__).resolve().parents[2]), str(tmp_path / "storage"), str(tmp_path / "cache"), a],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "holding"
-
-        store.local_folder(b)
-
-        assert (folder / "predictor.py").is_file()
-    finally:
-        holder.communicate("", timeout=30)
-    assert store.evict() == [a]  # b is still held here
+# A bundle held by another process: tests/integration/test_bundle_cache_processes.py.
 
 
 # -- local inputs opened by workers -------------------------------------------------------------

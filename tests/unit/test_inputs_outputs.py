@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import os
 from pathlib import Path
@@ -13,10 +14,10 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 
+from foundation.errors import BadRequest, BadStorageUri
 from jobs.inputs import EnqueueError, check_local_path, cut_ranges, match_files, matches, read_range
 from jobs.outputs import encode_rows, part_uri
 from jobs.submission import FileSource
-from foundation.errors import BadRequest, BadStorageUri
 from predictors_runtime.storage import storage_for
 
 
@@ -88,7 +89,7 @@ def test_json_lines_are_cut_into_ranges_that_read_back_to_the_same_items(tmp_pat
 
     assert [r.lines for r in ranges] == [10, 10, 3]
     assert ranges[0].start == 0 and ranges[-1].end == path.stat().st_size
-    assert all(a.end == b.start for a, b in zip(ranges, ranges[1:]))
+    assert all(a.end == b.start for a, b in itertools.pairwise(ranges))
     items = [item for r in ranges for item in read_range(r.to_dict())]
     assert items == [{"n": i} for i in range(23)]
 
@@ -115,8 +116,9 @@ def test_ranges_cover_the_file_whatever_the_blocks_and_lines(tmp_path, monkeypat
     ranges = list(cut_ranges([info], batch_size=batch_size))
 
     assert ranges[0].start == 0 and text.encode()[ranges[-1].end:].strip() == b""  # at most blank lines left
-    assert all(a.end == b.start for a, b in zip(ranges, ranges[1:]))
-    assert [r.lines for r in ranges] == [batch_size] * (20 // batch_size) + ([20 % batch_size] if 20 % batch_size else [])
+    assert all(a.end == b.start for a, b in itertools.pairwise(ranges))
+    tail = [20 % batch_size] if 20 % batch_size else []
+    assert [r.lines for r in ranges] == [batch_size] * (20 // batch_size) + tail
     assert [item for r in ranges for item in read_range(r.to_dict())] == items
     first_lines = [r.first_line for r in ranges]
     assert first_lines == sorted(first_lines) and first_lines[0] == 1
@@ -207,7 +209,8 @@ def test_csv_has_a_plain_header_and_every_value_in_one_cell():
     read = list(csv.DictReader(io.StringIO(data.decode(), newline="")))
     assert [row["id"] for row in read] == ["1", "2", "3", "4"]
     assert read[0]["label"] == 'said "hi", then\nleft'
-    assert [json.loads(row["scores"]) if row["scores"] else None for row in read] == [{"a": [1, 2]}, [0.5, "x"], None, None]
+    scores = [json.loads(row["scores"]) if row["scores"] else None for row in read]
+    assert scores == [{"a": [1, 2]}, [0.5, "x"], None, None]
     assert [row["ok"] for row in read] == ["true", "false", "", ""]
     assert [row["mixed"] for row in read] == ["", "", "1", "one"]  # a column of mixed types is text
     assert [row["b,c"] for row in read] == ["", "only here", "", ""]  # a key of a later row is a column too
@@ -230,8 +233,8 @@ def test_part_paths_sort_in_batch_order():
 
 
 def test_a_part_is_written_inside_its_root_and_an_output_folder_swapped_for_a_link_out_is_refused(tmp_path: Path):
-    from jobs.outputs import write_part
     from foundation.errors import AccessDenied
+    from jobs.outputs import write_part
 
     root, outside = tmp_path / "root", tmp_path / "outside"
     root.mkdir()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from predictors_runtime.config import ModelsConfig
 from foundation.errors import ConfigError
+from predictors_runtime.config import ModelsConfig
 from predictors_runtime.models.layout import (
     DEFAULT_MODEL_NAME,
     LayoutProblem,

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from predictors_runtime.config import ModelsConfig
 from foundation.errors import (
     BadRequest,
     ConfigError,
     ModelNotFound,
     PredictorError,
 )
+from predictors_runtime.config import ModelsConfig
 from predictors_runtime.models import DEFAULT_MODEL_NAME, LoadedModel, ModelManager
 
 
@@ -332,49 +330,45 @@ def test_a_poll_that_cannot_list_reports_it_and_keeps_everything(tmp_path: Path,
 
 # --- the polling thread -------------------------------------------------------------------------------
 
-def _wait_for(condition: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
+class Polls:
+    """Counts the polls of a manager's thread, and wakes a test waiting on one."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.seen = threading.Condition()
+        self.count = 0
+        self._poll_once = manager.poll_once
+        manager.poll_once = self  # type: ignore[method-assign]  # the thread calls self.poll_once(now)
+
+    def __call__(self, now: float) -> list[str]:
+        lines = self._poll_once(now)
+        with self.seen:
+            self.count += 1
+            self.seen.notify_all()
+        return lines
+
+    def wait_until(self, condition: Any, timeout: float = 10.0) -> bool:
+        """Whether `condition()` held after some poll within `timeout` s."""
+        with self.seen:
+            return self.seen.wait_for(condition, timeout)
 
 
 def test_polling_runs_in_a_thread_until_stopped(versioned: tuple[ModelManager, Path]) -> None:
     manager, root = versioned
+    polls = Polls(manager)
     manager.get()
     manager.start_polling()
     thread = manager._thread
     manager.start_polling()
     assert manager._thread is thread and thread is not None and thread.daemon
     write(root, "3/model.txt", "three")
-    _wait_for(lambda: manager.versions() == [1, 2, 3])
+    assert polls.wait_until(lambda: manager.versions() == [1, 2, 3]), "version 3 was not picked up"
     manager.stop_polling()
     assert not thread.is_alive()
-    polled = manager.last_poll
+    polled, count = manager.last_poll, polls.count
     write(root, "4/model.txt", "four")
-    time.sleep(0.2)
+    # Four poll intervals without a poll.
+    assert not polls.wait_until(lambda: polls.count > count, timeout=4 * manager.poll_interval_s)
     assert manager.last_poll == polled and manager.versions() == [1, 2, 3]
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_starts_its_own_poller_on_first_use(versioned: tuple[ModelManager, Path]) -> None:
-    manager, _ = versioned
-    manager.start_polling()
-    try:
-        read, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report and leave without running pytest's teardown
-            try:
-                report = [manager._thread is None]
-                manager.get()
-                report.append(manager._thread is not None and manager._thread.is_alive())
-                os.write(write_end, repr(report).encode())
-            finally:
-                os._exit(0)
-        os.close(write_end)
-        with os.fdopen(read) as pipe:
-            answer = pipe.read()
-        os.waitpid(pid, 0)
-        assert answer == "[True, True]"
-    finally:
-        manager.stop_polling()
+# A forked child starting its own poller: tests/integration/test_models_polling_fork.py.

@@ -3,34 +3,41 @@ models that validate requests and build answers, and what the handlers answer fi
 
 from __future__ import annotations
 
-import io
 import json
 import time
 import typing
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from flask import Flask
 from jsonschema import Draft202012Validator
 
 from api.app import create_app
 from api.openapi import OPERATIONS, PATH_PARAMETERS, openapi_document, openapi_path, routes, undocumented
 from api.realtime import ReplicaSettings, create_replica_app
-from foundation.api_registry import DeployedApi
 from api.schemas import JobStatusView, Source
+from foundation.api_registry import DeployedApi
+from foundation.figures import Recorder
 from foundation.settings import Settings
 from jobs.submission import SOURCES, JobRequest
 from predictors_runtime.config import ApiConfig
-from predictors_runtime.project import pack_project
 from predictors_runtime.realtime_predictor import RealtimePredictor
+
+NOWHERE = "redis://127.0.0.1:1/0"  # no Redis listens there, and nothing here connects to it
+
+
+def unconnected_app() -> Flask:
+    """The management app, for its routes and document: its figures' thread is stopped at once
+    (nothing was counted, so nothing is sent)."""
+    app = create_app(Settings(redis_url=NOWHERE))
+    app.extensions["sluice.figures"].close()
+    return app
 
 
 @pytest.fixture(scope="module")
 def document() -> dict[str, Any]:
     """The document as `/openapi.json` serves it (through JSON), for an app that connects to nothing."""
-    app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))
-    return json.loads(json.dumps(openapi_document(app)))
+    return json.loads(json.dumps(openapi_document(unconnected_app())))
 
 
 def _resolve(document: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
@@ -84,7 +91,7 @@ def test_every_reference_resolves(document):
 
 def test_every_route_of_the_app_is_a_described_operation_of_the_document():
     """A new route shows up in the document by itself; this fails until OPERATIONS describes it."""
-    app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))
+    app = unconnected_app()
     document = openapi_document(app)
     for method, rule in routes(app):
         assert method.lower() in document["paths"][openapi_path(rule)]
@@ -93,7 +100,7 @@ def test_every_route_of_the_app_is_a_described_operation_of_the_document():
 
 
 def test_the_operation_table_names_no_route_the_app_lacks():
-    app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))
+    app = unconnected_app()
     assert set(OPERATIONS) <= set(routes(app))
     assert all(description for description in PATH_PARAMETERS.values())
 
@@ -169,7 +176,8 @@ def test_a_batch_apis_own_path_is_cortexs_job_endpoint(document):
 
 
 def test_a_realtime_api_lists_its_replicas(document):
-    api = _resolve(document, document["paths"]["/apis/{name}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"])
+    answer = document["paths"]["/apis/{name}"]["get"]["responses"]["200"]
+    api = _resolve(document, answer["content"]["application/json"]["schema"])
     replicas = next(o for o in api["properties"]["replicas"]["anyOf"] if o.get("type") == "array")
     replica = _resolve(document, replicas["items"])
     assert {"id", "address", "ready", "draining", "bundle", "message"} == set(replica["properties"])
@@ -177,67 +185,8 @@ def test_a_realtime_api_lists_its_replicas(document):
 
 # -- what the handlers answer fits the document -------------------------------------------------
 
-def _deploy(client: Any, folder: Path, apis: list[dict[str, Any]]) -> Any:
-    folder.mkdir(exist_ok=True)
-    (folder / "predictor.py").write_text("class PythonPredictor:\n    def __init__(self, config, job_spec=None):\n"
-                                         "        pass\n\n    def predict(self, payload, batch_id=None):\n"
-                                         "        return payload\n")
-    data = {"config": (io.BytesIO(yaml.safe_dump(apis).encode()), "cortex.yaml"),
-            "project": (io.BytesIO(pack_project(folder)), "project.tar.gz")}
-    return client.post("/apis", data=data, content_type="multipart/form-data")
-
-
-def test_every_management_answer_fits_the_document(redis_client, redis_server, tmp_path):
-    url = redis_server.rsplit("/", 1)[0] + "/1"
-    inputs = tmp_path / "inputs"
-    inputs.mkdir()
-    (inputs / "rows.jsonl").write_text("1\n2\n")
-    app = create_app(Settings(redis_url=url, storage=str(tmp_path / "storage"), cache_dir=str(tmp_path / "cache"),
-                              local_input_roots=(str(inputs),)))
-    client = app.test_client()
-    document = openapi_document(app)
-
-    def call(method: str, path: str, url: str, status: int, **kwargs: Any) -> Any:
-        response = client.open(url, method=method, **kwargs)
-        assert response.status_code == status, response.get_data(as_text=True)
-        assert_fits(document, method, path, response)
-        return response.get_json()
-
-    python = {"type": "python", "path": "predictor.py"}
-    deployed = _deploy(client, tmp_path / "project", [{"name": "rows", "kind": "BatchAPI", "predictor": python},
-                                                      {"name": "echo", "kind": "RealtimeAPI", "predictor": python}])
-    assert deployed.status_code == 201, deployed.get_data(as_text=True)
-    assert_fits(document, "POST", "/apis", deployed)
-
-    call("GET", "/openapi.json", "/openapi.json", 200)
-    call("GET", "/apis", "/apis", 200)
-    call("GET", "/apis/{name}", "/apis/rows", 200)
-    assert call("GET", "/apis/{name}", "/apis/echo", 200)["replicas"] == []
-    call("GET", "/apis/{name}", "/apis/nope", 404)
-    body = {"item_list": {"items": [1, 2, 3], "batch_size": 2}, "config": {"k": 1}}
-    dry = call("POST", "/batch/{api_name}", "/batch/rows?dryRun=true", 200, json=body)
-    assert dry["dry_run"] is True
-    job = call("POST", "/batch/{api_name}", "/batch/rows", 200, json=body)
-    assert "output" not in job  # optional fields stay absent unless set
-    call("POST", "/batch/{api_name}", "/batch/rows", 200,
-         json={"delimited_files": {"s3_paths": [str(inputs)], "batch_size": 1}, "timeout": 60})
-    call("POST", "/batch/{api_name}", "/batch/rows", 400, json={"item_list": {"items": []}})
-    call("POST", "/batch/{api_name}", "/batch/rows?dryRun=maybe", 400, json=body)
-    call("POST", "/batch/{api_name}", "/batch/nope", 404, json=body)
-    status = call("GET", "/batch/{api_name}", f"/batch/rows?jobID={job['job_id']}", 200)
-    assert status["job_status"]["job_id"] == job["job_id"]
-    assert len(call("GET", "/batch/{api_name}", "/batch/rows", 200)["jobs"]) == 2
-    assert "limit must be an integer from 1 to 1000" in call("GET", "/batch/{api_name}", "/batch/rows?limit=ten", 400)["message"]
-    call("GET", "/batch/{api_name}", "/batch/rows?jobID=nope", 404)
-    call("GET", "/batch/{api_name}/failed", f"/batch/rows/failed?jobID={job['job_id']}", 200)
-    assert "jobID is required" in call("GET", "/batch/{api_name}/failed", "/batch/rows/failed", 400)["message"]
-    call("DELETE", "/batch/{api_name}", f"/batch/rows?jobID={job['job_id']}", 200)
-    call("DELETE", "/batch/{api_name}", f"/batch/rows?jobID={job['job_id']}", 409)
-    call("DELETE", "/apis/{name}", "/apis/rows", 409)
-    assert len(call("DELETE", "/apis/{name}", "/apis/rows?force=true", 200)["stopped_jobs"]) == 1
-    call("GET", "/{api_name}", "/rows", 404)
-    not_ready = call("POST", "/{api_name}", "/echo", 503, json={})
-    assert not_ready["kind"] == "not_ready" and not_ready["request_id"]
+# Every management answer fitting the document needs the app on Redis:
+# tests/integration/test_openapi_management_answers.py.
 
 
 def test_a_replica_answers_fit_the_document(document, tmp_path):
@@ -254,7 +203,8 @@ def test_a_replica_answers_fit_the_document(document, tmp_path):
     api = DeployedApi(name="echo", kind="RealtimeAPI", spec=config.to_dict(), bundle="b", queue="cpu",
                       deployed_at=time.time(), ignored_fields=[])
     settings = ReplicaSettings(api=api, project_dir=tmp_path, state_dir=tmp_path / "state", replica_id="r1")
-    app = create_replica_app(settings, lambda s, a: RealtimePredictor(Echo(), None), configure_logging=False)
+    app = create_replica_app(settings, lambda s, a: RealtimePredictor(Echo(), None), configure_logging=False,
+                             recorder=Recorder.for_url(NOWHERE))  # never started: figures stay in memory
     assert app.extensions["sluice.replica"].wait(30)
     client = app.test_client()
 

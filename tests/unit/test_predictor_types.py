@@ -6,9 +6,9 @@ from typing import get_args
 
 import pytest
 
+from foundation.errors import ConfigError
 from predictors_runtime import builder
 from predictors_runtime.clients import CLIENT_ARGUMENT, CLIENTS
-from foundation.errors import ConfigError
 from predictors_runtime.models import layout
 from predictors_runtime.predictor_types import PREDICTOR_TYPES, PredictorTypeName, predictor_type
 
@@ -19,7 +19,7 @@ def test_the_config_schema_accepts_exactly_the_registered_types() -> None:
 
 def test_every_registered_type_has_a_model_client_and_is_built_and_laid_out() -> None:
     assert set(CLIENTS) == set(PREDICTOR_TYPES)
-    assert CLIENT_ARGUMENT == {name: kind.client_argument for name, kind in PREDICTOR_TYPES.items()}
+    assert {name: kind.client_argument for name, kind in PREDICTOR_TYPES.items()} == CLIENT_ARGUMENT
     assert set(builder.SUPPORTED_TYPES) == set(PREDICTOR_TYPES)
     assert set(layout.PREDICTOR_TYPES) == set(PREDICTOR_TYPES)
 

@@ -1,8 +1,10 @@
 """One realtime replica process, as its callers see it: `GET` and `POST /<api>` of one API.
 
 Most tests use Flask's test client with a predictor object injected in place of the builder;
-what depends on a real HTTP server (post_predict after the answer is sent, the launcher's
-environment contract) runs a real threaded server or a real gunicorn on a loopback port.
+what depends on a real HTTP server (post_predict after the answer is sent, batching over HTTP)
+runs a real threaded server on a loopback port in this process. The sibling processes of a
+replica are pids said to be alive (`live_pids`); real processes and a real gunicorn started
+from the launcher's environment are in tests/integration/test_realtime_replica_processes.py.
 """
 
 from __future__ import annotations
@@ -12,14 +14,12 @@ import json
 import logging
 import os
 import pickle
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -27,19 +27,20 @@ from werkzeug.serving import make_server
 
 from api.realtime import ReplicaSettings, create_replica_app, new_request_id
 from foundation.api_registry import DeployedApi
+from foundation.errors import BadRequest, ConfigError, ModelInputError, ModelNotFound, PredictorError
+from foundation.figures import Recorder
+from foundation.json_logs import JsonLinesHandler
 from foundation.replica_directory import ReadinessMarkers
 from predictors_runtime.config import ApiConfig
-from foundation.errors import BadRequest, ConfigError, ModelInputError, ModelNotFound, PredictorError
-from foundation.json_logs import JsonLinesHandler
 from predictors_runtime.realtime_predictor import RealtimePredictor
-from sluice.embedded import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0
+NOWHERE = "redis://127.0.0.1:1/0"  # no Redis listens there, and nothing here connects to it
 
 
 def deployed(name: str = "iris", **predictor: Any) -> DeployedApi:
-    config = ApiConfig.from_dict({"name": name, "kind": "RealtimeAPI", "predictor": {"path": "predictor.py", **predictor}})
+    config = ApiConfig.from_dict({"name": name, "kind": "RealtimeAPI",
+                                  "predictor": {"path": "predictor.py", **predictor}})
     return DeployedApi(name=name, kind="RealtimeAPI", spec=config.to_dict(), bundle="b1", queue="cpu",
                        deployed_at=0.0, ignored_fields=[])
 
@@ -52,24 +53,59 @@ def replica_app(tmp_path: Path, instance: Any = None, *, build: Callable[..., Re
     if build is None:
         def build(settings: ReplicaSettings, api: ApiConfig) -> RealtimePredictor:
             return RealtimePredictor(instance, client, batching=api.predictor.server_side_batching)
-    app = create_replica_app(settings, build, configure_logging=False)
+    # A recorder never started: the figures stay in memory, nothing is sent to Redis.
+    app = create_replica_app(settings, build, configure_logging=False, recorder=Recorder.for_url(NOWHERE))
     if wait:
         assert app.extensions["sluice.replica"].wait(WAIT_S)
     return app
 
 
+class LogLines:
+    """The JSON lines Sluice's loggers write during a test; `wait_for` one written from another thread."""
+
+    def __init__(self) -> None:
+        self.stream = io.StringIO()
+        self.written = threading.Condition()
+
+    def __call__(self) -> list[dict[str, Any]]:
+        with self.written:
+            return [json.loads(line) for line in self.stream.getvalue().splitlines()]
+
+    def wait_for(self, found: Callable[[list[dict[str, Any]]], Any], what: str) -> None:
+        with self.written:
+            assert self.written.wait_for(lambda: found(self()), WAIT_S), f"timed out waiting for {what}"
+
+
+class _NotifyingHandler(JsonLinesHandler):
+    def __init__(self, lines: LogLines) -> None:
+        super().__init__(lines.stream)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self.lines.written:
+            super().emit(record)
+            self.lines.written.notify_all()
+
+
 @pytest.fixture
-def log_lines() -> Iterator[Callable[[], list[dict[str, Any]]]]:
-    """The JSON lines Sluice's loggers write during the test."""
-    stream = io.StringIO()
-    handler = JsonLinesHandler(stream)
+def log_lines() -> Iterator[LogLines]:
+    lines = LogLines()
+    handler = _NotifyingHandler(lines)
     base = logging.getLogger("sluice")
     previous = base.level
     base.addHandler(handler)
     base.setLevel(logging.DEBUG)
-    yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
+    yield lines
     base.removeHandler(handler)
     base.setLevel(previous)
+
+
+@pytest.fixture
+def live_pids(monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """The pids readiness markers count as alive: this process's, and those the test adds."""
+    live = {os.getpid()}
+    monkeypatch.setattr(ReadinessMarkers, "_alive", staticmethod(lambda pid: pid in live))
+    return live
 
 
 @pytest.fixture
@@ -79,22 +115,13 @@ def serve() -> Iterator[Callable[[Any], str]]:
 
     def start(app: Any) -> str:
         server = make_server("127.0.0.1", 0, app, threaded=True)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_port}"
 
     yield start
     for server in servers:
         server.shutdown()
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 class Echo:
@@ -198,7 +225,8 @@ def test_payload_types_follow_the_content_type(tmp_path):
         return client.post("/iris", **kwargs).get_json()
 
     assert kind(data="key=value", content_type="application/x-www-form-urlencoded")["type"] == "FormPayload"
-    assert kind(data="café".encode("latin-1"), content_type="text/plain; charset=latin-1") == {"type": "str", "value": "café"}
+    latin = kind(data="café".encode("latin-1"), content_type="text/plain; charset=latin-1")
+    assert latin == {"type": "str", "value": "café"}
     assert kind(data=b"\x00", content_type="application/octet-stream")["type"] == "bytes"
     assert kind(data=b"\x00")["type"] == "bytes"
 
@@ -217,7 +245,7 @@ def test_a_payload_that_does_not_parse_is_a_400_naming_why(tmp_path, body, conte
 
 
 def test_numpy_results_are_sent_as_json(tmp_path):
-    np = pytest.importorskip("numpy")
+    import numpy as np
 
     class Numpy:
         def predict(self):
@@ -250,7 +278,7 @@ def test_text_bytes_and_own_responses_are_sent_with_their_types(tmp_path):
 
 
 def test_a_starlette_response_is_converted(tmp_path):
-    responses = pytest.importorskip("starlette.responses")
+    from starlette import responses  # declared in requirements-dev.txt
 
     class Starlette:
         def predict(self):
@@ -467,38 +495,46 @@ def test_a_predictor_that_fails_to_build_keeps_answering_503_with_the_reason(tmp
     assert "model.pkl not found" in ReadinessMarkers(tmp_path / "state").failure()
 
 
-def test_a_replica_of_several_processes_is_ready_only_when_all_are(tmp_path):
+def test_a_replica_of_several_processes_is_ready_only_when_all_are(tmp_path, live_pids):
     client = replica_app(tmp_path, Echo(), processes_per_replica=2).test_client()
     waiting = client.get("/iris")
     assert waiting.status_code == 503
     assert "1 of 2 processes" in waiting.get_json()["message"]
     assert client.post("/iris", json=1).status_code == 200  # this process serves meanwhile
 
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        ReadinessMarkers(tmp_path / "state").mark_ready(pid=other.pid)
-        assert client.get("/iris").get_json() == {"ready": True, "models": []}
-    finally:
-        other.kill()
-        other.wait()
+    other = 4_000_001  # a sibling gunicorn worker
+    live_pids.add(other)
+    ReadinessMarkers(tmp_path / "state").mark_ready(pid=other)
+    assert client.get("/iris").get_json() == {"ready": True, "models": []}
+    live_pids.discard(other)  # it died
     assert client.get("/iris").status_code == 503
 
 
-def test_a_process_replacing_a_dead_one_builds_before_it_takes_requests(tmp_path):
+def test_a_process_replacing_a_dead_one_builds_before_it_takes_requests(tmp_path, live_pids):
     """Its siblings are serving: it must not answer 503 "still being built" meanwhile."""
-    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        ReadinessMarkers(tmp_path / "state").mark_ready(pid=sibling.pid)
+    sibling = 4_000_002
+    live_pids.add(sibling)
+    ReadinessMarkers(tmp_path / "state").mark_ready(pid=sibling)
+    building, release, handed_over = threading.Event(), threading.Event(), threading.Event()
+    handed_over_while_building: list[bool] = []
 
-        def slow_build(settings, api):
-            time.sleep(0.3)
-            return RealtimePredictor(Echo())
+    def slow_build(settings, api):
+        building.set()
+        assert release.wait(WAIT_S)
+        return RealtimePredictor(Echo())
 
-        client = replica_app(tmp_path, build=slow_build, wait=False, processes_per_replica=2).test_client()
-        assert client.post("/iris", json=1).status_code == 200  # built before the app was handed over
-    finally:
-        sibling.kill()
-        sibling.wait()
+    def watch() -> None:  # while the build is held, the app must not be handed over
+        assert building.wait(WAIT_S)
+        handed_over_while_building.append(handed_over.wait(0.3))
+        release.set()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    client = replica_app(tmp_path, build=slow_build, wait=False, processes_per_replica=2).test_client()
+    handed_over.set()
+    watcher.join(WAIT_S)
+    assert handed_over_while_building == [False]
+    assert client.post("/iris", json=1).status_code == 200  # built before the app was handed over
 
 
 # --- settings from the launcher's environment -------------------------------------------------------
@@ -548,20 +584,25 @@ def test_post_predict_receives_what_predict_returned_and_the_request(tmp_path):
 
 def test_a_slow_post_predict_does_not_delay_the_response(tmp_path, serve):
     done = tmp_path / "post_predict_done"
+    release, finished = threading.Event(), threading.Event()
 
     class SlowPost:
         def predict(self, payload):
             return {"got": payload}
 
         def post_predict(self, response):
-            time.sleep(2)
+            release.wait(WAIT_S)
             done.write_text(json.dumps(response))
+            finished.set()
 
     url = serve(replica_app(tmp_path, SlowPost()))
-    answer = requests.post(f"{url}/iris", json=7, timeout=WAIT_S)
-    assert answer.json() == {"got": 7}
-    assert not done.exists()  # the answer arrived while post_predict was still sleeping
-    wait_for(done.exists, "post_predict to finish")
+    try:
+        answer = requests.post(f"{url}/iris", json=7, timeout=WAIT_S)
+        assert answer.json() == {"got": 7}
+        assert not done.exists()  # the answer arrived while post_predict was still held
+    finally:
+        release.set()
+    assert finished.wait(WAIT_S), "post_predict did not finish"
     assert json.loads(done.read_text()) == {"got": 7}
 
 
@@ -580,7 +621,7 @@ def test_a_raising_post_predict_still_answers_200_and_is_logged(tmp_path, serve,
     def logged() -> list[dict[str, Any]]:
         return [line for line in log_lines() if "metrics store is down" in line.get("exception", "")]
 
-    wait_for(lambda: bool(logged()), "the post_predict error in the log")
+    log_lines.wait_for(lambda lines: logged(), "the post_predict error in the log")
     assert logged()[0]["labels"] == {"api": "iris", "request_id": "p-1"}
     assert requests.post(f"{url}/iris", timeout=WAIT_S).text == "answer"
 
@@ -591,7 +632,7 @@ def test_a_raising_post_predict_still_answers_200_and_is_logged(tmp_path, serve,
 def test_batched_requests_each_get_their_own_answer_over_http(tmp_path, serve):
     class Batched:
         def predict(self, payload, query_params):
-            return [{"n": p["n"], "caller": q["caller"]} for p, q in zip(payload, query_params)]
+            return [{"n": p["n"], "caller": q["caller"]} for p, q in zip(payload, query_params, strict=True)]
 
     url = serve(replica_app(tmp_path, Batched(), threads_per_process=8,
                             server_side_batching={"max_batch_size": 8, "batch_interval": "20ms"}))
@@ -659,92 +700,7 @@ def test_a_batched_predict_returning_a_short_list_answers_500_to_every_request(t
     assert all("results for a batch of" in a.json()["message"] for a in answers)
 
 
-# --- launched as the launcher launches it ----------------------------------------------------------
-
-PROJECT_PREDICTOR = '''
-import json
-import os
-import time
-
-from cortex_internal.lib.log import logger as cortex_logger
-
-
-class PythonPredictor:
-    def __init__(self, config):
-        with open("labels.json") as f:  # relative to the project folder, as in Cortex
-            self.labels = json.load(f)
-        self.done_file = config["done_file"]
-
-    def predict(self, payload, headers):
-        cortex_logger.info("received payload", extra={"payload": payload})
-        return {"label": self.labels[payload["index"]], "greeting": os.environ["GREETING"]}
-
-    def post_predict(self, response):
-        time.sleep(2)
-        with open(self.done_file, "w") as f:
-            json.dump(response, f)
-'''
-
-
-@pytest.mark.parametrize("worker_class", ["sync", "gthread"])
-def test_a_gunicorn_replica_started_from_the_launchers_environment_serves_its_api(tmp_path, worker_class):
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "predictor.py").write_text(textwrap.dedent(PROJECT_PREDICTOR))
-    (project / "labels.json").write_text(json.dumps(["setosa", "versicolor"]))
-    (project / ".env").write_text("GREETING=hello\n")
-    done = tmp_path / "post_predict_done.json"
-    spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps(deployed(config={"done_file": str(done)}).to_dict()))
-    port = free_port()
-    env = {
-        **os.environ,
-        "GREETING": "hello",  # the launcher exports .env and predictor.env into the replica's environment
-        "SLUICE_REPLICA_SPEC": str(spec),
-        "SLUICE_REPLICA_PROJECT": str(project),
-        "SLUICE_REPLICA_STATE_DIR": str(tmp_path / "state"),
-        "SLUICE_REPLICA_ID": "iris-test",
-        "SLUICE_CACHE_DIR": str(tmp_path / "cache"),
-    }
-    log_path = tmp_path / "replica.log"
-    with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{port}", "-w", "1", "--worker-class", worker_class,
-             "--threads", "2", "--pythonpath", str(ROOT), "api.realtime:create_replica_app()"],
-            cwd=project, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}/iris"
-    try:
-        def ready() -> bool:
-            assert process.poll() is None, log_path.read_text()
-            try:
-                return requests.get(url, timeout=5).status_code == 200
-            except (requests.ConnectionError, requests.Timeout):
-                return False  # gunicorn listens before its worker has imported the app
-
-        wait_for(ready, "the replica to be ready")
-        answer = requests.post(url, json={"index": 1}, headers={"X-Request-ID": "g-1"}, timeout=WAIT_S)
-        assert answer.json() == {"label": "versicolor", "greeting": "hello"}
-        assert answer.headers["X-Request-ID"] == "g-1"
-        assert not done.exists()  # sent before post_predict, sleeping 2 s, has finished
-        wait_for(done.exists, "post_predict to write its file")
-        assert json.loads(done.read_text()) == {"label": "versicolor", "greeting": "hello"}
-
-        def logged() -> list[dict[str, Any]]:
-            lines = []
-            for raw in log_path.read_text().splitlines():
-                try:
-                    lines.append(json.loads(raw))
-                except ValueError:
-                    continue  # gunicorn's own lines
-            return [line for line in lines if line.get("message") == "received payload"]
-
-        wait_for(lambda: bool(logged()), "the predictor's log line")
-        assert logged()[0]["payload"] == {"index": 1}
-        assert logged()[0]["labels"] == {"api": "iris", "request_id": "g-1"}
-    finally:
-        process.terminate()
-        process.wait(WAIT_S)
+# A real gunicorn started as the launcher starts it: tests/integration/test_realtime_replica_processes.py.
 
 
 def test_a_replica_loads_the_latest_version_of_its_models_before_it_is_ready(tmp_path):

@@ -1,25 +1,31 @@
-"""Riding out Redis stalls: a command is sent again for a while, and a repeat of a store call whose reply
-was lost is answered as the first run was. The stall tests stop a private redis-server (SIGSTOP)."""
+"""Redis clients by policy, and riding out Redis stalls: a command is sent again for a while.
+
+The clock is driven here; the tests that stop a real redis-server (SIGSTOP) and check that a
+repeated store call is answered as its first run was are in tests/integration/test_redis_stalls.py.
+"""
 
 from __future__ import annotations
-
-import os
-import signal
-import subprocess
-import threading
-import time
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 import redis
 
-from jobs.job import Job, JobStatus
-from foundation.redis_clients import RedisUnavailable, RideOut, connect, one_line
-from foundation.settings import Settings
-from jobs.store import JobStore, Recorded
 from foundation.errors import BadRequest, NotReady
-from sluice.embedded import free_port
+from foundation.redis_clients import (
+    BACKGROUND,
+    HEARTBEAT,
+    KEEPALIVE_OPTIONS,
+    STORE,
+    ClientPolicy,
+    RedisUnavailable,
+    RideOut,
+    background_client,
+    client,
+    connect,
+    heartbeat_client,
+    one_line,
+    store_client,
+)
+from foundation.settings import Settings
 
 
 class FakeClock:
@@ -104,68 +110,50 @@ def test_what_went_wrong_is_said_in_one_line() -> None:
     assert one_line(ValueError()) == "ValueError"
 
 
-# -- a real Redis that stalls ----------------------------------------------------------------------
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A redis-server of this test alone, since the test stops it."""
-    port = free_port()
-    process = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path), "--save", "",
-         "--appendonly", "no"], stdout=subprocess.DEVNULL,
-    )
-    process.url = f"redis://127.0.0.1:{port}/0"  # type: ignore[attr-defined]
-    client = redis.Redis(port=port)
-    for _ in range(200):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.02)
-    yield process
-    os.kill(process.pid, signal.SIGCONT)
-    process.terminate()
-    process.wait(timeout=10)
-
-
-def stall(process: subprocess.Popen[bytes], seconds: float) -> threading.Timer:
-    os.kill(process.pid, signal.SIGSTOP)
-    waker = threading.Timer(seconds, os.kill, args=(process.pid, signal.SIGCONT))
-    waker.start()
-    return waker
-
-
-def test_the_recording_that_completes_a_job_is_told_so_though_redis_stalled_past_its_socket_timeout(
-    own_redis: subprocess.Popen[bytes],
-) -> None:
-    # A socket timeout shorter than the stall: the first reply is lost while Redis, once awake,
-    # still runs the recording; the repeat must hear "completed", or no one would complete the job.
-    store = JobStore(connect(own_redis.url, 10, socket_timeout=0.3))  # type: ignore[attr-defined]
-    job = Job(job_id="j", api_name="iris", workers=1, config={}, timeout=None, total_batch_count=2, start_time=0.0)
-    store.create(job, JobStatus.RUNNING)
-    store.seal("j", 2)
-    store.record_success("j", 0, 0.1)
-
-    waker = stall(own_redis, 1.0)
-    recorded = store.record_success("j", 1, 0.1)
-    waker.join()
-
-    assert recorded is Recorded.COMPLETED_JOB
-    assert store.state("j").succeeded == 2
-
-
-def test_a_transition_repeated_after_a_stall_reports_that_it_moved_the_job(own_redis: subprocess.Popen[bytes]) -> None:
-    store = JobStore(connect(own_redis.url, 10, socket_timeout=0.3))  # type: ignore[attr-defined]
-    job = Job(job_id="j", api_name="iris", workers=1, config={}, timeout=None, total_batch_count=1, start_time=0.0)
-    store.create(job, JobStatus.ENQUEUING)
-
-    waker = stall(own_redis, 1.0)
-    moved = store.transition("j", JobStatus.RUNNING, allowed_from=[JobStatus.ENQUEUING])
-    waker.join()
-
-    assert moved is True  # else the enqueuer would think the job was stopped meanwhile and drop its queue
-    assert store.status("j") is JobStatus.RUNNING
-
-
 def test_the_retry_window_is_a_setting_of_30_seconds_by_default() -> None:
     assert Settings.from_env({}).redis_retry_s == 30
     assert Settings.from_env({"SLUICE_REDIS_RETRY_S": "5"}).redis_retry_s == 5
+
+
+# -- clients by policy ---------------------------------------------------------------------------
+SETTINGS = Settings(redis_url="redis://10.0.0.9:6380/2", redis_retry_s=12)
+
+
+def options_of(built: redis.Redis) -> dict[str, object]:
+    """What every connection of `built` is made with (building one connects nothing)."""
+    return dict(built.connection_pool.connection_kwargs)
+
+
+@pytest.mark.parametrize("make", [store_client, heartbeat_client, background_client])
+def test_every_client_waits_a_bounded_time_and_keeps_its_connections_alive(make) -> None:
+    options = options_of(make(SETTINGS))
+
+    assert (options["host"], options["port"], options["db"]) == ("10.0.0.9", 6380, 2)
+    assert 0 < options["socket_timeout"] <= 5 and 0 < options["socket_connect_timeout"] <= 5  # type: ignore[operator]
+    assert options["socket_keepalive"] is True and options["socket_keepalive_options"] == KEEPALIVE_OPTIONS
+    assert KEEPALIVE_OPTIONS  # this platform can tune probes: a vanished peer is noticed in about 45 s
+
+
+def test_the_stores_client_rides_out_stalls_for_the_deployments_retry_window() -> None:
+    options = options_of(store_client(SETTINGS))
+
+    assert isinstance(options["retry"], RideOut) and options["retry"].within_s == 12
+    assert options["health_check_interval"] == STORE.health_check_interval_s == 30
+
+
+def test_heartbeats_and_flushes_send_a_command_once() -> None:
+    heartbeat, background = options_of(heartbeat_client(SETTINGS)), options_of(background_client(SETTINGS))
+
+    assert heartbeat["retry"].get_retries() == 0 and background["retry"].get_retries() == 0  # type: ignore[attr-defined]
+    assert heartbeat["health_check_interval"] == HEARTBEAT.health_check_interval_s == 30
+    assert background["socket_timeout"] == BACKGROUND.socket_timeout_s < HEARTBEAT.socket_timeout_s
+
+
+def test_a_client_of_a_policy_takes_redis_pys_own_options_over_the_policys() -> None:
+    options = options_of(connect("redis://127.0.0.1:7000/0", 10, socket_timeout=0.3))
+    custom = options_of(client("redis://127.0.0.1:7000/0", ClientPolicy("test", 1.0, 0.5, retry_s=3)))
+
+    assert options["socket_timeout"] == 0.3 and options["retry"].within_s == 10  # type: ignore[attr-defined]
+    assert options["socket_keepalive"] is True
+    assert (custom["socket_timeout"], custom["socket_connect_timeout"]) == (1.0, 0.5)
+    assert custom["retry"].within_s == 3 and custom["health_check_interval"] == 0  # type: ignore[attr-defined]

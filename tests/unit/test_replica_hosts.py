@@ -1,22 +1,18 @@
 """`sluice replicas`: which realtime APIs a host serves (`--gpu`, `--cpu`, all), and the command
-each launcher is started with.
-
-Redis is real and the launchers are real processes (`sleep` stands in for `sluice serve`).
+each launcher is started with. The manager doing so with real processes and Redis:
+tests/integration/test_replica_hosts_processes.py.
 """
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from foundation.api_registry import ApiRegistry
+from foundation.api_registry import DeployedApi
 from predictors_runtime.config import ApiConfig
 from sluice.cli import main
-from sluice.replica_manager import ReplicaManager, launcher_argv, on_hardware
+from sluice.replica_manager import launcher_argv, on_hardware
 
 
 def _config(name: str, gpu: int = 0, kind: str = "RealtimeAPI") -> ApiConfig:
@@ -25,35 +21,15 @@ def _config(name: str, gpu: int = 0, kind: str = "RealtimeAPI") -> ApiConfig:
     })
 
 
-class Launchers:
-    """Starts a stand-in launcher per API and remembers which it started."""
-
-    def __init__(self) -> None:
-        self.started: list[str] = []
-
-    def spawn(self, name: str, port: int) -> subprocess.Popen:
-        self.started.append(name)
-        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+def _deployed(config: ApiConfig) -> DeployedApi:
+    return DeployedApi(config.name, config.kind, config.to_dict(), "aa" * 32, config.queue, 0.0, [])
 
 
-@pytest.fixture
-def registry(redis_client) -> ApiRegistry:
-    registry = ApiRegistry(redis_client)
-    registry.put(_config("on-cpu"), "aa" * 32)
-    registry.put(_config("on-gpu", gpu=1), "aa" * 32)
-    registry.put(_config("jobs", gpu=1, kind="BatchAPI"), "aa" * 32)
-    return registry
-
-
-@pytest.mark.parametrize(("hardware", "served"), [("gpu", ["on-gpu"]), ("cpu", ["on-cpu"]), (None, ["on-cpu", "on-gpu"])])
-def test_a_host_serves_the_realtime_apis_of_its_hardware(registry, hardware, served):
-    launchers = Launchers()
-    manager = ReplicaManager(registry, launchers.spawn, select=on_hardware(hardware))
-    try:
-        manager.step(100.0)
-        assert sorted(manager.launchers) == served
-    finally:
-        manager.stop(grace=5)
+@pytest.mark.parametrize(("hardware", "served"),
+                         [("gpu", ["on-gpu"]), ("cpu", ["on-cpu"]), (None, ["on-cpu", "on-gpu"])])
+def test_a_host_selects_the_apis_of_its_hardware(hardware, served):
+    apis = [_deployed(_config("on-cpu")), _deployed(_config("on-gpu", gpu=1))]
+    assert [api.name for api in apis if on_hardware(hardware)(api)] == served
 
 
 def test_unknown_hardware_is_refused():
@@ -61,26 +37,8 @@ def test_unknown_hardware_is_refused():
         on_hardware("tpu")
 
 
-def test_an_api_redeployed_for_a_gpu_leaves_the_cpu_host_and_is_not_started_there_again(registry):
-    launchers = Launchers()
-    manager = ReplicaManager(registry, launchers.spawn, select=on_hardware("cpu"))
-    try:
-        manager.step(100.0)
-        launcher = manager.launchers["on-cpu"]
-
-        registry.put(_config("on-cpu", gpu=1), "bb" * 32)
-        manager.step(101.0)
-        # SIGTERM, not a kill: a real launcher drains its replica before it exits.
-        assert launcher.process.wait(timeout=30) == -signal.SIGTERM
-        manager.step(102.0)
-        manager.step(103.0)
-        assert manager.launchers == {} and launchers.started == ["on-cpu"]
-
-        registry.put(_config("on-cpu"), "cc" * 32)  # and back to the CPU
-        manager.step(104.0)
-        assert sorted(manager.launchers) == ["on-cpu"] and launchers.started == ["on-cpu", "on-cpu"]
-    finally:
-        manager.stop(grace=5)
+# Managers starting and stopping launchers (real processes) for the APIs in a real Redis:
+# tests/integration/test_replica_hosts_processes.py.
 
 
 def test_each_launcher_is_told_the_address_the_proxy_reaches_this_host_at(tmp_path: Path):

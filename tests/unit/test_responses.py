@@ -84,7 +84,7 @@ def test_a_string_that_cannot_be_encoded_is_a_predictor_error():
 
 
 def test_a_starlette_response_is_converted_with_its_body_status_headers_and_media_type():
-    responses = pytest.importorskip("starlette.responses")
+    from starlette import responses  # declared in requirements-dev.txt
     original = responses.Response(b"\x89PNG", status_code=201, headers={"X-Model": "v2"}, media_type="image/png")
 
     response = to_response(original)
@@ -97,7 +97,7 @@ def test_a_starlette_response_is_converted_with_its_body_status_headers_and_medi
 
 
 def test_starlettes_json_and_text_responses_are_converted():
-    responses = pytest.importorskip("starlette.responses")
+    from starlette import responses
     converted = to_response(responses.JSONResponse({"a": 1}, status_code=418))
     assert (converted.status_code, converted.mimetype, body(converted)) == (418, "application/json", {"a": 1})
     text = to_response(responses.PlainTextResponse("hi"))
@@ -105,7 +105,7 @@ def test_starlettes_json_and_text_responses_are_converted():
 
 
 def test_a_starlette_streaming_response_is_gathered():
-    responses = pytest.importorskip("starlette.responses")
+    from starlette import responses
 
     def rows():
         yield "a,b\n"

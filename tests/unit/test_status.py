@@ -6,11 +6,11 @@ import json
 import re
 
 import pytest
-import redis
 
 from jobs.job import Job, JobStatus
 from jobs.status import job_status_view
-from jobs.store import JobStore
+from jobs.store import JobStorage
+from jobs.store.memory import MemoryJobStore
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
@@ -31,22 +31,22 @@ def make_job(workers: int = 3, total_batch_count: int = 4, timeout: int | None =
 
 
 @pytest.fixture
-def store(redis_client: redis.Redis) -> JobStore:
-    return JobStore(redis_client)
+def store() -> JobStorage:
+    return MemoryJobStore()  # it keeps the job store's contract (tests/contracts/job_store.py)
 
 
 @pytest.fixture
-def job(store: JobStore) -> Job:
+def job(store: JobStorage) -> Job:
     job = make_job()
     store.create(job, JobStatus.RUNNING)
     return job
 
 
-def view_of(store: JobStore, job: Job) -> dict:
+def view_of(store: JobStorage, job: Job) -> dict:
     return job_status_view(store.state(job.job_id))
 
 
-def test_a_just_submitted_job_shows_its_spec_and_every_batch_in_queue(store: JobStore) -> None:
+def test_a_just_submitted_job_shows_its_spec_and_every_batch_in_queue(store: JobStorage) -> None:
     job = make_job()
     store.create(job, JobStatus.ENQUEUING)
 
@@ -67,13 +67,13 @@ def test_a_just_submitted_job_shows_its_spec_and_every_batch_in_queue(store: Job
     }
 
 
-def test_the_view_leaves_out_how_the_job_runs(store: JobStore, job: Job) -> None:
+def test_the_view_leaves_out_how_the_job_runs(store: JobStorage, job: Job) -> None:
     view = view_of(store, job)
 
     assert not {"api_spec", "bundle", "hardware_queue", "tries", "nodes", "message"} & view.keys()
 
 
-def test_a_running_job_reports_its_progress_and_average_time_per_batch(store: JobStore, job: Job) -> None:
+def test_a_running_job_reports_its_progress_and_average_time_per_batch(store: JobStorage, job: Job) -> None:
     store.set_nodes(job.job_id, ["celery@a", "celery@b"])
     store.record_success(job.job_id, 0, 0.5)
     store.record_success(job.job_id, 1, 1.5)
@@ -88,7 +88,7 @@ def test_a_running_job_reports_its_progress_and_average_time_per_batch(store: Jo
     assert view["end_time"] is None
 
 
-def test_the_average_time_per_batch_is_rounded_to_microseconds(store: JobStore, job: Job) -> None:
+def test_the_average_time_per_batch_is_rounded_to_microseconds(store: JobStorage, job: Job) -> None:
     for index in range(3):
         store.record_success(job.job_id, index, 1.0)
     store.record_success(job.job_id, 3, 1.0 / 3)  # 3.333.../4
@@ -96,7 +96,7 @@ def test_the_average_time_per_batch_is_rounded_to_microseconds(store: JobStore, 
     assert view_of(store, job)["batch_metrics"]["average_time_per_batch"] == 0.833333
 
 
-def test_a_succeeded_job_has_an_rfc3339_utc_end_time_and_no_batches_in_queue(store: JobStore, job: Job) -> None:
+def test_a_succeeded_job_has_an_rfc3339_utc_end_time_and_no_batches_in_queue(store: JobStorage, job: Job) -> None:
     store.set_nodes(job.job_id, ["celery@a", "celery@b", "celery@c"])
     for index in range(4):
         store.record_success(job.job_id, index, 2.0)
@@ -112,7 +112,7 @@ def test_a_succeeded_job_has_an_rfc3339_utc_end_time_and_no_batches_in_queue(sto
     assert "message" not in view
 
 
-def test_an_end_time_with_a_fraction_of_a_second_keeps_it_and_ends_in_z(store: JobStore, job: Job) -> None:
+def test_an_end_time_with_a_fraction_of_a_second_keeps_it_and_ends_in_z(store: JobStorage, job: Job) -> None:
     store.transition(job.job_id, JobStatus.SUCCEEDED, now=T0 + 0.25)
 
     end_time = view_of(store, job)["end_time"]
@@ -121,7 +121,7 @@ def test_an_end_time_with_a_fraction_of_a_second_keeps_it_and_ends_in_z(store: J
     assert RFC3339_UTC.match(end_time)
 
 
-def test_a_stopped_job_tells_the_user_why_it_ended(store: JobStore, job: Job) -> None:
+def test_a_stopped_job_tells_the_user_why_it_ended(store: JobStorage, job: Job) -> None:
     store.record_success(job.job_id, 0, 1.0)
     store.transition(job.job_id, JobStatus.STOPPED, message="stopped by request", now=T0 + 5)
 
@@ -135,7 +135,7 @@ def test_a_stopped_job_tells_the_user_why_it_ended(store: JobStore, job: Job) ->
 
 
 @pytest.mark.parametrize("status", [JobStatus.WORKER_ERROR, JobStatus.WORKER_OOM])
-def test_a_job_whose_workers_failed_counts_them_as_failed(store: JobStore, job: Job, status: JobStatus) -> None:
+def test_a_job_whose_workers_failed_counts_them_as_failed(store: JobStorage, job: Job, status: JobStatus) -> None:
     store.set_nodes(job.job_id, ["celery@a", "celery@b"])
     store.transition(job.job_id, status, message="Handler.__init__ raised: ...", now=T0 + 1)
 
@@ -145,18 +145,18 @@ def test_a_job_whose_workers_failed_counts_them_as_failed(store: JobStore, job: 
     assert view["message"] == "Handler.__init__ raised: ..."
 
 
-def test_a_job_waiting_for_workers_shows_them_as_pending(store: JobStore, job: Job) -> None:
+def test_a_job_waiting_for_workers_shows_them_as_pending(store: JobStorage, job: Job) -> None:
     assert view_of(store, job)["worker_counts"] == {"pending": 3, "running": 0, "succeeded": 0, "failed": 0}
 
 
-def test_a_job_without_timeout_reports_none(store: JobStore) -> None:
+def test_a_job_without_timeout_reports_none(store: JobStorage) -> None:
     job = make_job(timeout=None)
     store.create(job)
 
     assert view_of(store, job)["timeout"] is None
 
 
-def test_the_view_is_plain_json(store: JobStore, job: Job) -> None:
+def test_the_view_is_plain_json(store: JobStorage, job: Job) -> None:
     store.record_failure(job.job_id, 0, 1.0, "boom", 1, [1])
     store.transition(job.job_id, JobStatus.COMPLETED_WITH_FAILURES, message="1 batch failed", now=T0 + 3)
 
@@ -173,5 +173,5 @@ def test_every_status_is_either_active_or_terminal_and_the_client_agrees() -> No
     assert set(ACTIVE_STATUSES) | TERMINAL_STATUSES == set(JobStatus)
     assert not set(ACTIVE_STATUSES) & TERMINAL_STATUSES
     assert all(status.is_terminal for status in TERMINAL_STATUSES)
-    assert CLIENT_TERMINAL == {status.value for status in TERMINAL_STATUSES}
-    assert CLIENT_ACTIVE == {"status_enqueuing", "status_running"}
+    assert {status.value for status in TERMINAL_STATUSES} == CLIENT_TERMINAL
+    assert {"status_enqueuing", "status_running"} == CLIENT_ACTIVE

@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
-import redis
 
-from jobs.job import Job, JobStatus
-from foundation.settings import Settings
-from jobs.store import JobStore
-from jobs.time_limit import EXIT_STOPPED_BATCH, BatchWatchdog, batch_time_limit
 from foundation.errors import ConfigError
+from foundation.settings import Settings
+from jobs.job import Job, JobStatus
+from jobs.store.memory import MemoryJobStore
+from jobs.time_limit import EXIT_STOPPED_BATCH, BatchWatchdog, batch_time_limit
 
 T0 = 1_700_000_000.0
 
 
-class FakeCelery:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, tuple[Any, ...], str]] = []
+class Sent(list[tuple[str, str]]):
+    """Stands in for sending a job's completion task: remembers (job id, queue)."""
 
-    def send_task(self, name: str, args: tuple[Any, ...], queue: str, **_: Any) -> None:
-        self.sent.append((name, args, queue))
+    def __call__(self, job_id: str, queue: str) -> None:
+        self.append((job_id, queue))
 
 
 class Ending:
@@ -39,8 +35,13 @@ class Ending:
 
 
 @pytest.fixture
-def services(redis_client: redis.Redis) -> SimpleNamespace:
-    return SimpleNamespace(store=JobStore(redis_client), redis=redis_client, settings=Settings(), celery=FakeCelery())
+def store() -> MemoryJobStore:
+    return MemoryJobStore()  # it keeps the job store's contract (tests/contracts/job_store.py)
+
+
+@pytest.fixture
+def sent() -> Sent:
+    return Sent()
 
 
 @pytest.fixture
@@ -49,73 +50,74 @@ def ending() -> Ending:
 
 
 @pytest.fixture
-def watchdog(services: SimpleNamespace, ending: Ending) -> BatchWatchdog:
+def watchdog(store: MemoryJobStore, sent: Sent, ending: Ending) -> BatchWatchdog:
     # No SIGALRM hard stop inside the test runner's process.
-    return BatchWatchdog(services, status_poll_s=0.05, end_process=ending, hard_stop_grace_s=None)  # type: ignore[arg-type]
+    return BatchWatchdog(store, store, sent, status_poll_s=0.05, end_process=ending, hard_stop_grace_s=None)
 
 
-def submit(services: SimpleNamespace, job_id: str, batch_timeout: float | None, tries: int = 1,
+def submit(store: MemoryJobStore, job_id: str, batch_timeout: float | None, tries: int = 1,
            total: int = 2) -> Job:
     job = Job(job_id=job_id, api_name="iris", workers=1, config={}, timeout=None, total_batch_count=total,
               start_time=T0, tries=tries, batch_timeout=batch_timeout)
-    services.store.create(job, JobStatus.RUNNING)
+    store.create(job, JobStatus.RUNNING)
     return job
 
 
 def test_a_try_past_the_limit_is_counted_and_the_process_ended_so_the_batch_is_tried_again(
-    services: SimpleNamespace, watchdog: BatchWatchdog, ending: Ending
+    store: MemoryJobStore, watchdog: BatchWatchdog, ending: Ending
 ) -> None:
-    job = submit(services, "hung", batch_timeout=0.2, tries=2)
+    job = submit(store, "hung", batch_timeout=0.2, tries=2)
 
     with watchdog.running(job, 0, attempt=1, payload=[1, 2]):
         assert ending.event.wait(10), "the watchdog never ended the hung batch"
 
     assert ending.status == EXIT_STOPPED_BATCH
     assert watchdog.tries_timed_out(job, 0) == 1
-    assert services.store.failed_batches("hung") == []  # one try left: given back, not failed
+    assert store.failed_batches("hung") == []  # one try left: given back, not failed
 
 
 def test_the_last_try_past_the_limit_fails_the_batch_and_the_job_goes_on(
-    services: SimpleNamespace, watchdog: BatchWatchdog, ending: Ending
+    store: MemoryJobStore, watchdog: BatchWatchdog, ending: Ending, sent: Sent
 ) -> None:
-    job = submit(services, "hung", batch_timeout=0.2, tries=2, total=1)
-    services.store.seal("hung", 1)
+    job = submit(store, "hung", batch_timeout=0.2, tries=2, total=1)
+    store.seal("hung", 1)
 
     with watchdog.running(job, 0, attempt=2, payload=[1, 2]):
         assert ending.event.wait(10)
 
-    failed = services.store.failed_batches("hung")
-    assert [(f["index"], f["tries"], f["error"], f["payload"]) for f in failed] == [(0, 2, "timed out after 0.2 s", [1, 2])]
-    assert services.celery.sent == [("sluice.finish_job", ("hung",), "job.hung")]  # its last batch: completion
+    failed = store.failed_batches("hung")
+    assert [(f["index"], f["tries"], f["error"], f["payload"]) for f in failed] == [
+        (0, 2, "timed out after 0.2 s", [1, 2])]
+    assert sent == [("hung", "job.hung")]  # its last batch: its completion is sent
 
 
 def test_a_batch_whose_job_is_stopped_is_ended(
-    services: SimpleNamespace, watchdog: BatchWatchdog, ending: Ending
+    store: MemoryJobStore, watchdog: BatchWatchdog, ending: Ending
 ) -> None:
-    job = submit(services, "stopped", batch_timeout=None)
+    job = submit(store, "stopped", batch_timeout=None)
 
     with watchdog.running(job, 3, attempt=1, payload=[7]):
-        services.store.transition("stopped", JobStatus.STOPPED)
+        store.transition("stopped", JobStatus.STOPPED)
         assert ending.event.wait(10)
 
     assert ending.status == EXIT_STOPPED_BATCH
-    assert services.store.failed_batches("stopped") == []
+    assert store.failed_batches("stopped") == []
 
 
 def test_building_a_predictor_for_a_job_that_times_out_is_ended(
-    services: SimpleNamespace, watchdog: BatchWatchdog, ending: Ending
+    store: MemoryJobStore, watchdog: BatchWatchdog, ending: Ending
 ) -> None:
-    job = submit(services, "slow-build", batch_timeout=None)
+    job = submit(store, "slow-build", batch_timeout=None)
 
     with watchdog.while_active(job, 0):
-        services.store.transition("slow-build", JobStatus.TIMED_OUT)
+        store.transition("slow-build", JobStatus.TIMED_OUT)
         assert ending.event.wait(10)
 
 
 def test_batches_that_finish_in_time_are_left_alone(
-    services: SimpleNamespace, watchdog: BatchWatchdog, ending: Ending
+    store: MemoryJobStore, watchdog: BatchWatchdog, ending: Ending
 ) -> None:
-    job = submit(services, "quick", batch_timeout=0.3)
+    job = submit(store, "quick", batch_timeout=0.3)
     for index in range(20):
         with watchdog.running(job, index, attempt=1, payload=[index]):
             pass
@@ -136,9 +138,9 @@ def test_the_limit_is_the_jobs_else_the_apis_else_sluices() -> None:
 
 
 def test_batch_timeout_is_bounded_wherever_it_is_given() -> None:
+    from foundation.errors import BadRequest, ConfigError
     from jobs.submission import parse_job_request
     from predictors_runtime.config import parse_api_configs
-    from foundation.errors import BadRequest, ConfigError
 
     job = {"item_list": {"items": [1], "batch_size": 1}}
     assert parse_job_request({**job, "batch_timeout": 2.5}).batch_timeout == 2.5
@@ -184,7 +186,7 @@ def test_a_hook_within_its_time_limit_or_without_one_is_left_alone() -> None:
 
 
 def test_the_kernel_hard_stop_comes_the_configured_grace_after_the_limit(
-    services: SimpleNamespace, ending: Ending, monkeypatch: pytest.MonkeyPatch,
+    store: MemoryJobStore, sent: Sent, ending: Ending, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A predictor holding the GIL starves the watchdog: SIGALRM ends the node `SLUICE_HARD_STOP_GRACE_S` later."""
     import jobs.time_limit as time_limit
@@ -194,8 +196,8 @@ def test_the_kernel_hard_stop_comes_the_configured_grace_after_the_limit(
     monkeypatch.setattr(time_limit.signal, "getsignal", lambda signum: time_limit.signal.SIG_DFL)  # as in a node
     assert Settings.from_env({}).hard_stop_grace_s == 5
     grace = Settings.from_env({"SLUICE_HARD_STOP_GRACE_S": "2"}).hard_stop_grace_s
-    watchdog = BatchWatchdog(services, status_poll_s=0.05, end_process=ending, hard_stop_grace_s=grace)  # type: ignore[arg-type]
-    job = submit(services, "j-grace", batch_timeout=1.5)
+    watchdog = BatchWatchdog(store, store, sent, status_poll_s=0.05, end_process=ending, hard_stop_grace_s=grace)
+    job = submit(store, "j-grace", batch_timeout=1.5)
 
     with watchdog.running(job, index=0, attempt=1, payload=[1]):
         assert alarms == [4]  # ceil(1.5 + 2): whole seconds, never sooner than the grace

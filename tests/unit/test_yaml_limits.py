@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from foundation.errors import ConfigError
 from predictors_runtime.config import (
     MAX_CONFIG_BYTES,
     MAX_YAML_ALIAS_EXPANSION,
     MAX_YAML_DEPTH,
     parse_api_configs,
 )
-from foundation.errors import ConfigError
 from tests.hostile import billion_laughs
 
 HEAD = "- name: api\n  kind: BatchAPI\n  predictor:\n    type: python\n    path: predictor.py\n    config:\n"
@@ -99,7 +99,8 @@ def test_an_enormous_integer_is_refused_naming_the_limit(number):
 
 @pytest.mark.parametrize("value", ["2001-02-30", "2001-13-01 10:00:00"])
 def test_an_impossible_date_is_a_config_error_with_its_line(value):
-    assert refusal(HEAD + f"      when: {value}\n").startswith("cortex.yaml: line 7, column 13: invalid YAML: invalid value")
+    assert refusal(HEAD + f"      when: {value}\n").startswith(
+        "cortex.yaml: line 7, column 13: invalid YAML: invalid value")
 
 
 @pytest.mark.parametrize("path", ['"/models/\\0"', '"\\ud800"'])

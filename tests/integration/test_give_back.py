@@ -1,6 +1,7 @@
 """A node that dies mid-batch: its unacknowledged batch goes back to its queue at once, not after
 Redis's visibility timeout. The node here is a real process that takes a real batch message
-through kombu, enters it in flight the way a worker does, and is SIGKILLed."""
+through kombu, enters it in flight the way a worker does, and is SIGKILLed. (Which deliveries go
+back, with the in-memory fakes: tests/unit/test_placement.py.)"""
 
 from __future__ import annotations
 
@@ -8,18 +9,21 @@ import subprocess
 import sys
 import textwrap
 import time
+from types import SimpleNamespace
 
 import pytest
 import redis
 from kombu import Consumer, Queue
 
+from foundation.settings import Settings
 from jobs.celery_app import create_celery
+from jobs.delivery import Delivery
 from jobs.job import Job, JobStatus
 from jobs.nodes import GIVE_BACK_AFTER_TTLS
 from jobs.publish import BatchPublisher
 from jobs.services import Services
-from foundation.settings import Settings
-from jobs.nodes import Delivery
+from jobs.settle import give_back
+from jobs.worker_node import SettleOnConnect
 
 from ..conftest import ROOT
 
@@ -31,13 +35,13 @@ TAKE_ONE_AND_DIE = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from kombu import Consumer, Queue
     from jobs.celery_app import create_celery
-    from jobs.services import Services
     from foundation.settings import Settings
-    from jobs.nodes import Delivery
+    from jobs.delivery import Delivery
+    from jobs.wiring import init_services
 
     settings = Settings(redis_url={url!r})
     app = create_celery(settings)
-    services = Services.connect(settings, app)
+    services = init_services(app, settings)
 
     def take(body, message):
         (job_id, index, payload, ref), _, _ = body
@@ -98,7 +102,7 @@ def test_beat_gives_a_dead_nodes_batch_back_to_the_head_of_its_queue(services, l
     assert list(services.nodes.inflight(DEAD_NODE).values()) == [f"job-a:{held}"]
     now = time.time()
     if last_heartbeat_ttls_ago is not None:
-        services.placement.heartbeat(DEAD_NODE, ["cpu"], now - last_heartbeat_ttls_ago * services.settings.node_ttl_s)
+        services.nodes.heartbeat(DEAD_NODE, ["cpu"], now - last_heartbeat_ttls_ago * services.settings.node_ttl_s)
 
     services.placement.reconcile(now)
 
@@ -112,7 +116,7 @@ def test_a_node_silent_for_less_than_the_give_back_time_keeps_its_batch(services
     job = running_job(services, "job-b")
     held = kill_a_node_holding_one_batch(services, job)
     now = time.time()  # maybe only slow: a predictor holding the GIL stops the heartbeat thread too
-    services.placement.heartbeat(DEAD_NODE, ["cpu"], now - last_heartbeat_ttls_ago * services.settings.node_ttl_s)
+    services.nodes.heartbeat(DEAD_NODE, ["cpu"], now - last_heartbeat_ttls_ago * services.settings.node_ttl_s)
 
     services.placement.reconcile(now)
 
@@ -120,14 +124,14 @@ def test_a_node_silent_for_less_than_the_give_back_time_keeps_its_batch(services
     assert held not in queued_indexes(services, job)
 
 
-def test_a_restarted_node_gives_back_what_its_previous_life_held(services):
-    from jobs.worker_node import give_back_previous_life
-
+def test_a_restarted_node_gives_back_what_its_previous_life_held_before_it_consumes(services):
     job = running_job(services, "job-c")
     held = kill_a_node_holding_one_batch(services, job)
+    step = SettleOnConnect(SimpleNamespace(), services=lambda: services)
 
-    assert give_back_previous_life(services.celery, services.settings, DEAD_NODE) == 1
+    step.start(SimpleNamespace(app=services.celery, hostname=DEAD_NODE))  # the new life's consumer connecting
 
+    assert services.nodes.inflight(DEAD_NODE) == {}
     assert queued_indexes(services, job)[0] == held
 
 
@@ -136,7 +140,7 @@ def test_a_batch_of_a_job_that_ended_meanwhile_is_dropped_with_its_queue(service
     kill_a_node_holding_one_batch(services, job)
     services.store.transition(job.job_id, JobStatus.STOPPED)
 
-    assert services.placement.give_back(DEAD_NODE) == 1
+    assert give_back(DEAD_NODE, services.nodes, services.store, services.queues) == 1
 
     assert queued_indexes(services, job) == []
     assert services.nodes.inflight(DEAD_NODE) == {}

@@ -16,12 +16,12 @@ import redis
 from kombu import Consumer, Queue
 
 from beat.lost_batches import LOST_MESSAGE, LostBatchWatch
+from foundation.settings import Settings
 from jobs.celery_app import create_celery
+from jobs.delivery import Delivery
 from jobs.job import Job, JobStatus
 from jobs.publish import BatchPublisher
 from jobs.services import Services
-from foundation.settings import Settings
-from jobs.nodes import Delivery
 
 NODE = "alive@host"
 GRACE = 10.0
@@ -127,8 +127,8 @@ def test_a_batch_popped_by_a_node_killed_at_once_is_run_with_its_own_items(servi
 def test_a_batch_left_unacknowledged_by_no_node_goes_back_to_its_queue(services: Services) -> None:
     job = running_job(services, "job-orphan", batches=2)
     taken = take_all(services, job)
-    finish(services, job, *[(t, a[1]) for t, a in taken if a[1] == 0][0])
-    orphan_task, orphan_args = [(t, a) for t, a in taken if a[1] == 1][0]  # its node died before beginning it
+    finish(services, job, *next((t, a[1]) for t, a in taken if a[1] == 0))
+    orphan_task, orphan_args = next((t, a) for t, a in taken if a[1] == 1)  # its node died before beginning it
     watch = LostBatchWatch(GRACE)
 
     assert watch(services, T0) == []

@@ -1,6 +1,7 @@
 """A node whose connection to Redis broke settles what it held once it reconnects: a batch whose outcome
 is recorded is acknowledged, any other goes back to the head of its queue, instead of both waiting in
-kombu's unacknowledged hash for Redis's visibility timeout (an hour). Real kombu messages, real Redis."""
+kombu's unacknowledged hash for Redis's visibility timeout (an hour). Real kombu messages, real Redis.
+(Which deliveries are acknowledged and which go back, with the in-memory fakes: tests/unit/test_placement.py.)"""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import pytest
 import redis
 from kombu import Consumer, Queue
 
+from foundation.settings import Settings
 from jobs.celery_app import create_celery
+from jobs.delivery import COMPLETION_ENTRY, Delivery, inflight_entry
 from jobs.job import Job, JobStatus
 from jobs.publish import BatchPublisher, send_completion
 from jobs.services import Services
-from foundation.settings import Settings
-from jobs.settle import settle_deliveries
-from jobs.nodes import COMPLETION_ENTRY, Delivery, inflight_entry
+from jobs.settle import Settled, settle_deliveries
 from jobs.worker_node import SettleOnConnect
 
 NODE = "alive@host"
@@ -58,6 +59,12 @@ def take_one(services: Services, job: Job) -> tuple[str, Any]:
     return task_id, body
 
 
+def settle(services: Services, node: str, running: set[str] | None = None) -> Settled:
+    """What a node's consumer does as it (re)connects (`SettleOnConnect`), with the tasks it runs."""
+    return settle_deliveries(node, services.nodes, services.store, services.store, services.queues,
+                             running or frozenset())
+
+
 def unacked_task_ids(services: Services) -> set[str]:
     raw = services.redis.hgetall("unacked")
     return {json.loads(value)[0]["headers"]["id"] for value in raw.values()}
@@ -86,7 +93,7 @@ def test_a_held_batch_whose_outcome_was_recorded_is_acknowledged_not_run_again(s
     services.store.begin_batch(job.job_id, index, Delivery(NODE, task_id))
     services.store.record_success(job.job_id, index, 0.1)  # recorded elsewhere (its entry stays); not acknowledged
 
-    settled = settle_deliveries(services, NODE)
+    settled = settle(services, NODE)
 
     assert settled.acknowledged == [task_id] and settled.given_back == 0
     assert task_id not in unacked_task_ids(services)
@@ -100,7 +107,7 @@ def test_a_held_batch_not_recorded_goes_back_to_the_head_of_its_queue(services: 
     index = body[0][1]
     services.store.begin_batch(job.job_id, index, Delivery(NODE, task_id))  # its recording failed with Redis
 
-    settled = settle_deliveries(services, NODE)
+    settled = settle(services, NODE)
 
     assert settled.acknowledged == [] and settled.given_back == 1
     remaining = queued_indexes(services, job)
@@ -120,7 +127,7 @@ def test_the_completion_of_a_job_that_ended_is_acknowledged_and_one_still_due_is
         services.nodes.begin_delivery(Delivery(NODE, task_id), inflight_entry(job_id, COMPLETION_ENTRY))
     services.store.transition("job-ended", JobStatus.SUCCEEDED)
 
-    settled = settle_deliveries(services, NODE)
+    settled = settle(services, NODE)
 
     assert settled.acknowledged == [held["job-ended"]] and settled.given_back == 1
     assert unacked_task_ids(services) == set()
@@ -148,7 +155,7 @@ def test_a_task_the_node_is_running_is_left_alone(services: Services) -> None:
     task_id, body = take_one(services, job)
     services.store.begin_batch(job.job_id, body[0][1], Delivery(NODE, task_id))
 
-    settled = settle_deliveries(services, NODE, running={task_id})
+    settled = settle(services, NODE, running={task_id})
 
     assert settled.acknowledged == [] and settled.given_back == 0
     assert list(services.nodes.inflight(NODE)) == [task_id]
@@ -156,14 +163,14 @@ def test_a_task_the_node_is_running_is_left_alone(services: Services) -> None:
 
 
 def test_a_node_holding_nothing_settles_nothing(services: Services) -> None:
-    assert settle_deliveries(services, NODE).given_back == 0
+    assert settle(services, NODE).given_back == 0
 
 
 def test_the_node_settles_each_time_its_consumer_connects(services: Services) -> None:
     job = running_job(services, "job-d")
     task_id, body = take_one(services, job)
     services.store.begin_batch(job.job_id, body[0][1], Delivery(NODE, task_id))
-    step = SettleOnConnect(SimpleNamespace(), settings=services.settings)
+    step = SettleOnConnect(SimpleNamespace(), services=lambda: services)
 
     step.start(SimpleNamespace(app=services.celery, hostname=NODE))  # what Celery does on every (re)connect
 

@@ -1,0 +1,257 @@
+"""In-memory fakes of the foundation's Redis collaborators, for fast tests of every layer.
+
+Each fake keeps the contract of its Redis implementation, checked by the same contract tests
+(`tests/contracts/`, run against the fakes in tests/unit and against Redis in tests/integration):
+
+- `MemoryApiRegistry`: `foundation.api_registry.ApiRegistry`
+- `MemoryReplicaDirectory`: `foundation.replica_directory.ReplicaDirectory`
+- `MemoryLogStreams`: `foundation.log_streams.LogStreams`
+- `MemoryFigureStore`: `foundation.figure_store.FigureStore` (hand it to a real `Recorder`)
+
+What they leave out is what only Redis has: other processes and hosts. Each keeps what it stores
+in the stored form (JSON text where Redis holds JSON), so a value reads back as a copy, as it would
+from Redis. Each takes one lock per call, so a flusher thread and a test may share one. Setting
+`unreachable` makes every call fail as a Redis that cannot be reached does (`redis.ConnectionError`),
+for tests of what callers do then.
+
+Production code never imports this module; tests of any layer may.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from foundation.api_registry import (
+    ApiDefinition,
+    ApiRegistry,
+    DeployedApi,
+    not_deployed,
+)
+from foundation.figure_store import FigureStore, Increment
+from foundation.log_streams import (
+    DEFAULT_MAX_LINES,
+    DEFAULT_PAGE_LINES,
+    DEFAULT_RETENTION_S,
+    MAX_PAGE_LINES,
+    START,
+    LogPage,
+    LogStreams,
+    clamp_limit,
+    parse_line,
+    parse_stream_id,
+    stream_id_key,
+)
+from foundation.replica_directory import (
+    REPLICA_TTL_S,
+    ReplicaDirectory,
+    ReplicaRecord,
+    live_among,
+    routable_among,
+)
+
+__all__ = ["MemoryApiRegistry", "MemoryFigureStore", "MemoryLogStreams", "MemoryReplicaDirectory"]
+
+Clock = Callable[[], float]
+
+
+class _Fake:
+    """What every fake shares: one lock, and the switch that makes it unreachable."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.unreachable = False
+
+    def _reach(self) -> None:
+        if self.unreachable:
+            raise redis.ConnectionError(f"{type(self).__name__} is unreachable (set by the test)")
+
+
+class MemoryApiRegistry(_Fake, ApiRegistry):
+    """The deployed APIs in a dict: name -> the deployment's JSON."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._apis: dict[str, str] = {}
+
+    def put(self, api: ApiDefinition, bundle: str, now: float | None = None) -> DeployedApi:
+        deployed = DeployedApi.of(api, bundle, now)
+        with self.lock:
+            self._reach()
+            self._apis[api.name] = deployed.to_json()
+        return deployed
+
+    def get(self, name: str) -> DeployedApi:
+        with self.lock:
+            self._reach()
+            raw = self._apis.get(name)
+        if raw is None:
+            raise not_deployed(name)
+        return DeployedApi.from_json(raw)
+
+    def all(self) -> list[DeployedApi]:
+        with self.lock:
+            self._reach()
+            raws = list(self._apis.values())
+        return sorted((DeployedApi.from_json(raw) for raw in raws), key=lambda a: a.name)
+
+    def delete(self, name: str) -> None:
+        with self.lock:
+            self._reach()
+            if self._apis.pop(name, None) is None:
+                raise not_deployed(name)
+
+
+class MemoryReplicaDirectory(_Fake, ReplicaDirectory):
+    """Replica records in a dict: replica id -> the record's dict (a copy of what was announced)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._records: dict[str, dict[str, Any]] = {}
+
+    def announce(self, record: ReplicaRecord) -> None:
+        with self.lock:
+            self._reach()
+            self._records[record.replica_id] = record.to_dict()
+
+    def remove(self, replica_id: str) -> None:
+        with self.lock:
+            self._reach()
+            self._records.pop(replica_id, None)
+
+    def all(self) -> list[ReplicaRecord]:
+        with self.lock:
+            self._reach()
+            stored = list(self._records.values())
+        return sorted((ReplicaRecord.from_dict(d) for d in stored), key=lambda r: r.replica_id)
+
+    def live(self, now: float, api: str | None = None, ttl_s: float = REPLICA_TTL_S) -> list[ReplicaRecord]:
+        return live_among(self.all(), now, api, ttl_s)
+
+    def routable(self, now: float, api: str | None = None, ttl_s: float = REPLICA_TTL_S) -> list[ReplicaRecord]:
+        return routable_among(self.all(), now, api, ttl_s)
+
+    def forget_silent(self, now: float, older_than_s: float = 60 * REPLICA_TTL_S) -> int:
+        with self.lock:
+            gone = [r.replica_id for r in self.all() if now - r.seen > older_than_s]
+            for replica_id in gone:
+                del self._records[replica_id]
+        return len(gone)
+
+
+@dataclass
+class _Stream:
+    lines: deque[tuple[str, str]]  # (id, line), oldest first
+    last_id: tuple[int, int] = (0, 0)
+    expires_at: float = float("inf")
+
+
+class MemoryLogStreams(_Fake, LogStreams):
+    """Log streams in memory, with ids as Redis gives them (`<milliseconds>-<sequence>`, growing).
+
+    A stream keeps exactly its newest `max_lines` (Redis keeps about as many, never fewer) and is
+    gone `retention_s` after its last line, by `clock` (seconds; `time.time` by default).
+    `appends` counts the calls that sent lines; `wait_for_lines` waits (on a condition, never by
+    sleeping) until a stream holds some.
+    """
+
+    def __init__(
+        self, max_lines: int = DEFAULT_MAX_LINES, retention_s: float = DEFAULT_RETENTION_S,
+        clock: Clock = time.time,
+    ) -> None:
+        super().__init__()
+        self._max_lines = max(int(max_lines), 1)
+        self.retention_s = max(int(retention_s), 1)
+        self._clock = clock
+        self._streams: dict[str, _Stream] = {}
+        self._changed = threading.Condition(self.lock)
+        self.appends = 0
+
+    @property
+    def max_lines(self) -> int:
+        return self._max_lines
+
+    def _stream(self, name: str, now: float) -> _Stream | None:
+        stream = self._streams.get(name)
+        if stream is not None and now >= stream.expires_at:
+            del self._streams[name]
+            return None
+        return stream
+
+    def _next_id(self, stream: _Stream, now: float) -> str:
+        milliseconds = int(now * 1000)
+        last_ms, last_seq = stream.last_id
+        stream.last_id = (milliseconds, 0) if milliseconds > last_ms else (last_ms, last_seq + 1)
+        return f"{stream.last_id[0]}-{stream.last_id[1]}"
+
+    def append(self, lines_by_stream: Mapping[str, Iterable[str]], superseded: Collection[str] = ()) -> int:
+        batches = {name: list(lines) for name, lines in lines_by_stream.items()}
+        sent = sum(len(lines) for lines in batches.values())
+        with self._changed:
+            self._reach()
+            if not sent:
+                return 0
+            now = self._clock()
+            for name, lines in batches.items():
+                stream = self._stream(name, now)
+                if stream is not None and name in superseded:
+                    stream.lines.clear()
+                if not lines:
+                    continue
+                if stream is None:
+                    stream = self._streams[name] = _Stream(deque(maxlen=self._max_lines))
+                for line in lines:
+                    stream.lines.append((self._next_id(stream, now), line))
+                stream.expires_at = now + self.retention_s
+            self.appends += 1
+            self._changed.notify_all()
+        return sent
+
+    def read(self, stream: str, after: str | None = None, limit: int = DEFAULT_PAGE_LINES) -> LogPage:
+        cursor = parse_stream_id(after) if after else START
+        position = stream_id_key(cursor)
+        with self.lock:
+            self._reach()
+            found = self._stream(stream, self._clock())
+            entries = [(i, line) for i, line in found.lines if stream_id_key(i) > position] if found else []
+        entries = entries[:clamp_limit(limit)]
+        if not entries:
+            return LogPage([], cursor)
+        return LogPage([parse_line(line) for _, line in entries], entries[-1][0])
+
+    def wait_for_lines(self, stream: str, count: int, timeout_s: float) -> list[dict[str, Any]]:
+        """The stream's lines once it holds at least `count` (or whatever it holds after `timeout_s`)."""
+
+        def held() -> int:
+            found = self._stream(stream, self._clock())
+            return len(found.lines) if found else 0
+
+        with self._changed:
+            self._changed.wait_for(lambda: held() >= count, timeout=timeout_s)
+        return self.read(stream, limit=MAX_PAGE_LINES).lines
+
+
+class MemoryFigureStore(_Fake, FigureStore):
+    """Figure sums in a dict per key, as Redis's hashes hold them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._hashes: dict[str, dict[str, float]] = {}
+
+    def add(self, increments: Sequence[Increment]) -> None:
+        with self.lock:
+            self._reach()
+            for increment in increments:
+                fields = self._hashes.setdefault(increment.key, {})
+                fields[increment.field] = fields.get(increment.field, 0) + increment.amount
+
+    def read(self, keys: Sequence[str]) -> list[dict[str, float]]:
+        with self.lock:
+            self._reach()
+            return [{name: float(value) for name, value in self._hashes.get(key, {}).items()} for key in keys]

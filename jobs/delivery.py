@@ -1,0 +1,38 @@
+"""A delivery: one Celery message of a job (a batch, or the job's completion) taken by one node.
+
+While a node runs a delivery, its task id sits in the node's in-flight hash with an entry naming
+the job and the batch, so that if the node dies the message can be given back at once
+(`jobs/settle.py`). These are the values both the batch ledger (which enters and removes a batch's
+entry atomically with its outcome) and the node registry (`jobs/nodes.py`) speak in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The in-flight entry of a job's completion task, in place of a batch index.
+COMPLETION_ENTRY = "complete"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Which node runs a batch, and the Celery task id of its message (to give it back if the node dies)."""
+
+    node: str
+    task_id: str
+
+
+def inflight_entry(job_id: str, index: int | str) -> str:
+    """What a node's in-flight hash holds for a task: "<job id>:<batch index>" or "<job id>:complete"."""
+    return f"{job_id}:{index}"
+
+
+def job_of_entry(entry: str) -> str:
+    """The job id of an in-flight entry (whatever follows it)."""
+    return entry.rpartition(":")[0]
+
+
+def parse_inflight_entry(entry: str) -> tuple[str, int | None]:
+    """(job id, batch index), the index None for a completion task."""
+    job_id, _, what = entry.rpartition(":")
+    return job_id, None if what == COMPLETION_ENTRY else int(what)

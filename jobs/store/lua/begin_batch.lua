@@ -1,0 +1,24 @@
+-- Check and count one delivery of a batch (jobs/store/ledger.py: `begin_batch`).
+-- KEYS[1] the job hash, KEYS[2] its done set, KEYS[3] its starts hash, KEYS[4] the node's in-flight hash.
+-- ARGV: batch index, task id ('' for none), in-flight entry, token, active statuses...
+-- Returns {status, already recorded (0/1), deliveries of this batch so far}. Deliveries are counted
+-- only while the job is active, so an ended job gains no key, and a repeat of the same call (same
+-- token) is not counted again. A batch that will run is entered in its node's in-flight hash under
+-- its task id, so that it can be given back if the node dies (jobs/settle.py).
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return {'', 0, 0} end
+local done = redis.call('SISMEMBER', KEYS[2], ARGV[1])
+local starts = 0
+for i = 5, #ARGV do
+  if ARGV[i] == status then
+    local token_field = ARGV[1] .. ':by'
+    if redis.call('HGET', KEYS[3], token_field) == ARGV[4] then
+      starts = tonumber(redis.call('HGET', KEYS[3], ARGV[1]))
+    else
+      starts = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+      redis.call('HSET', KEYS[3], token_field, ARGV[4])
+    end
+  end
+end
+if starts > 0 and done == 0 and ARGV[2] ~= '' then redis.call('HSET', KEYS[4], ARGV[2], ARGV[3]) end
+return {status, done, starts}
