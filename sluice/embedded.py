@@ -19,16 +19,18 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 import redis
 import requests
 
-from foundation.api_registry import ApiRegistry
 from foundation import keys
+from foundation.api_registry import RedisApiRegistry
 from foundation.errors import NotReady
+from foundation.redis_clients import HEARTBEAT
+from foundation.redis_clients import client as redis_client
 
 from .replica_manager import ReplicaManager
 from .replica_process import no_control_socket
@@ -120,6 +122,7 @@ class Stack:
     def _child_env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.env)
+        assert self.data_dir is not None, "the stack's data folder is made before any child starts"
         env["SLUICE_REDIS_URL"] = self.redis_url or ""
         env.setdefault("SLUICE_STORAGE", str(self.data_dir / "storage"))
         env.setdefault("SLUICE_CACHE_DIR", str(self.data_dir / "cache"))
@@ -150,14 +153,15 @@ class Stack:
         A node is one process (Celery's solo pool), so a predictor that is killed (out of memory)
         takes its node with it; the new node first gives back what the old one held.
         """
-        restarted = []
+        restarted: list[str] = []
         with self._lock:
             if self._stopping:
                 return restarted
             for child in self.children:
                 if child.is_worker and self._died(child):
                     with open(child.log_path, "ab") as log:
-                        log.write(f"\n[sluice] {child.name} exited with {child.process.returncode}; restarting\n".encode())
+                        note = f"\n[sluice] {child.name} exited with {child.process.returncode}; restarting\n"
+                        log.write(note.encode())
                     child.process = self._popen(child.argv, child.log_path)
                     child.restarts += 1
                     restarted.append(child.name)
@@ -173,13 +177,14 @@ class Stack:
                         continue
                     try:
                         self.replicas.step(time.time())
-                    except Exception as e:  # last-resort boundary: a bad turn must not end supervision of the others
+                    except Exception as e:  # noqa: BLE001 - a bad turn must not end supervision of the others
                         print(f"[sluice] replica manager: {type(e).__name__}: {e}", file=sys.stderr)
 
     # -- parts ------------------------------------------------------------------------------
     def _start_redis(self) -> None:
         if shutil.which("redis-server") is None:
-            raise NotReady("redis-server is not installed (apt-get install -y redis-server), and SLUICE_REDIS_URL is not set")
+            raise NotReady("redis-server is not installed (apt-get install -y redis-server), "
+                           "and SLUICE_REDIS_URL is not set")
         assert self.data_dir is not None
         port = free_port()
         redis_dir = self.data_dir / "redis"
@@ -189,11 +194,17 @@ class Stack:
             "--save", "", "--appendonly", "no", "--protected-mode", "yes",
         ])
         self.redis_url = f"redis://127.0.0.1:{port}/0"
-        client = redis.Redis.from_url(self.redis_url)
+        client = redis_client(self.redis_url, HEARTBEAT)
         _wait_until(client.ping, 15, "redis-server")
 
     def add_worker(self, name: str | None = None, queues: tuple[str, ...] | None = None) -> Child:
         """Start one more worker node (one predictor process) and wait until it is registered."""
+        started = self._spawn_worker(name, queues)
+        self._wait_for_workers([started])
+        return started[0]
+
+    def _spawn_worker(self, name: str | None = None, queues: tuple[str, ...] | None = None) -> tuple[Child, str]:
+        """Start a worker node without waiting for it; the child and its Celery node name."""
         self._worker_count += 1
         name = name or f"worker{self._worker_count}"
         node = f"{name}@{socket.gethostname()}"
@@ -201,11 +212,25 @@ class Stack:
             sys.executable, "-m", "celery", "-A", "jobs", "worker", "-Q", ",".join(queues or self.queues),
             "-n", node, "--loglevel", self.worker_loglevel, "--without-gossip", "--without-mingle",
         ], is_worker=True)
-        client = redis.Redis.from_url(self.redis_url or "")
-        _wait_until(lambda: client.hexists(keys.NODES, node) or self._died(child), 60, f"worker {name}")
-        if self._died(child):
-            raise NotReady(f"worker {name} exited:\n{child.log_tail()}")
-        return child
+        return child, node
+
+    def _wait_for_workers(self, started: list[tuple[Child, str]], timeout: float = 60) -> None:
+        """Wait until every node started has registered itself (its own heartbeat in Redis); a node
+        that exits first fails the start at once, with its log."""
+        if not started:
+            return
+        client = redis_client(self.redis_url or "", HEARTBEAT)
+        pending = list(started)
+
+        def all_registered() -> bool:
+            for child, node in list(pending):
+                if client.hexists(keys.NODES, node):
+                    pending.remove((child, node))
+                elif self._died(child):
+                    raise NotReady(f"worker {child.name} exited:\n{child.log_tail()}")
+            return not pending
+
+        _wait_until(all_registered, timeout, "worker nodes " + ", ".join(child.name for child, _ in started))
 
     @staticmethod
     def _died(child: Child) -> bool:
@@ -218,27 +243,32 @@ class Stack:
             "-s", str(self.data_dir / "beat-schedule"),
         ])
 
-    def _start_api(self) -> None:
+    def _spawn_api(self) -> Child:
         if self.proxy and self.api_port is None:
             self.api_port = free_port()
-        child = self._spawn("api", [
+        return self._spawn("api", [
             sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{self.api_port or self.port}",
             "-w", str(self.api_processes), "--timeout", "120", "--graceful-timeout", "10", *no_control_socket(),
             "api:create_app()",
         ])
+
+    def _wait_for_api(self, child: Child) -> None:
         healthz = f"{self.management_url}/healthz"
         _wait_until(lambda: self._died(child) or requests.get(healthz, timeout=2).ok, 60, "the API")
         if self._died(child):
             raise NotReady(f"the API exited:\n{child.log_tail()}")
 
-    def _start_proxy(self) -> None:
+    def _spawn_proxy(self) -> Child:
         """haproxy on the public port, its config kept by `sluice proxy` from the registry and replicas."""
         if shutil.which("haproxy") is None:
             raise NotReady("haproxy is not installed (apt-get install -y haproxy)")
-        child = self._spawn("proxy", [
+        return self._spawn("proxy", [
             sys.executable, "-m", "sluice.cli", "proxy", "--port", str(self.port), "--bind", "127.0.0.1",
             "--management", f"127.0.0.1:{self.api_port}",
         ])
+
+    def _wait_for_proxy(self, child: Child) -> None:
+        """The management API's health answered through the proxy (so wait for the API first)."""
         _wait_until(lambda: self._died(child) or requests.get(f"{self.url}/healthz", timeout=2).ok, 60, "the proxy")
         if self._died(child):
             raise NotReady(f"the proxy exited:\n{child.log_tail()}")
@@ -252,7 +282,7 @@ class Stack:
         ], self.data_dir / "logs" / f"replica-{api_name}.log")
 
     # -- lifecycle --------------------------------------------------------------------------
-    def start(self) -> "Stack":
+    def start(self) -> Stack:
         if self.data_dir is None:
             self.data_dir = Path(tempfile.mkdtemp(prefix="sluice-"))
             self._own_data_dir = True
@@ -260,15 +290,19 @@ class Stack:
         try:
             if not self.redis_url:
                 self._start_redis()
-            self._start_api()
-            if self.proxy:
-                self._start_proxy()
+            # Every part needs only Redis, so all start at once (each is a Python process that spends
+            # seconds importing); then each one's own readiness is awaited.
+            api = self._spawn_api()
+            proxy = self._spawn_proxy() if self.proxy else None
             if self.beat:
                 self._start_beat()
-            for _ in range(self.workers):
-                self.add_worker()
+            workers = [self._spawn_worker() for _ in range(self.workers)]
+            self._wait_for_api(api)
+            if proxy is not None:
+                self._wait_for_proxy(proxy)
+            self._wait_for_workers(workers)
             if self.realtime:
-                self.replicas = ReplicaManager(ApiRegistry(redis.Redis.from_url(self.redis_url or "")),
+                self.replicas = ReplicaManager(RedisApiRegistry(redis_client(self.redis_url or "", HEARTBEAT)),
                                                self._spawn_launcher)
                 self.replicas.step(time.time())
         except BaseException:
@@ -318,7 +352,7 @@ class Stack:
         if self._own_data_dir and self.data_dir is not None and not os.environ.get("SLUICE_KEEP_DATA"):
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

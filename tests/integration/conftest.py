@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
@@ -76,15 +77,36 @@ class {class_name}:
 '''
 
 
+# A small bound on every log stream (`SLUICE_LOG_LINES`, default 10,000), so that a chatty job of
+# test_logs.py shows the bound at work; no other test reads more than a few lines back.
+LOG_LINES = 200
+
+
+def closing_client(url: str, **kwargs: Any) -> Client:
+    """A client that keeps no idle keep-alive connection to the proxy.
+
+    After a reload, an old haproxy worker lingers while idle keep-alive connections hold it (up
+    to the proxy's keep-alive timeout, 10 s), and a draining replica, or the proxy's own stop,
+    waits for it. A test client's idle connection must not be what a stop waits for.
+    """
+    client = Client(url, **kwargs)
+    client._session.headers["Connection"] = "close"
+    return client
+
+
+# The stacks are started once per session, each on first use, and shared by every module that
+# runs on its configuration; a test that needs a setting of its own makes it per API or per job
+# where Sluice has one, or runs on a stack below whose configuration says why it differs.
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: str, gcs_server: str):
-    """Two worker nodes, beat and the API against a private Redis.
+    """Two worker nodes, beat, the API, the proxy and realtime replicas against a private Redis.
 
     They reach the session's S3 and GCS servers (the storage fixtures export their addresses)
     and may read and write local paths under the session's temporary folder.
     """
     data_dir = tmp_path_factory.mktemp("stack")
-    env = {**FAST_LOOPS, "SLUICE_LOCAL_INPUT_ROOTS": str(tmp_path_factory.getbasetemp())}
+    env = {**FAST_LOOPS, "SLUICE_LOCAL_INPUT_ROOTS": str(tmp_path_factory.getbasetemp()),
+           "SLUICE_LOG_LINES": str(LOG_LINES)}
     with Stack(port=free_port(), workers=2, data_dir=data_dir, env=env) as running:
         yield running
         print(running.logs())
@@ -92,7 +114,49 @@ def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: str, gcs_server: 
 
 @pytest.fixture(scope="session")
 def client(stack: Stack) -> Client:
-    return Client(stack.url)
+    return closing_client(stack.url)
+
+
+# The hard stop's grace (`SLUICE_HARD_STOP_GRACE_S`, default 5): long enough for the watchdog thread
+# to record a timed-out try first, short for a predictor holding the GIL (test_time_limits.py).
+HARD_STOP_GRACE_S = 2
+
+
+@pytest.fixture(scope="session")
+def one_node_stack(tmp_path_factory: pytest.TempPathFactory):
+    """A stack with a single worker node, so that every job runs in the same process, one after
+    another: what a hung predictor blocks, and what one process keeps between jobs
+    (test_time_limits.py, test_isolation.py)."""
+    data_dir = tmp_path_factory.mktemp("one-node-stack")
+    env = {**FAST_LOOPS, "SLUICE_HARD_STOP_GRACE_S": str(HARD_STOP_GRACE_S)}
+    with Stack(port=free_port(), workers=1, data_dir=data_dir, env=env) as running:
+        yield running
+        print(running.logs())
+
+
+@pytest.fixture(scope="session")
+def realtime_storage(s3_server: str) -> str:
+    import boto3
+
+    bucket = f"sluice-realtime-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/sluice"
+
+
+@pytest.fixture(scope="session")
+def realtime_stack(tmp_path_factory: pytest.TempPathFactory, realtime_storage: str):
+    """The proxy, the management API and the replica manager, no worker node and no beat, with its
+    bundles on the session's S3 server, so that a second `sluice serve` with its own working folder,
+    as another host would run it, can fetch them too (test_realtime.py, test_realtime_load.py).
+
+    Its tests delete the APIs they deploy, so that the next test's proxy carries only its own
+    routes and no idle replica shares the machine with its load.
+    """
+    data_dir = tmp_path_factory.mktemp("realtime-stack")
+    env = {**FAST_LOOPS, "SLUICE_STORAGE": realtime_storage}
+    with Stack(port=free_port(), workers=0, beat=False, data_dir=data_dir, env=env) as running:
+        yield running
+        print(running.logs())
 
 
 def write_project(

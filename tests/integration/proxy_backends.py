@@ -16,7 +16,8 @@ import json
 import os
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 from urllib.parse import parse_qs
 
 _seen: list[dict[str, Any]] = []

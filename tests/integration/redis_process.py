@@ -9,9 +9,10 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import redis
 
@@ -83,9 +84,9 @@ class RedisProcess:
         assert self.process is not None
         return self.process.pid
 
-    def start(self) -> "RedisProcess":
+    def start(self) -> RedisProcess:
         self.folder.mkdir(parents=True, exist_ok=True)
-        log = open(self.folder / "redis.log", "ab")
+        log = open(self.folder / "redis.log", "ab")  # noqa: SIM115 - handed to the child, closed here once it has it
         self.process = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder),
              "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "yes"],

@@ -67,8 +67,8 @@ def test_two_jobs_at_once_each_keep_their_own_predictor_instances(client, deploy
     assert len(first_instances) == 1 and len(second_instances) == 1
     assert first_instances != second_instances
     assert {e["job_id"] for e in first_seen} == {first["job_id"]}
-    assert [e for e in first_seen if e["event"] == "complete"][0]["seen"] == list(range(200))
-    assert [e for e in second_seen if e["event"] == "complete"][0]["seen"] == list(range(200, 400))
+    assert next(e for e in first_seen if e["event"] == "complete")["seen"] == list(range(200))
+    assert next(e for e in second_seen if e["event"] == "complete")["seen"] == list(range(200, 400))
 
 
 def test_the_job_config_deep_merges_over_the_api_config_and_the_job_wins(client, deploy_project, events_file, events):
@@ -79,7 +79,7 @@ def test_the_job_config_deep_merges_over_the_api_config_and_the_job_wins(client,
 
     assert client.wait(api, spec["job_id"], timeout=120)["status"] == "status_succeeded"
 
-    init = [e for e in events(events_file) if e["event"] == "init"][0]
+    init = next(e for e in events(events_file) if e["event"] == "init")
     assert init["config"] == {
         "events": str(events_file), "threshold": 0.5, "model": {"name": "iris", "size": "large"}, "extra": True,
     }
@@ -98,7 +98,7 @@ def test_a_handler_class_with_handle_batch_works_like_a_python_predictor(client,
 
     assert final["status"] == "status_succeeded"
     assert final["total_batch_count"] == 5
-    assert [e for e in events(events_file) if e["event"] == "complete"][0]["seen"] == list(range(30))
+    assert next(e for e in events(events_file) if e["event"] == "complete")["seen"] == list(range(30))
 
 
 def test_the_predictor_runs_in_its_project_folder_with_its_env(client, deploy_project, events_file, events):
@@ -111,7 +111,7 @@ def test_the_predictor_runs_in_its_project_folder_with_its_env(client, deploy_pr
 
     assert client.wait(api, spec["job_id"], timeout=120)["status"] == "status_succeeded"
 
-    init = [e for e in events(events_file) if e["event"] == "init"][0]
+    init = next(e for e in events(events_file) if e["event"] == "init")
     assert init["greeting"] == "from cortex.yaml"  # the API's env wins over .env
     assert (init["cwd"] + "/predictor.py").endswith("/predictor.py")
     from pathlib import Path

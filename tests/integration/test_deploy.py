@@ -71,7 +71,8 @@ def test_an_invalid_cortex_yaml_is_refused_naming_the_file_and_field(client, tmp
     folder.mkdir()
     (folder / "predictor.py").write_text("class PythonPredictor:\n    pass\n")
     (folder / "cortex.yaml").write_text(
-        "- name: broken-api\n  kind: BatchAPI\n  predictor:\n    type: python\n    path: predictor.py\n    colour: red\n"
+        "- name: broken-api\n  kind: BatchAPI\n  predictor:\n"
+        "    type: python\n    path: predictor.py\n    colour: red\n"
     )
 
     with pytest.raises(ClientError) as refused:

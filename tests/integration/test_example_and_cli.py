@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +19,13 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "iris-batch"
 
 
 @pytest.fixture(scope="module")
-def trained_example():
-    subprocess.run([sys.executable, str(EXAMPLE / "train.py")], check=True, capture_output=True)
-    return EXAMPLE
+def trained_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the example, trained there (train.py writes model.pkl next to itself), so that the
+    test leaves nothing in the checkout."""
+    example = tmp_path_factory.mktemp("examples") / EXAMPLE.name
+    shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns("model.pkl", "__pycache__"))
+    subprocess.run([sys.executable, str(example / "train.py")], check=True, capture_output=True)
+    return example
 
 
 def test_the_iris_example_deploys_and_classifies_every_sample_through_the_cli(stack, trained_example, tmp_path):

@@ -8,6 +8,11 @@ import time
 from collections import Counter
 
 import pytest
+import redis
+
+from jobs.broker import Channel
+from jobs.job import job_queue_name
+from sluice.client import Conflict
 
 pytestmark = pytest.mark.integration
 
@@ -20,6 +25,16 @@ def _wait_for(check, timeout: float = 60, what: str = "condition"):
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def _nothing_left_to_run(stack, job_id: str) -> bool:
+    """No message of the job is queued (its queue, kombu's priority lists of it) and none is taken and
+    unacknowledged: every batch that started has returned from predict (a node acknowledges a
+    batch's message only after recording its outcome), and no further one can start."""
+    client = redis.Redis.from_url(stack.redis_url)
+    queued = sum(client.llen(key) for key in client.scan_iter(match=f"{job_queue_name(job_id)}*"))
+    taken = [raw for raw in client.hvals(Channel.unacked_key) if job_id.encode() in raw]
+    return queued == 0 and not taken
 
 
 def test_a_raising_predictor_is_retried_then_its_batch_is_kept_as_failed(client, deploy_project, events_file, events):
@@ -63,7 +78,7 @@ def test_a_constructor_that_raises_ends_the_job_with_a_worker_error(client, depl
     assert [e for e in events(events_file) if e["event"] == "predict"] == []
 
 
-def test_a_stopped_job_runs_no_further_batches_and_never_completes(client, deploy_project, events_file, events):
+def test_a_stopped_job_runs_no_further_batches_and_never_completes(client, stack, deploy_project, events_file, events):
     api = deploy_project({"events": str(events_file), "sleep": 0.2})
     spec = client.submit(api, list(range(100)), batch_size=2, workers=1)
     _wait_for(lambda: len(events(events_file)) >= 3, what="the first batches")
@@ -74,17 +89,17 @@ def test_a_stopped_job_runs_no_further_batches_and_never_completes(client, deplo
     status = client.job(api, spec["job_id"])
     assert status["status"] == "status_stopped"
     ran_at_stop = len([e for e in events(events_file) if e["event"] == "predict"])
-    time.sleep(2)
+    _wait_for(lambda: _nothing_left_to_run(stack, spec["job_id"]), what="the stopped job's batches to be gone")
     ran_later = [e for e in events(events_file) if e["event"] == "predict"]
     assert len(ran_later) <= ran_at_stop + 1  # at most the batch that was running
     assert len(ran_later) < 50
     assert "complete" not in [e["event"] for e in events(events_file)]
-    with pytest.raises(Exception) as stopped_twice:
+    with pytest.raises(Conflict) as stopped_twice:
         client.stop(api, spec["job_id"])
     assert "409" in str(stopped_twice.value)
 
 
-def test_a_job_past_its_timeout_is_timed_out_by_beat(client, deploy_project, events_file, events):
+def test_a_job_past_its_timeout_is_timed_out_by_beat(client, stack, deploy_project, events_file, events):
     api = deploy_project({"events": str(events_file), "sleep": 0.5})
     spec = client.submit(api, list(range(40)), batch_size=1, workers=1, timeout=2)
 
@@ -92,7 +107,7 @@ def test_a_job_past_its_timeout_is_timed_out_by_beat(client, deploy_project, eve
 
     assert final["status"] == "status_timed_out"
     assert "timeout" in final["message"]
-    time.sleep(1.5)
+    _wait_for(lambda: _nothing_left_to_run(stack, spec["job_id"]), what="the timed-out job's batches to be gone")
     assert len([e for e in events(events_file) if e["event"] == "predict"]) < 40
     assert "complete" not in [e["event"] for e in events(events_file)]
 
@@ -135,7 +150,7 @@ def test_a_job_whose_api_process_dies_mid_enqueue_is_failed_by_beat_and_runs_not
     final = client.wait(api, spec["job_id"], timeout=60)
     assert final["status"] == "status_enqueue_failed"
     assert "enqueueing stopped" in final["message"]
-    time.sleep(1)
+    _wait_for(lambda: _nothing_left_to_run(stack, spec["job_id"]), what="the failed job's batches to be gone")
     assert events(events_file) == []  # its input was never fully validated: nothing of it ran
 
 

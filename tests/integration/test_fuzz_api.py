@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import json
 import random
 import tarfile
@@ -129,7 +130,7 @@ def _valid_body(rng: random.Random, inputs: Path, kind: str | None = None) -> di
 def _set(body: dict[str, Any], path: tuple[Any, ...], marker: str) -> None:
     """Put `marker` at `path`, making the containers on the way."""
     node: Any = body
-    for part, following in zip(path, path[1:]):
+    for part, following in itertools.pairwise(path):
         if isinstance(node, list):
             while len(node) <= part:
                 node.append(None)
@@ -193,7 +194,8 @@ def submission_cases(rng: random.Random, inputs: Path) -> Iterator[tuple[str, st
         elif choice == 8:
             text = _with_raw(body, (rng.choice(["\u0000", "\ud800", "x" * 5000, "é"]),), "1")
         elif choice == 9:
-            limit = rng.choice(["100000000000000000000", "9" * 30, "-1", "0", "abc", "1e3", "", "%205", "%D9%A3", "9" * 5000,
+            limit = rng.choice(["100000000000000000000", "9" * 30, "-1", "0", "abc", "1e3", "", "%205", "%D9%A3",
+                                "9" * 5000,
                                 "%ED%A0%80", "%00"])
             yield f"{n}:limit={limit[:30]}", "GET", f"limit={limit}", b""
             continue
@@ -215,7 +217,8 @@ def _api_yaml(rng: random.Random, name: str) -> str:
         return head + "    config:\n      deep: " + "[" * depth + "]" * depth + "\n"
     if choice == 1:
         depth = rng.choice([65, 400, 1000])
-        return head + "    config:\n" + "".join("  " * (i + 3) + f"k{i}:\n" for i in range(depth)) + "  " * (depth + 3) + "v\n"
+        nested = "".join("  " * (i + 3) + f"k{i}:\n" for i in range(depth))
+        return head + "    config:\n" + nested + "  " * (depth + 3) + "v\n"
     if choice == 2:
         levels, width = rng.choice([(4, 4), (6, 5), (7, 6)])
         anchors = ["      l0: &l0 [x, y]\n"] + [
@@ -225,7 +228,8 @@ def _api_yaml(rng: random.Random, name: str) -> str:
     if choice == 3:
         return head + f"    config:\n      n: {_huge_int(rng)}\n"
     if choice == 4:
-        return head + "    config:\n      when: " + rng.choice(["2001-02-30", "2001-13-01 00:00:00", "9999-99-99"]) + "\n"
+        when = rng.choice(["2001-02-30", "2001-13-01 00:00:00", "9999-99-99"])
+        return head + "    config:\n      when: " + when + "\n"
     if choice == 5:
         return head + "    config:\n      x: " + rng.choice(["!!python/object:os.system x", "!!binary '%%%'",
                                                             "&a [*a]", "!!set {a, b}", "!!omap [a: 1]"]) + "\n"
@@ -303,8 +307,11 @@ def test_hostile_job_submissions_never_answer_a_server_error(app_client, tmp_pat
     found: list[str] = []
     cases = list(submission_cases(rng, inputs))
     for label, method, query, body in cases:
-        _record_server_error(lambda: client.open("/batch/fuzz-target", method=method, query_string=query, data=body,
-                                      content_type="application/json"), label, found)
+        def submit(method: str = method, query: object = query, body: object = body) -> object:
+            return client.open("/batch/fuzz-target", method=method, query_string=query, data=body,
+                               content_type="application/json")
+
+        _record_server_error(submit, label, found)
 
     assert found == [], f"{len(found)} of {len(cases)} answered 5xx:\n" + "\n".join(found)
 
@@ -316,6 +323,6 @@ def test_hostile_deploys_never_answer_a_server_error(app_client, tmp_path):
     found: list[str] = []
     cases = list(deploy_cases(rng, good))
     for label, config, project in cases:
-        _record_server_error(lambda: _deploy(client, config, project), label, found)
+        _record_server_error(lambda config=config, project=project: _deploy(client, config, project), label, found)
 
     assert found == [], f"{len(found)} of {len(cases)} answered 5xx:\n" + "\n".join(found)

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
 
 from sluice.client import Client
-from sluice.embedded import Stack, free_port
+from sluice.embedded import Stack
+
+from .conftest import closing_client
 
 pytestmark = pytest.mark.integration
 
@@ -53,16 +55,9 @@ class PythonPredictor:
 
 
 @pytest.fixture(scope="module")
-def one_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
-    """A stack of its own with a single worker node, so every job runs in the same process.
-
-    Batch jobs only: no proxy and no realtime replicas, so the API listens on the public port.
-    """
-    env = {"SLUICE_BEAT_INTERVAL": "1", "SLUICE_HEARTBEAT_INTERVAL": "0.5", "SLUICE_NODE_TTL": "4"}
-    data_dir = tmp_path_factory.mktemp("one-node")
-    with Stack(port=free_port(), workers=1, data_dir=data_dir, env=env, proxy=False, realtime=False) as stack:
-        yield Client(stack.url)
-        print(stack.logs())
+def one_node(one_node_stack: Stack) -> Client:
+    """The session's stack with a single worker node, so every job runs in the same process."""
+    return closing_client(one_node_stack.url)
 
 
 def deploy(client: Client, folder: Path, api_name: str, env_line: str, helpers_value: str, events: Path) -> None:

@@ -27,7 +27,8 @@ def jsonl(rows) -> str:
     return "".join(json.dumps(row) + "\n" for row in rows)
 
 
-def test_file_path_lister_hands_each_matched_file_path_to_the_predictor(client, deploy_project, events_file, events, root):
+def test_file_path_lister_hands_each_matched_file_path_to_the_predictor(
+        client, deploy_project, events_file, events, root):
     kept = [put(join_uri(root, "in", f"{d}/f{i}.txt"), "x") for d in ("a", "b/c") for i in range(5)]
     put(join_uri(root, "in", "a/notes.md"), "x")
     put(join_uri(root, "in", "skip/f9.txt"), "x")
@@ -111,7 +112,8 @@ def test_a_dry_run_lists_the_matched_files_without_creating_a_job(client, deploy
     files = [put(join_uri(root, f"d/{i}.jsonl"), jsonl([{"n": i}])) for i in range(3)]
     api = deploy_project({"events": str(events_file)})
 
-    answer = client.submit_raw(api, {"delimited_files": {"s3_paths": [join_uri(root, "d")], "batch_size": 5}}, dry_run=True)
+    submission = {"delimited_files": {"s3_paths": [join_uri(root, "d")], "batch_size": 5}}
+    answer = client.submit_raw(api, submission, dry_run=True)
 
     assert answer["validation"] == "passed"
     assert answer["files"] == sorted(files)
@@ -167,7 +169,7 @@ def test_on_job_complete_receives_the_final_batch_metrics_when_it_asks(client, d
 
     client.wait(api, spec["job_id"], timeout=60)
 
-    complete = [e for e in events(events_file) if e["event"] == "complete"][0]
+    complete = next(e for e in events(events_file) if e["event"] == "complete")
     assert complete["job_status"]["batch_metrics"]["succeeded"] == 3
     assert complete["job_status"]["batch_metrics"]["failed"] == 1
     assert complete["job_status"]["job_id"] == spec["job_id"]

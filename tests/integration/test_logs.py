@@ -1,7 +1,7 @@
 """`sluice logs`: a job's lines gathered from every worker process, and a realtime API's replicas' lines.
 
-One stack for the module, with two worker nodes and a small bound on a log stream
-(`SLUICE_LOG_LINES`), so that a chatty job shows the bound at work.
+On the session's stack: two worker nodes and a small bound on a log stream (`SLUICE_LOG_LINES`,
+conftest.py's LOG_LINES), so that a chatty job shows the bound at work.
 """
 
 from __future__ import annotations
@@ -13,22 +13,22 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import requests
 import yaml
 
-from sluice.client import ApiNotFound, BadRequest, Client, JobNotFound, TERMINAL_STATUSES
-from sluice.embedded import Stack, free_port
+from sluice.client import TERMINAL_STATUSES, ApiNotFound, BadRequest, Client, JobNotFound
+from sluice.embedded import Stack
 
-from .conftest import FAST_LOOPS
+from .conftest import LOG_LINES, closing_client
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-LOG_LINES = 200
 WAIT_S = 60.0
 
 # Logs a line per item through Cortex's logger; `rendezvous` holds the first batches until two
@@ -76,17 +76,13 @@ class PythonPredictor:
 
 
 @pytest.fixture(scope="module")
-def logs_stack(tmp_path_factory: pytest.TempPathFactory):
-    data_dir = tmp_path_factory.mktemp("logs-stack")
-    env = {**FAST_LOOPS, "SLUICE_LOG_LINES": str(LOG_LINES)}
-    with Stack(port=free_port(), workers=2, data_dir=data_dir, env=env) as running:
-        yield running
-        print(running.logs())
+def logs_stack(stack: Stack) -> Stack:
+    return stack
 
 
 @pytest.fixture(scope="module")
 def logs_client(logs_stack: Stack) -> Client:
-    return Client(logs_stack.url, timeout=30)
+    return closing_client(logs_stack.url, timeout=30)
 
 
 def _deploy(client: Client, folder: Path, kind: str, source: str, config: dict[str, Any] | None = None) -> str:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import redis
@@ -51,6 +52,13 @@ class PythonPredictor:
             raise ValueError("cannot handle this payload")
         return {"ok": True}
 '''
+
+
+def post(url: str, **kwargs: Any) -> requests.Response:
+    """A request on a connection of its own, closed with the answer: an idle keep-alive connection
+    of the test's would hold an old haproxy worker after a reload (up to the proxy's keep-alive
+    timeout), and with it the proxy's settling on the new replica."""
+    return requests.post(url, headers={"Connection": "close"}, **kwargs)
 
 
 def scrape(url: str) -> Samples:
@@ -112,7 +120,7 @@ def test_realtime_requests_and_refusals_are_counted_by_code_and_reason(stack: St
 
     # While its predictor is built, the API refuses: not ready.
     for _ in range(2):
-        answer = requests.post(f"{stack.url}/{api}", json={}, timeout=30)
+        answer = post(f"{stack.url}/{api}", json={}, timeout=30)
         assert answer.status_code == 503 and answer.json()["kind"] == "not_ready"
     refused = settled(stack.url, lambda s: value(s, "sluice_realtime_rejected_total", api=api, reason="not_ready") >= 2)
     assert value(refused, "sluice_realtime_rejected_total", api=api, reason="not_ready") == 2
@@ -132,15 +140,15 @@ def test_realtime_requests_and_refusals_are_counted_by_code_and_reason(stack: St
     before = scrape(stack.url)
 
     for _ in range(5):
-        assert requests.post(f"{stack.url}/{api}", json={}, timeout=30).status_code == 200
-    assert requests.post(f"{stack.url}/{api}", json={"fail": True}, timeout=30).status_code == 500
+        assert post(f"{stack.url}/{api}", json={}, timeout=30).status_code == 200
+    assert post(f"{stack.url}/{api}", json={"fail": True}, timeout=30).status_code == 500
     held: list[requests.Response] = []
     holder = threading.Thread(target=lambda: held.append(
-        requests.post(f"{stack.url}/{api}", json={"hold": True}, timeout=60)))
+        post(f"{stack.url}/{api}", json={"hold": True}, timeout=60)))
     holder.start()
     try:
         wait_for(started.exists, 30, "the held request to start")
-        overloaded = requests.post(f"{stack.url}/{api}", json={}, timeout=30)
+        overloaded = post(f"{stack.url}/{api}", json={}, timeout=30)
         assert overloaded.status_code == 503 and overloaded.json()["kind"] == "overloaded"
     finally:
         gate.touch()

@@ -86,7 +86,8 @@ def read_rows(out: str, job_id: str) -> list[dict]:
     return rows
 
 
-def test_an_onnx_predictor_classifies_rows_with_a_model_from_each_storage(client, deploy_project, tmp_path, root, iris_onnx):
+def test_an_onnx_predictor_classifies_rows_with_a_model_from_each_storage(
+        client, deploy_project, tmp_path, root, iris_onnx):
     model_bytes, sklearn_model, features = iris_onnx
     put(join_uri(root, "models/iris/1/model.onnx"), model_bytes)
     api = deploy_project(source=ONNX_PREDICTOR, predictor_type="onnx",
@@ -114,7 +115,8 @@ def test_a_tensorflow_predictor_gets_outputs_by_name_from_a_saved_model(client, 
     model_dir = tmp_path / "models" / "linear" / "3"
     tf.saved_model.save(module, str(model_dir), signatures={"serving_default": module.serve})
     api = deploy_project(source=TF_PREDICTOR, predictor_type="tensorflow",
-                         predictor_extra={"models": {"path": str(model_dir.parent), "signature_key": "serving_default"}})
+                         predictor_extra={"models": {"path": str(model_dir.parent),
+                                                     "signature_key": "serving_default"}})
     out = str(tmp_path / "out")
 
     spec = client.submit_raw(api, {"item_list": {"items": [[1, 1], [2, 3], [0, 0]], "batch_size": 2},
@@ -129,7 +131,8 @@ def test_a_python_predictor_picks_models_and_versions_from_a_models_dir(client, 
         for version in (1, 2):
             put(join_uri(root, f"zoo/{name}/{version}/weights.txt"), f"{name}-v{version}")
     api = deploy_project(source=PYTHON_PREDICTOR,
-                         predictor_extra={"models": {"dir": join_uri(root, "zoo"), "cache_size": 1, "disk_cache_size": 2}})
+                         predictor_extra={"models": {"dir": join_uri(root, "zoo"), "cache_size": 1,
+                                                     "disk_cache_size": 2}})
     out = str(tmp_path / "out")
     items = [{"model": "alpha"}, {"model": "beta", "version": "1"}, {"model": "alpha", "version": 1},
              {"model": "beta"}]
@@ -181,7 +184,8 @@ def test_a_bad_model_layout_is_refused_at_deploy_naming_the_path(deploy_project,
         put(str(tmp_path / "bad" / name), b"x")
 
     with pytest.raises(ClientError) as refused:
-        deploy_project(source=ONNX_PREDICTOR, predictor_type=kind, predictor_extra={"models": {"path": str(tmp_path / "bad")}})
+        deploy_project(source=ONNX_PREDICTOR, predictor_type=kind,
+                       predictor_extra={"models": {"path": str(tmp_path / "bad")}})
 
     assert refused.value.http_status == 400
     assert str(tmp_path / "bad") in refused.value.server_message

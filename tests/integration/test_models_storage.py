@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from predictors_runtime.config import ModelsConfig
 from foundation.errors import ConfigError
+from predictors_runtime.config import ModelsConfig
 from predictors_runtime.models import DEFAULT_MODEL_NAME, ModelManager, discover
 from predictors_runtime.storage import join_uri, split_uri, storage_for
 

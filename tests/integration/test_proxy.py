@@ -17,20 +17,22 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 import requests
 
-from foundation.api_registry import ApiRegistry
-from foundation.replica_directory import ReplicaDirectory, ReplicaRecord
+from foundation.api_registry import RedisApiRegistry
+from foundation.replica_directory import RedisReplicaDirectory, ReplicaRecord
 from predictors_runtime.config import ApiConfig
 from sluice.embedded import free_port
 from sluice.proxy import PROXIES_KEY, ProxyController, unrouted
+
 from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -45,7 +47,7 @@ class Backend:
     def __init__(self, name: str, log_dir: Path) -> None:
         self.name, self.port = name, free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.log = open(log_dir / f"{name}.log", "ab")
+        self.log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child's output until stop()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "-k", "gthread", "--threads", "64", "-w", "1",
              "-b", self.address, "--chdir", str(HERE), "--timeout", "120", "proxy_backends:app"],
@@ -78,7 +80,8 @@ def backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Bac
     started = {name: Backend(name, folder) for name in BACKENDS}
     try:
         for backend in started.values():
-            wait_for(lambda: backend.ready() or backend.process.poll() is not None, 60, f"gunicorn {backend.name}")
+            wait_for(lambda backend=backend: backend.ready() or backend.process.poll() is not None, 60,
+                     f"gunicorn {backend.name}")
             assert backend.process.poll() is None, (folder / f"{backend.name}.log").read_text()
         yield started
     finally:
@@ -90,7 +93,7 @@ class Launchers:
     """Announces replica records every half second, as the launchers on each host do."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self.directory = ReplicaDirectory(client)
+        self.directory = RedisReplicaDirectory(client)
         self.records: dict[str, ReplicaRecord] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -135,7 +138,7 @@ def launchers(redis_client: redis.Redis) -> Iterator[Launchers]:
 
 @pytest.fixture
 def deploy(redis_client: redis.Redis) -> Callable[..., str]:
-    registry = ApiRegistry(redis_client)
+    registry = RedisApiRegistry(redis_client)
 
     def _deploy(name: str, kind: str = "RealtimeAPI", **predictor: Any) -> str:
         registry.put(ApiConfig.from_dict({"name": name, "kind": kind,
@@ -153,7 +156,7 @@ class RunningProxy:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=controller.run, args=(self._stop,), daemon=True)
 
-    def start(self) -> "RunningProxy":
+    def start(self) -> RunningProxy:
         self.controller.start()
         self._thread.start()
         return self
@@ -547,7 +550,7 @@ def test_unrouted_only_listens_to_live_proxies(redis_client):
 
 def test_replica_records_silent_for_long_are_forgotten(proxy, redis_client):
     proxy.controller.forget_every_s = 0.1
-    directory = ReplicaDirectory(redis_client)
+    directory = RedisReplicaDirectory(redis_client)
     directory.announce(ReplicaRecord(replica_id="old-1", api="ap", bundle="b1", host="127.0.0.1", port=1,
                                      processes=1, ready=True, draining=False, seen=time.time() - 24 * 3600))
     wait_for(lambda: not redis_client.hexists("sluice:replicas", "old-1"), 10, "the silent record to go")
@@ -559,7 +562,7 @@ def test_sluice_proxy_serves_until_sigterm(redis_server, redis_client, deploy, l
     port = free_port()
     env = {**os.environ, "SLUICE_REDIS_URL": redis_server.rsplit("/", 1)[0] + "/1",
            "SLUICE_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(HERE.parents[1])}
-    log = open(tmp_path / "proxy.log", "wb")
+    log = open(tmp_path / "proxy.log", "wb")  # noqa: SIM115 - the child's output for the whole test
     command = subprocess.Popen(
         [sys.executable, "-m", "sluice.cli", "proxy", "--port", str(port), "--bind", "127.0.0.1",
          "--management", backends["management"].address], env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -590,6 +593,7 @@ def test_sluice_proxy_serves_until_sigterm(redis_server, redis_client, deploy, l
 # -- figures ---------------------------------------------------------------------------------------
 def test_answers_the_proxy_gives_itself_are_counted_by_api_and_reason(proxy, deploy, launchers, backends, gate,
                                                                       redis_client):
+    from foundation.figure_store import RedisFigureStore
     from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS, read_figures
 
     deploy("ap", max_concurrency=1, max_queue_length=0, request_timeout=1)
@@ -606,5 +610,6 @@ def test_answers_the_proxy_gives_itself_are_counted_by_api_and_reason(proxy, dep
     assert requests.get(f"{proxy.url}/ap", timeout=10).json()["kind"] == "not_ready"
 
     expected = {("ap", "overloaded"): 1, ("ap", "request_timeout"): 1, ("ap", "not_ready"): 1}
-    wait_for(lambda: read_figures(redis_client)[REALTIME_REJECTED.name] == expected, 10, "the refusals to be counted")
-    assert read_figures(redis_client)[REALTIME_REQUESTS.name] == {("ap", "503"): 2, ("ap", "504"): 1}
+    wait_for(lambda: read_figures(RedisFigureStore(redis_client))[REALTIME_REJECTED.name] == expected, 10,
+             "the refusals to be counted")
+    assert read_figures(RedisFigureStore(redis_client))[REALTIME_REQUESTS.name] == {("ap", "503"): 2, ("ap", "504"): 1}

@@ -5,14 +5,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import redis
 import requests
 
-from foundation.api_registry import ApiRegistry
+from foundation.api_registry import RedisApiRegistry
 from foundation.settings import Settings
 from predictors_runtime.config import ApiConfig
 from sluice.embedded import free_port
@@ -30,7 +30,8 @@ def backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Bac
     started = {name: Backend(name, folder) for name in ("r1", "management")}
     try:
         for backend in started.values():
-            wait_for(lambda: backend.ready() or backend.process.poll() is not None, 60, f"gunicorn {backend.name}")
+            wait_for(lambda backend=backend: backend.ready() or backend.process.poll() is not None, 60,
+                     f"gunicorn {backend.name}")
             assert backend.process.poll() is None, (folder / f"{backend.name}.log").read_text()
         yield started
     finally:
@@ -52,7 +53,7 @@ def protected_proxy(redis_client: redis.Redis, backends: dict[str, Backend], tmp
 
 def test_a_protected_realtime_api_answers_401_without_the_key_and_serves_with_it(
         protected_proxy, redis_client, backends):
-    ApiRegistry(redis_client).put(ApiConfig.from_dict(
+    RedisApiRegistry(redis_client).put(ApiConfig.from_dict(
         {"name": "ap", "kind": "RealtimeAPI", "predictor": {"path": "predictor.py"}}), "b1")
     launchers = Launchers(redis_client)
     try:

@@ -1,12 +1,14 @@
 """Realtime APIs end to end: deploy, and the API answers at the public URL through the proxy.
 
-One stack for the module (haproxy on the public port, gunicorn replicas started by launchers),
-with its bundles on the session's S3 server so that a second `sluice serve` with its own
-working folder, as another host would run it, can fetch them too.
+On the session's realtime stack (haproxy on the public port, gunicorn replicas started by
+launchers), with its bundles on the session's S3 server so that a second `sluice serve` with its
+own working folder, as another host would run it, can fetch them too. Each test deletes the APIs
+it deployed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,20 +16,21 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import redis
 import requests
 import yaml
 
-from foundation.replica_directory import ReplicaDirectory
+from foundation.replica_directory import RedisReplicaDirectory, ReplicaDirectory
 from predictors_runtime.models import DEFAULT_MODEL_NAME
-from sluice.client import Client, ClientError
+from sluice.client import ApiNotFound, Client, ClientError
 from sluice.embedded import Stack, free_port
 
-from .conftest import FAST_LOOPS
+from .conftest import closing_client
 from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -96,44 +99,48 @@ def write_realtime_project(
 
 
 @pytest.fixture(scope="module")
-def s3_storage(s3_server: str) -> str:
-    import boto3
-
-    bucket = f"sluice-realtime-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=bucket)
-    return f"s3://{bucket}/sluice"
+def s3_storage(realtime_storage: str) -> str:
+    return realtime_storage
 
 
 @pytest.fixture(scope="module")
-def rt_stack(tmp_path_factory: pytest.TempPathFactory, s3_storage: str):
-    """The proxy, the management API and the replica manager; no batch workers are needed here."""
-    data_dir = tmp_path_factory.mktemp("realtime-stack")
-    env = {**FAST_LOOPS, "SLUICE_STORAGE": s3_storage}
-    with Stack(port=free_port(), workers=0, beat=False, data_dir=data_dir, env=env) as running:
-        yield running
-        print(running.logs())
+def rt_stack(realtime_stack: Stack) -> Stack:
+    """The session's realtime stack: the proxy, the management API and the replica manager, bundles
+    on S3; no batch workers are needed here."""
+    return realtime_stack
 
 
 @pytest.fixture(scope="module")
 def rt_client(rt_stack: Stack) -> Client:
-    return Client(rt_stack.url, timeout=30)
+    return closing_client(rt_stack.url, timeout=30)
 
 
 @pytest.fixture(scope="module")
 def replicas(rt_stack: Stack) -> ReplicaDirectory:
-    return ReplicaDirectory(redis.Redis.from_url(rt_stack.redis_url or ""))
+    return RedisReplicaDirectory(redis.Redis.from_url(rt_stack.redis_url or ""))
 
 
 @pytest.fixture
-def deploy_realtime(rt_client: Client, tmp_path: Path) -> Callable[..., str]:
-    """Write and deploy a realtime project under a fresh API name; returns the name."""
+def deploy_realtime(rt_client: Client, tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Write and deploy a realtime project under a fresh API name; returns the name. The APIs a
+    test deployed are deleted after it (their replicas stop), unless the test deleted them itself."""
+    deployed: list[str] = []
 
     def deploy(config: dict[str, Any] | None = None, name: str | None = None, **kwargs: Any) -> str:
         api_name = name or f"rt-{uuid.uuid4().hex[:8]}"
         rt_client.deploy(write_realtime_project(tmp_path / api_name, api_name, config, **kwargs))
+        if api_name not in deployed:
+            deployed.append(api_name)
         return api_name
 
-    return deploy
+    yield deploy
+    delete_apis(rt_client, deployed)
+
+
+def delete_apis(client: Client, names: list[str]) -> None:
+    for name in names:
+        with contextlib.suppress(ApiNotFound):  # the test deleted it itself
+            client.delete_api(name)
 
 
 
@@ -240,15 +247,17 @@ def test_a_cortex_predictor_tells_forms_from_json_objects_as_it_did_on_cortex(rt
 
     assert as_json.json() == {"json": ["name", "tag"]}
     assert urlencoded.json() == {"form": {"tag": "b", "name": "iris"}, "tags": ["a", "b"], "files": {}}
-    assert multipart.json() == {"form": {"name": "iris"}, "tags": [], "files": {"rows": ["rows.csv", "text/csv", "1,2,3"]}}
+    assert multipart.json() == {"form": {"name": "iris"}, "tags": [],
+                                "files": {"rows": ["rows.csv", "text/csv", "1,2,3"]}}
 
 
 def test_a_batch_apis_own_path_at_the_public_address_takes_reads_and_stops_jobs_as_on_cortex(
-        rt_stack, rt_client, tmp_path):
+        rt_stack, rt_client, tmp_path, request):
     from .conftest import write_project
 
     name = f"batch-{uuid.uuid4().hex[:8]}"
     rt_client.deploy(write_project(tmp_path / name, name))
+    request.addfinalizer(lambda: delete_apis(rt_client, [name]))
     endpoint = f"{rt_stack.url}/{name}"
     # Cortex's curl lines with only the host changed (this stack runs no worker: the job waits)
     submitted = requests.post(endpoint, json={"workers": 1, "item_list": {"items": [1, 2, 3], "batch_size": 2}},
@@ -395,7 +404,7 @@ def test_sluice_up_runs_a_replica_per_realtime_api_and_ctrl_c_stops_it(tmp_path)
     try:
         url = up.stdout.readline().strip()
         assert url == f"http://127.0.0.1:{port}"
-        client = Client(url)
+        client = closing_client(url)
         deployed = subprocess.run(
             [sys.executable, "-m", "sluice.cli", "--url", url, "deploy",
              str(write_realtime_project(tmp_path / "project", "greeter"))],

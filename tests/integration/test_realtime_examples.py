@@ -13,8 +13,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -385,7 +386,7 @@ def test_cortexs_tensorflow_predictor_runs_unchanged_with_server_side_batching(s
         "server_side_batching": {"max_batch_size": 8, "batch_interval": "200ms"}}))
     features, _ = iris
     picked = features[np.random.default_rng(3).permutation(len(features))[:48]]  # 48 different flowers
-    flowers = [{name: float(value) for name, value in zip(FEATURES, row)} for row in picked]
+    flowers = [{name: float(value) for name, value in zip(FEATURES, row, strict=False)} for row in picked]
 
     with ThreadPoolExecutor(len(flowers)) as pool:
         answers = list(pool.map(lambda flower: post_json(stack, api, flower), flowers))

@@ -6,8 +6,8 @@ answer; refusals at once when every replica and its queue are full; deadlines; a
 killed processes while traffic flows. Each test is bounded by deadlines, never by how fast a
 loaded machine happens to be (the one exception is the issue's "503 in < 50 ms").
 
-One stack for the module (its own Redis, proxy and replica manager, no batch workers), so that
-the figures are not disturbed by the other integration tests' APIs.
+On the session's realtime stack (its own Redis, proxy and replica manager, no batch workers),
+whose tests delete the APIs they deploy, so that the figures are not disturbed by other tests' APIs.
 """
 
 from __future__ import annotations
@@ -20,25 +20,26 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 import requests
 import yaml
 
-from foundation.replica_directory import ReplicaDirectory
+from foundation.replica_directory import RedisReplicaDirectory, ReplicaDirectory
 from sluice.client import Client
-from sluice.embedded import Stack, free_port
+from sluice.embedded import Stack
 from sluice.proxy import HAProxy, routed_everywhere
 
-from .conftest import FAST_LOOPS
+from .conftest import closing_client
 from .waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 READY_TIMEOUT_S = 120
 REQUEST_TIMEOUT_S = 30  # a cap on any one request of the tests: no answer by then is a stuck request
@@ -97,9 +98,10 @@ class PythonPredictor:
                 "replica": os.environ.get("SLUICE_REPLICA_ID")}
 '''
 
-# post_predict sleeps, then writes what it saw (or raises when asked to).
+# post_predict waits until the test opens a gate (a file), then writes what it saw (or raises when
+# asked to).
 POST_PREDICT_PREDICTOR = '''
-import json, time
+import json, os, time
 
 
 class PythonPredictor:
@@ -109,7 +111,9 @@ class PythonPredictor:
     def post_predict(self, response, payload):
         if payload.get("raise"):
             raise RuntimeError("post_predict went wrong for request %d" % payload["n"])
-        time.sleep(2)
+        give_up = time.monotonic() + 60
+        while not os.path.exists(payload["gate"]) and time.monotonic() < give_up:
+            time.sleep(0.01)
         with open(payload["out"], "w") as f:
             json.dump(response, f)
 '''
@@ -117,22 +121,16 @@ class PythonPredictor:
 
 # -- the stack ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def load_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The proxy, the management API and the replica manager; bundles on local storage."""
-    data_dir = tmp_path_factory.mktemp("realtime-load")
-    env = {**FAST_LOOPS, "SLUICE_CACHE_DIR": str(data_dir / "cache")}
-    with Stack(port=free_port(), workers=0, beat=False, data_dir=data_dir, env=env) as running:
-        yield running
-        print(running.logs())
+def load_stack(realtime_stack: Stack) -> Stack:
+    """The session's realtime stack: the proxy, the management API and the replica manager."""
+    return realtime_stack
 
 
 @pytest.fixture(scope="module")
 def load_client(load_stack: Stack) -> Client:
-    client = Client(load_stack.url, timeout=REQUEST_TIMEOUT_S)
     # No idle keep-alive connection of ours may hold an old haproxy worker after a reload: a
     # draining replica is stopped only once no worker can route to it (up to the keep-alive timeout).
-    client._session.headers["Connection"] = "close"
-    return client
+    return closing_client(load_stack.url, timeout=REQUEST_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +140,7 @@ def redis_client(load_stack: Stack) -> redis.Redis:
 
 @pytest.fixture(scope="module")
 def replicas(redis_client: redis.Redis) -> ReplicaDirectory:
-    return ReplicaDirectory(redis_client)
+    return RedisReplicaDirectory(redis_client)
 
 
 @pytest.fixture
@@ -199,7 +197,8 @@ def wait_until_settled_on(redis_client: redis.Redis, replica_id: str) -> None:
 
 def haproxy_of(stack: Stack) -> HAProxy:
     """The stack's haproxy, for its statistics (master CLI in `sluice proxy`'s default state folder)."""
-    state_dir = Path(stack.env["SLUICE_CACHE_DIR"]) / f"proxy-{stack.port}"
+    assert stack.data_dir is not None
+    state_dir = Path(stack.env.get("SLUICE_CACHE_DIR") or stack.data_dir / "cache") / f"proxy-{stack.port}"
     haproxy = HAProxy(state_dir)
     assert haproxy.socket_path.exists(), f"no haproxy master socket at {haproxy.socket_path}"
     return haproxy
@@ -297,7 +296,7 @@ class SteadyLoad:
             self.answers.append(Answer(index, sent, time.monotonic(), response.status_code, body))
         session.close()
 
-    def __enter__(self) -> "SteadyLoad":
+    def __enter__(self) -> SteadyLoad:
         for thread in self._threads:
             thread.start()
         return self
@@ -337,9 +336,14 @@ def describe(answers: list[Answer], limit: int = 5) -> str:
 
 
 # -- 1. server-side batching ----------------------------------------------------------------------
+# 64 clients at once, each sending its requests back to back, about one in seven leaving before
+# its answer: what the issue asks for is concurrency with disconnects, not a duration. 20 requests
+# a client make 1,280 requests, about 190 of them abandoned, over more than a hundred batches.
 CLIENTS = 64
-LOAD_DURATION_S = 20.0
+REQUESTS_PER_CLIENT = 20
 DISCONNECT_SHARE = 0.15
+# Every client has sent all its requests by then, each answered or timed out (REQUEST_TIMEOUT_S).
+LOAD_DEADLINE_S = 180.0
 
 
 def test_server_side_batching_under_64_clients_with_disconnects_gives_each_client_its_own_answer(
@@ -354,12 +358,11 @@ def test_server_side_batching_under_64_clients_with_disconnects_gives_each_clien
     completed: list[tuple[int, list[int], Any]] = []   # (n, x, body) of every answer received
     failed: list[str] = []                             # answers that were not 200, stuck requests
     disconnects: list[int] = []                       # requests whose client left before the answer
-    end = time.monotonic() + LOAD_DURATION_S
 
     def client() -> None:
         rng = random.Random()
         session = requests.Session()
-        while time.monotonic() < end:
+        for _ in range(REQUESTS_PER_CLIENT):
             with numbers_lock:
                 n = next(numbers)
             x = [rng.randint(-1000, 1000) for _ in range(rng.randint(1, 5))]
@@ -383,14 +386,15 @@ def test_server_side_batching_under_64_clients_with_disconnects_gives_each_clien
         session.close()
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(CLIENTS)]
+    deadline = time.monotonic() + LOAD_DEADLINE_S
     for thread in threads:
         thread.start()
     for thread in threads:
-        # A client's last request started before `end` and is answered, or times out, by then.
-        thread.join(max(0.0, end + REQUEST_TIMEOUT_S + 10 - time.monotonic()))
+        thread.join(max(0.0, deadline - time.monotonic()))
     stuck = sum(thread.is_alive() for thread in threads)
     assert stuck == 0, f"{stuck} clients did not finish"
     assert failed == [], f"{len(failed)} requests failed: {failed[:5]}"
+    assert len(completed) + len(disconnects) == CLIENTS * REQUESTS_PER_CLIENT
 
     # Every answer is its own request's: its number, and its own values doubled.
     mismatched = [(n, body) for n, x, body in completed if body != {"n": n, "y": [v * 2 for v in x]}]
@@ -548,7 +552,7 @@ def test_a_replica_on_the_proxy_host_is_reached_over_its_unix_socket_and_over_tc
     name = deploy(WHO_PREDICTOR.replace("{version}", "v1"))
     replica_id = only_replica(load_client, name)
     wait_until_settled_on(redis_client, replica_id)
-    (record,) = [r for r in ReplicaDirectory(redis_client).all() if r.replica_id == replica_id]
+    (record,) = [r for r in RedisReplicaDirectory(redis_client).all() if r.replica_id == replica_id]
     assert record.socket and Path(record.socket).is_socket()
     server_lines = [line.strip() for line in haproxy_of(load_stack).config_path.read_text().splitlines()
                     if line.strip().startswith("server ") and record.socket in line]
@@ -627,7 +631,7 @@ def test_killed_replica_processes_are_replaced_and_the_api_serves_again(load_sta
     held = [a for a in worker_failures if not _still_building(a)]
     assert len(held) <= clients, describe(held)
     for pid in (victim, master):
-        wait_for(lambda: not pid_alive(pid), 30, f"process {pid} to be gone")
+        wait_for(lambda pid=pid: not pid_alive(pid), 30, f"process {pid} to be gone")
 
 
 # -- 6. post_predict ------------------------------------------------------------------------------
@@ -636,11 +640,14 @@ def test_a_slow_post_predict_does_not_delay_the_response_and_a_raising_one_still
 ):
     name = deploy(POST_PREDICT_PREDICTOR, threads_per_process=2)
     url = f"{load_stack.url}/{name}"
-    out = tmp_path / "post_predict.json"
+    out, gate = tmp_path / "post_predict.json", tmp_path / "gate"
 
-    answer = requests.post(url, json={"n": 21, "out": str(out)}, timeout=REQUEST_TIMEOUT_S)
-    assert answer.status_code == 200 and answer.json() == {"n": 21, "doubled": 42}
-    assert not out.exists()  # answered while post_predict still sleeps its 2 s
+    try:
+        answer = requests.post(url, json={"n": 21, "out": str(out), "gate": str(gate)}, timeout=REQUEST_TIMEOUT_S)
+        assert answer.status_code == 200 and answer.json() == {"n": 21, "doubled": 42}
+        assert not out.exists()  # answered while post_predict still waits at its gate
+    finally:
+        gate.touch()
     wait_for(out.exists, 30, "post_predict to finish")
     assert json.loads(out.read_text()) == {"n": 21, "doubled": 42}
 

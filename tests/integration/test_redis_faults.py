@@ -11,33 +11,38 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 from kombu import Consumer, Queue
 
+from foundation.settings import Settings
 from jobs.celery_app import create_celery
 from jobs.job import Job, JobStatus, new_job_id
+from jobs.nodes import Delivery
 from jobs.publish import BatchPublisher
 from jobs.services import Services
-from foundation.settings import Settings
-from jobs.nodes import Delivery
 from jobs.store import JobStore, Recorded
 from sluice.client import Client, ClientError
 from sluice.embedded import Stack, free_port
 
-from .conftest import FAST_LOOPS, read_events, write_project
+from .conftest import FAST_LOOPS, closing_client, read_events, write_project
 from .redis_process import FAULTS_PREDICTOR, RedisProcess, read_marker
 from .waiting import wait_for as _wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-STALL_S = 8.0  # longer than redis-py's socket timeout (5 s): a reply is lost, the command still runs
-DOWN_S = 3.0  # a Redis restart: killed, then started again on its append-only file this much later
+# Longer than the socket timeout of Sluice's Redis clients (5 s, foundation/redis_clients.py) by a
+# second, and no more: a reply is lost, the command still runs.
+STALL_S = 6.0
+# A Redis restart: killed, then started again on its append-only file this much later; long enough
+# that every process meets the dead Redis (nodes poll every 0.1 s, heartbeat every 0.5 s).
+DOWN_S = 1.0
 # The enqueuer's silence after which beat fails a job is kept at its default: above the retry window.
 ENV = {**FAST_LOOPS, "SLUICE_ENQUEUE_STALE_AFTER": "60"}
 
@@ -118,7 +123,7 @@ def stack(redis_process: RedisProcess, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="module")
 def client(stack: Stack) -> Client:
-    return Client(stack.url, timeout=120)
+    return closing_client(stack.url, timeout=120)
 
 
 @pytest.fixture
@@ -221,7 +226,7 @@ def test_a_redis_restart_mid_job_costs_the_job_seconds_and_runs_no_item_twice(
     api = deploy()
     items = 300
     spec = client.submit(api, list(range(items)), batch_size=1, workers=2,
-                         config={"events": str(events_file), "sleep": 0.05})
+                         config={"events": str(events_file), "sleep": 0.02})
     _wait_for(lambda: sum(e["event"] == "done" for e in read_events(events_file)) >= 60, 60, "a fifth of the job")
 
     redis_process.kill()

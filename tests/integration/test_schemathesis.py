@@ -23,10 +23,9 @@ import pytest
 import requests
 import yaml
 
-from sluice.client import Client
 from sluice.embedded import Stack, free_port
 
-from .conftest import FAST_LOOPS
+from .conftest import FAST_LOOPS, closing_client
 
 pytestmark = pytest.mark.integration
 
@@ -110,7 +109,7 @@ def live(tmp_path_factory: pytest.TempPathFactory):
         apis = [{"name": name, "kind": kind, "predictor": {"type": "python", "path": "predictor.py"}}
                 for name, kind in ((BATCH_API, "BatchAPI"), (REALTIME_API, "RealtimeAPI"))]
         (project / "cortex.yaml").write_text(yaml.safe_dump(apis))
-        client = Client(running.url, timeout=30)
+        client = closing_client(running.url, timeout=30)
         client.deploy(project / "cortex.yaml")
         client.wait_ready(REALTIME_API, timeout=120)
         yield running.url
@@ -127,6 +126,8 @@ def test_no_generated_request_gets_a_server_error_or_an_answer_the_document_does
         "--request-timeout", "30", "--report-dir", str(tmp_path / "report"),
     ]
 
+    # Run from the test's folder: schemathesis keeps its state in `./.schemathesis` (and Hypothesis's
+    # database, see tests/conftest.py, is kept out of the checkout too).
     run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=240)
 
     report = run.stdout + run.stderr

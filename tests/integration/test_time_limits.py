@@ -1,7 +1,8 @@
 """A hung predictor never holds a node for good: batches have a time limit, and a job that times out
 or is stopped ends its in-flight batches; beat, in its own process, keeps timing jobs out meanwhile.
 
-Each test runs on a stack of its module (real redis-server, worker nodes, beat and the API); the
+Each test runs on a real stack (redis-server, worker nodes, beat and the API): the session's
+one-node stack or its two-node one, or, for the visibility timeout, a stack of this module; the
 predictor below hangs forever on the item "hang", as a predictor stuck in a C call or a dead socket.
 """
 
@@ -11,9 +12,10 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -22,14 +24,11 @@ import yaml
 from jobs.store import JobStore
 from sluice.client import Client
 from sluice.embedded import Stack, free_port
-from .conftest import FAST_LOOPS as CONFTEST_LOOPS
+
+from .conftest import FAST_LOOPS, closing_client
 from .waiting import wait_for as _wait_for
 
-pytestmark = pytest.mark.integration
-
-# The hard stop's grace: long enough for the watchdog thread to record a timed-out try first,
-# short for the GIL case.
-FAST_LOOPS = {**CONFTEST_LOOPS, "SLUICE_HARD_STOP_GRACE_S": "2"}
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 HANGING_PREDICTOR = '''
 import ctypes, json, os, time
@@ -52,8 +51,10 @@ class PythonPredictor:
             while True:  # never returns, never raises
                 time.sleep(3600)
         for item in payload:
-            if isinstance(item, str) and item.startswith("sleep:"):
-                time.sleep(float(item.split(":")[1]))
+            if isinstance(item, str) and item.startswith("gate:"):  # runs until the test opens the gate
+                give_up = time.monotonic() + 120
+                while not os.path.exists(item.split(":", 1)[1]) and time.monotonic() < give_up:
+                    time.sleep(0.05)
         if "gil" in payload:
             ctypes.PyDLL(None).sleep(3600)  # a C call that keeps the GIL: no other thread of the process runs
 
@@ -65,25 +66,22 @@ class PythonPredictor:
 '''
 
 
-def _stack(tmp_path_factory: pytest.TempPathFactory, workers: int) -> Iterator[Stack]:
-    data_dir = tmp_path_factory.mktemp(f"stack-{workers}-nodes")
-    with Stack(port=free_port(), workers=workers, data_dir=data_dir, env=FAST_LOOPS) as running:
-        yield running
-        print(running.logs())
+@pytest.fixture(scope="module")
+def one_node(one_node_stack: Stack) -> Stack:
+    """The session's one-node stack, its hard stop's grace short (conftest.py's HARD_STOP_GRACE_S)."""
+    return one_node_stack
 
 
 @pytest.fixture(scope="module")
-def one_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    yield from _stack(tmp_path_factory, workers=1)
-
-
-@pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    yield from _stack(tmp_path_factory, workers=2)
+def two_nodes(stack: Stack) -> Stack:
+    """The session's stack (two nodes): no test on it sets a batch time limit, so its grace does not count."""
+    return stack
 
 
 @pytest.fixture(scope="module")
 def two_nodes_short_visibility(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A stack of this module alone: the visibility timeout is a setting of the broker connection,
+    one for every process of a stack, and a short one here is what the test is about."""
     data_dir = tmp_path_factory.mktemp("stack-short-visibility")
     with Stack(port=free_port(), workers=2, data_dir=data_dir,
                env={**FAST_LOOPS, "SLUICE_VISIBILITY_TIMEOUT": str(SHORT_VISIBILITY_S)}) as running:
@@ -100,7 +98,7 @@ def _deploy(stack: Stack, folder: Path) -> tuple[Client, str]:
     (folder / "predictor.py").write_text(HANGING_PREDICTOR)
     api = {"name": api_name, "kind": "BatchAPI", "predictor": {"type": "python", "path": "predictor.py"}}
     (folder / "cortex.yaml").write_text(yaml.safe_dump([api], sort_keys=False))
-    client = Client(stack.url)
+    client = closing_client(stack.url)
     client.deploy(folder / "cortex.yaml")
     return client, api_name
 
@@ -128,7 +126,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _epoch(iso: str) -> float:
@@ -157,11 +155,13 @@ def test_a_hung_batch_is_stopped_at_its_time_limit_retried_then_failed_and_the_j
     assert final["batch_metrics"]["succeeded"] == 3 and final["batch_metrics"]["failed"] == 1
     assert final["batch_timeout"] == 2
     [failed] = client.failed_batches(api, job_id)
-    assert (failed["index"], failed["tries"], failed["error"], failed["payload"]) == (2, 2, "timed out after 2 s", ["hang"])
+    assert (failed["index"], failed["tries"], failed["error"], failed["payload"]) == (
+        2, 2, "timed out after 2 s", ["hang"])
     seen = _events(events)
     tries = [e for e in seen if e["event"] == "predict" and e["items"] == ["hang"]]
     assert len(tries) == 2 and tries[0]["pid"] != tries[1]["pid"]  # each try ended its node's process
-    assert sorted(str(i) for e in seen if e["event"] == "predict" for i in e["items"]) == ["0", "1", "3", "hang", "hang"]
+    ran = sorted(str(i) for e in seen if e["event"] == "predict" for i in e["items"])
+    assert ran == ["0", "1", "3", "hang", "hang"]
     assert [e["event"] for e in seen].count("complete") == 1
     after_first_limit = min(e["t"] for e in seen if e["t"] > tries[0]["t"] + 2 and e["event"] == "predict")
     print(f"\nFIGURE batch time limit 2 s: the node ran its next batch {after_first_limit - tries[0]['t'] - 2:.1f} s "
@@ -210,7 +210,8 @@ def test_a_job_timeout_ends_its_hung_batch_and_frees_the_only_node_for_the_next_
     assert client.wait(api, waiting_job, timeout=60)["status"] == "status_succeeded"
     assert not _alive(hang["pid"])
     served = min(e["t"] for e in _events(events) if e["job_id"] == waiting_job and e["event"] == "predict")
-    print(f"\nFIGURE job timeout with a hung predictor: the node served the next job {served - _epoch(hung['start_time']) - 3:.1f} s "
+    after_timeout = served - _epoch(hung["start_time"]) - 3
+    print(f"\nFIGURE job timeout with a hung predictor: the node served the next job {after_timeout:.1f} s "
           "after the job's timeout")
 
 
@@ -246,7 +247,9 @@ def test_with_two_nodes_the_next_job_goes_to_the_node_not_hung_on_a_timed_out_jo
     assert {e["pid"] for e in _events(events) if e["job_id"] == next_job} != {hang["pid"]}
 
 
-def test_a_predictor_holding_the_gil_past_its_time_limit_is_ended_by_the_kernel(one_node: Stack, tmp_path: Path) -> None:
+def test_a_predictor_holding_the_gil_past_its_time_limit_is_ended_by_the_kernel(
+    one_node: Stack, tmp_path: Path
+) -> None:
     client, api = _deploy(one_node, tmp_path / "project")
     events = tmp_path / "events.jsonl"
     job_id = _submit(client, api, events, [0, "gil"], batch_timeout=1)
@@ -275,13 +278,27 @@ def test_a_batch_running_past_the_visibility_timeout_is_not_delivered_again_whil
     stack = two_nodes_short_visibility
     client, api = _deploy(stack, tmp_path / "project")
     events = tmp_path / "events.jsonl"
-    job_id = _submit(client, api, events, ["sleep:8"], workers=2)
-    _wait_for(lambda: _events(events), 60, "the batch to start")
-    time.sleep(SHORT_VISIBILITY_S + 2)
-    # What every worker's periodic sweep does (every ~100 s by default): re-queue what looks abandoned.
-    with Connection(stack.redis_url, transport=TRANSPORT_PATH,
-                    transport_options={"visibility_timeout": SHORT_VISIBILITY_S}) as connection:
-        connection.default_channel.qos.restore_visible(num=100, interval=1)
+    gate = tmp_path / "gate"
+    job_id = _submit(client, api, events, [f"gate:{gate}"], workers=2)
+    try:
+        [started] = _wait_for(lambda: _events(events), 60, "the batch to start")
+        # The message was delivered before the batch started: once that is longer ago than the
+        # visibility timeout, only the node's heartbeat keeps it from looking abandoned.
+        _wait_for(lambda: time.time() > started["t"] + SHORT_VISIBILITY_S + 0.5, 30,
+                  "the batch's message to be unacknowledged for longer than the visibility timeout")
+        broker = redis.Redis.from_url(stack.redis_url or "")
+        with Connection(stack.redis_url, transport=TRANSPORT_PATH,
+                        transport_options={"visibility_timeout": SHORT_VISIBILITY_S}) as connection:
+            channel = connection.default_channel
+            [tag] = broker.hkeys(channel.unacked_key)
+            # What the sweep below takes for abandoned: an unacknowledged message whose index entry
+            # is older than the visibility timeout. The node keeps its batch's entry newer than that.
+            assert broker.zrangebyscore(channel.unacked_index_key, "-inf", time.time() - SHORT_VISIBILITY_S) == []
+            assert broker.zscore(channel.unacked_index_key, tag) is not None
+            # What every worker's periodic sweep does (every ~100 s by default): re-queue what looks abandoned.
+            channel.qos.restore_visible(num=100, interval=1)
+    finally:
+        gate.touch()  # the batch ends
     assert client.wait_job(api, job_id, timeout=60)["status"] == "status_succeeded"
     assert len([e for e in _events(events) if e["event"] == "predict"]) == 1
     assert len([e for e in _events(events) if e["event"] == "complete"]) == 1

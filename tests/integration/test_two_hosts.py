@@ -19,6 +19,7 @@ where that is refused.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -30,10 +31,11 @@ import sys
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import redis
@@ -43,7 +45,7 @@ import yaml
 from jobs.store import JobStore
 from sluice.client import TERMINAL_STATUSES, Client
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -159,16 +161,12 @@ class Host:
             if not pids:
                 break
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             time.sleep(0.05)
         for process in self.processes.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
         assert not self.pids(), f"processes left on {self.label}: {self.pids()}"
 
     def logs(self, lines: int = 30) -> str:
@@ -232,16 +230,12 @@ def remove_hosts(*hosts: Host) -> None:
     """Kill whatever still runs on the hosts and delete their namespaces (which removes the veth pair)."""
     for host in hosts:
         for pid in host.pids():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         for process in host.processes.values():
             if process.poll() is None:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    pass
         _ip("netns", "del", host.namespace)
 
 
