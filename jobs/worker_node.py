@@ -21,6 +21,7 @@ from celery import Celery, bootsteps, signals
 from kombu.exceptions import KombuError
 
 from foundation.json_logs import configure_json_logging
+from foundation.redis_clients import heartbeat_client
 from foundation.settings import Settings
 
 from .broker import keep_visible
@@ -60,7 +61,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         # A client of its own, without retries: a beat that cannot be written is skipped, the next one is due soon.
-        client = redis.Redis.from_url(self._settings.redis_url)
+        client = heartbeat_client(self._settings)
         nodes = Nodes(client, self._settings.node_ttl_s)
         failing = False
         while not self._stop.is_set():
