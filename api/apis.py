@@ -23,7 +23,7 @@ from .schemas import Api, ApiList, DeleteApiQuery, Deleted, parse_query
 
 blueprint = Blueprint("apis", __name__)
 
-DEPLOYABLE_KINDS = ("BatchAPI", "RealtimeAPI")
+DEPLOYABLE_KINDS = ("BatchAPI", "RealtimeAPI", "TaskAPI")
 REALTIME_KIND = "RealtimeAPI"
 
 
@@ -81,7 +81,7 @@ def deploy():
         services().bundles.unpack(project, Path(tmp))  # within the limits on unpacked size and files
         for api in apis:
             if not (Path(tmp) / api.predictor.path).is_file():
-                raise ConfigError(f"{source}: api {api.name}: predictor.path: {api.predictor.path} "
+                raise ConfigError(f"{source}: api {api.name}: {api.code_section}.path: {api.predictor.path} "
                                   "is not in the project folder")
             _validate_models(api, Path(tmp), source)
     bundle = services().bundles.put(project)

@@ -2,7 +2,8 @@
 
 The proxy routes `/<name>` of a realtime API to its ready replicas; anything else comes here.
 A BatchAPI's `/<name>` is Cortex's job endpoint (`POST` submits, `GET ?jobID=` reads, `DELETE
-?jobID=` stops), served by the Batch API's own handlers behind the API key. For the rest these
+?jobID=` stops), served by the Batch API's own handlers behind the API key; a TaskAPI's likewise
+by the Task API's. For the rest these
 answers say why there was no replica: the API is not deployed, or is a realtime API whose
 replicas are not ready yet.
 """
@@ -22,7 +23,7 @@ from foundation.errors import ApiNotFound
 from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS
 from predictors_runtime.config import RESERVED_NAMES
 
-from . import auth, batch
+from . import auth, batch, tasks
 from .apis import REALTIME_KIND
 from .context import registry, replica_directory, services
 from .schemas import RealtimeError
@@ -61,12 +62,13 @@ def unrouted_api(api_name: str) -> Response:
         api = registry().get(name)
     except ApiNotFound:
         return _answer(404, ApiNotFound.kind, f"api {name} is not deployed")
-    if api.kind == batch.BATCH_KIND:
+    job_endpoints = {batch.BATCH_KIND: batch.AT_API_PATH, tasks.TASK_KIND: tasks.AT_API_PATH}.get(api.kind)
+    if job_endpoints is not None:
         # Open only as far as realtime APIs are: a job submission always wants the key.
         refusal = auth.key_refusal(services().settings.api_keys)
         if refusal is not None:
             return refusal
-        return batch.AT_API_PATH[request.method](name)
+        return job_endpoints[request.method](name)
     if api.kind != REALTIME_KIND:
         return _answer(404, ApiNotFound.kind, f"{name} is a {api.kind}: it answers nothing at /{name}")
     if request.method not in REALTIME_METHODS:

@@ -1,5 +1,6 @@
-"""Log lines gathered from every host: a batch job's (`/batch/<api>/<job_id>/logs`) and a
-realtime API's replicas' (`/apis/<api>/logs`), a page at a time (`foundation/log_streams.py`).
+"""Log lines gathered from every host: a batch or task job's (`/batch/<api>/<job_id>/logs`, or
+`/tasks/<api>/<job_id>/logs`) and a realtime API's replicas' (`/apis/<api>/logs`), a page at a
+time (`foundation/log_streams.py`).
 
 Both answer `{"lines": [...], "next": "<position>"}`; passing `next` back as `after` gives only
 the lines written since, which is how `sluice logs --follow` follows.
@@ -25,8 +26,9 @@ def _page(stream: str) -> Response:
 
 
 @blueprint.get("/batch/<api_name>/<job_id>/logs")
+@blueprint.get("/tasks/<api_name>/<job_id>/logs")
 def job_logs(api_name: str, job_id: str) -> Response:
-    """The job's lines from every worker (its batches and its `on_job_complete`), oldest first."""
+    """The job's lines from every worker (its batches and its `on_job_complete`, a task's run), oldest first."""
     api = registry().get(api_name)
     services().store.get(job_id, api_name=api.name)  # job_not_found, as every job endpoint answers
     return _page(job_stream(job_id))
@@ -37,5 +39,6 @@ def api_logs(api_name: str) -> Response:
     """A realtime API's recent lines from every process of its replicas, oldest first."""
     api = registry().get(api_name)
     if api.kind != "RealtimeAPI":
-        raise BadRequest(f"api {api.name} is a {api.kind}: its logs are per job, at /batch/{api.name}/<job_id>/logs")
+        prefix = "tasks" if api.kind == "TaskAPI" else "batch"
+        raise BadRequest(f"api {api.name} is a {api.kind}: its logs are per job, at /{prefix}/{api.name}/<job_id>/logs")
     return _page(api_stream(api.name))

@@ -2,9 +2,10 @@
 
 Built, not written: the paths are the Flask app's own routes (its `url_map`), each operation's
 words come from `OPERATIONS` below, and every body schema is generated from the pydantic models
-that validate the requests (`jobs.submission.JobRequest`, `predictors_runtime.config.ApiConfig`)
-or build the answers (`api/schemas.py`). A route without an entry in `OPERATIONS` still appears,
-marked `x-undocumented`, and fails `tests/unit/test_openapi.py` until it is described.
+that validate the requests (`jobs.submission.JobRequest`, `jobs.task_jobs.TaskRequest`,
+`predictors_runtime.config.ApiConfig`) or build the answers (`api/schemas.py`). A route without an
+entry in `OPERATIONS` still appears, marked `x-undocumented`, and fails `tests/unit/test_openapi.py`
+until it is described.
 
 The management paths are served by the management API; `/{api_name}` of a realtime API by its
 replicas (or, while none is ready, by the management API's fallback, with the same error shape).
@@ -22,6 +23,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from jobs.submission import SOURCES, JobRequest
+from jobs.task_jobs import TaskRequest
 from predictors_runtime.config import ApiConfig
 
 from . import schemas
@@ -96,6 +98,14 @@ _JOB_LINKS = {
 }
 _NOT_DEPLOYED = "api_not_found: no API of that name is deployed, or it is not a BatchAPI"
 _NO_JOB = _NOT_DEPLOYED + "; job_not_found: no job of that id in this API"
+_NO_TASK_API = "api_not_found: no API of that name is deployed, or it is not a TaskAPI"
+_NO_TASK_JOB = _NO_TASK_API + "; job_not_found: no job of that id in this API"
+_TASK_LINKS = {
+    "GetTaskJobStatus": {"operationId": "getTaskJobs",
+                         "parameters": {"api_name": "$request.path.api_name", "jobID": "$response.body#/job_id"}},
+    "StopTaskJob": {"operationId": "stopTaskJob",
+                    "parameters": {"api_name": "$request.path.api_name", "jobID": "$response.body#/job_id"}},
+}
 
 OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/healthz"): Operation(
@@ -200,18 +210,56 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
                     "on_job_complete; the stream keeps about the newest SLUICE_LOG_LINES.",
         query=schemas.LogsQuery,
     ),
+    ("POST", "/tasks/<api_name>"): Operation(
+        "submitTaskJob", "Run a TaskAPI's Task once, as a job",
+        {200: Answer("the job as submitted", (schemas.TaskJobSpec,)),
+         400: _error("bad_request: the body is not a valid task submission (the message names the field)"),
+         404: _error(_NO_TASK_API),
+         413: _error("payload_too_large: the body is larger than SLUICE_MAX_BODY_BYTES")},
+        description="Task()(config) runs once on one worker node of the API's hardware queue; config is the "
+                    "API's definition.config merged with the body's (the body's keys win). An empty body is a "
+                    "task with no options.",
+        request_body={**_json(TaskRequest), "required": False},
+        links={200: _TASK_LINKS},
+    ),
+    ("GET", "/tasks/<api_name>"): Operation(
+        "getTaskJobs", "A task job's status (with jobID) or the API's task jobs, newest first",
+        {200: Answer("with jobID, the job's status; without, the API's jobs",
+                     (schemas.TaskJobStatusAnswer, schemas.TaskJobList)),
+         400: _error("bad_request: a query parameter out of range"),
+         404: _error(_NO_TASK_JOB)},
+        query=schemas.JobsQuery,
+    ),
+    ("DELETE", "/tasks/<api_name>"): Operation(
+        "stopTaskJob", "Stop a task job",
+        {200: Answer("stopped: the worker node running the task ends it", (schemas.Stopped,)),
+         400: _error("bad_request: jobID is missing"),
+         404: _error(_NO_TASK_JOB),
+         409: _error("conflict: the job has already ended")},
+        query=schemas.JobQuery,
+    ),
+    ("GET", "/tasks/<api_name>/<job_id>/logs"): Operation(
+        "getTaskJobLogs", "A task job's log lines, oldest first",
+        {200: Answer("a page of lines; pass its next back as after for newer ones", (schemas.LogPage,)),
+         400: _error("bad_request: after is not a position a page gave, or limit is out of range"),
+         404: _error("api_not_found or job_not_found")},
+        description="The lines the job's Task and Sluice logged while it ran (as /batch/{api_name}/{job_id}/logs).",
+        query=schemas.LogsQuery,
+    ),
     ("GET", "/apis/<api_name>/logs"): Operation(
         "getApiLogs", "A realtime API's recent log lines from every process of its replicas",
         {200: Answer("a page of lines; pass its next back as after for newer ones", (schemas.LogPage,)),
          400: _error("bad_request: after is not a position a page gave, limit is out of range, or the API is a "
-                     "BatchAPI (whose logs are per job)"),
+                     "BatchAPI or TaskAPI (whose logs are per job)"),
          404: _error("api_not_found")},
         query=schemas.LogsQuery,
     ),
     ("GET", "/<api_name>"): Operation(
-        "getAtApiPath", "Readiness of a realtime API; a batch API's job status or jobs",
+        "getAtApiPath", "Readiness of a realtime API; a batch or task API's job status or jobs",
         {200: Answer("a RealtimeAPI: ready, with the model versions being served; a BatchAPI: as GET "
-                     "/batch/{api_name}", (schemas.Readiness, schemas.JobStatusAnswer, schemas.JobList)),
+                     "/batch/{api_name}; a TaskAPI: as GET /tasks/{api_name}",
+                     (schemas.Readiness, schemas.JobStatusAnswer, schemas.JobList, schemas.TaskJobStatusAnswer,
+                      schemas.TaskJobList)),
          400: _error("bad_request (a BatchAPI's query parameter out of range)"),
          404: _error("api_not_found (not deployed), model_not_found, or job_not_found (a BatchAPI's jobID)",
                      schemas.RealtimeError),
@@ -219,13 +267,16 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         description="A RealtimeAPI: 200 once a replica of the API has built its predictor and loaded its "
                     "models; its replicas take no query parameters. A BatchAPI (Cortex's endpoint): with "
                     "the query parameter jobID the job's status, without it the API's jobs (limit: how "
-                    "many, 1-1000), as GET /batch/{api_name}; it wants the API key whenever keys are set.",
+                    "many, 1-1000), as GET /batch/{api_name}; it wants the API key whenever keys are set. A "
+                    "TaskAPI likewise, as GET /tasks/{api_name}.",
         header_parameters=(_REQUEST_ID_PARAMETER,),
         realtime=True,
     ),
     ("POST", "/<api_name>"): Operation(
-        "predictOrSubmitJob", "A RealtimeAPI's predict(payload, query_params, headers); a BatchAPI's job submission",
-        {200: Answer("what predict returned; for a BatchAPI the job as submitted (as POST /batch/{api_name})",
+        "predictOrSubmitJob",
+        "A RealtimeAPI's predict(payload, query_params, headers); a BatchAPI's or TaskAPI's job submission",
+        {200: Answer("what predict returned; for a BatchAPI the job as submitted (as POST /batch/{api_name}), for "
+                     "a TaskAPI as POST /tasks/{api_name}",
                      content={
             "application/json": {"schema": {}},
             "text/plain": {"schema": {"type": "string"}},
@@ -249,7 +300,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             "type. The answer is JSON for a JSON-able result, text/plain for a str, "
             "application/octet-stream for bytes, or whatever response the predictor built. A BatchAPI "
             "(Cortex's endpoint): a job submission, with the body, query and answers of POST "
-            "/batch/{api_name}; it wants the API key whenever keys are set."
+            "/batch/{api_name}; it wants the API key whenever keys are set. A TaskAPI: a task submission, as "
+            "POST /tasks/{api_name}."
         ),
         header_parameters=(_REQUEST_ID_PARAMETER, {
             "name": "query_params", "in": "query", "required": False, "style": "form", "explode": True,
@@ -270,13 +322,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         realtime=True,
     ),
     ("DELETE", "/<api_name>"): Operation(
-        "stopJobAtApiPath", "Stop a batch API's job (Cortex's endpoint)",
+        "stopJobAtApiPath", "Stop a batch or task API's job (Cortex's endpoint)",
         {200: Answer("stopped: no new batch starts; running ones finish", (schemas.Stopped,)),
          400: _error("bad_request: jobID is missing"),
          404: _error("api_not_found (not deployed) or job_not_found"),
          405: _error("method_not_allowed: the API is a RealtimeAPI (its replicas answer)", schemas.RealtimeError),
          409: _error("conflict: the job has already ended")},
-        description="As DELETE /batch/{api_name}.",
+        description="As DELETE /batch/{api_name} (a TaskAPI's: as DELETE /tasks/{api_name}).",
         query=schemas.JobQuery,
     ),
 }

@@ -137,6 +137,45 @@ class Stopped(Body):
     message: str
 
 
+# -- task jobs ----------------------------------------------------------------------------------
+
+class TaskJobSpec(Body):
+    """A TaskAPI's job as submitted (`Job.spec()` of a task), as Cortex answered a task submission."""
+
+    job_id: str
+    api_name: str
+    kind: Literal["TaskAPI"]
+    workers: Literal[1] = Field(description="a task runs once, on one worker node")
+    config: dict[str, Any] = Field(description="the job's config, merged over the API's definition.config")
+    timeout: int | None = Field(description="seconds from submission before the job is timed out; null: none")
+    created_time: str = Field(json_schema_extra=_RFC3339)
+
+
+class TaskJobStatusView(TaskJobSpec):
+    """A task job's progress (`jobs.status.task_status_view`)."""
+
+    status: JobStatus
+    start_time: str = Field(json_schema_extra=_RFC3339)
+    end_time: str | None = Field(json_schema_extra=_RFC3339)
+    worker_counts: WorkerCounts
+    message: str | None = Field(default=None, description="why the job ended as it did: a failed task's error, "
+                                                          "a timeout, a stop")
+
+
+class TaskJobStatusAnswer(Body):
+    """`GET /tasks/<api>?jobID=...` (and `GET /<api>?jobID=...`), as Cortex answered it."""
+
+    job_status: TaskJobStatusView
+    endpoint: str = Field(description="the API's endpoint, <address>/<api>, where tasks are submitted and read")
+    api_spec: ApiConfig
+
+
+class TaskJobList(Body):
+    """`GET /tasks/<api>`: the API's task jobs, newest first."""
+
+    jobs: list[TaskJobStatusView]
+
+
 class FailedBatch(Body):
     """A batch that failed after all its tries, kept for inspection."""
 
@@ -169,15 +208,15 @@ class Api(Body):
     """A deployed API; `GET /apis/<name>` adds its endpoint, and for a realtime API its live replicas."""
 
     name: str
-    kind: Literal["BatchAPI", "RealtimeAPI"]
+    kind: Literal["BatchAPI", "RealtimeAPI", "TaskAPI"]
     bundle: str
     queue: Literal["cpu", "gpu", "inf"]
     deployed_at: float
     ignored_fields: list[str]
     spec: ApiConfig
     endpoint: str | None = Field(default=None, description="in GET /apis/{name}: the URL of /<name> at the "
-                                 "address the request came to (a BatchAPI's job endpoint, a RealtimeAPI's "
-                                 "predictions)")
+                                 "address the request came to (a BatchAPI's or TaskAPI's job endpoint, a "
+                                 "RealtimeAPI's predictions)")
     replicas: list[Replica] | None = Field(default=None, description="RealtimeAPI only, in GET /apis/{name}")
 
 

@@ -83,6 +83,18 @@ class JobCompletion:
                 log.warning("taking job %s's completion off node %s failed: %s", job_id, delivery.node, e)
 
 
+def final_status(
+    job: Job, final: JobState, message: str, failed_batches: Callable[[str], list[dict[str, Any]]],
+) -> tuple[JobStatus, str]:
+    """A completed job's status and message: succeeded, or completed with failures; a task job whose
+    `Task` raised is `status_worker_error` with the task's error as its message."""
+    if job.is_task and final.failed:
+        errors = [str(batch.get("error", "")) for batch in failed_batches(job.job_id)]
+        return JobStatus.WORKER_ERROR, "; ".join(filter(None, [*errors, message])) or "the task failed"
+    succeeded = final.failed == 0 and not message
+    return (JobStatus.SUCCEEDED if succeeded else JobStatus.COMPLETED_WITH_FAILURES), message
+
+
 class CompletionRun:
     """One delivery of a job's completion task; `attempt()` may be repeated after a Redis error."""
 
@@ -176,10 +188,8 @@ class CompletionRun:
                 message = "; ".join(filter(None, [message, problem]))
                 log.error("job %s: %s", self.job_id, problem)
         final = store.state(self.job_id)
-        succeeded = final.failed == 0 and not message
-        store.transition(
-            self.job_id, JobStatus.SUCCEEDED if succeeded else JobStatus.COMPLETED_WITH_FAILURES, message=message,
-        )
+        status, message = final_status(job, final, message, store.failed_batches)
+        store.transition(self.job_id, status, message=message)
         self.completion.placement.release(job, final.nodes)
         self.completion.predictors.forget(self.job_id)
 

@@ -20,7 +20,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -127,7 +127,7 @@ def _batches(plan: JobPlan) -> Iterator[Batch]:
         yield from plan.retry_batches
 
 
-def _enqueue(services: Services, job: Job, plan: JobPlan) -> None:
+def _enqueue(services: Services, job: Job, batches: Iterable[Batch]) -> None:
     """The enqueuer's whole work: whatever fails, the job ends `status_enqueue_failed` with a
     one-line message saying what happened, and nothing is left enqueueing for good.
 
@@ -135,13 +135,13 @@ def _enqueue(services: Services, job: Job, plan: JobPlan) -> None:
     calls for up to `Settings.redis_retry_s`, and kombu's publishing waits for a stalled Redis.
     """
     try:
-        _publish_and_start(services, job, plan)
+        _publish_and_start(services, job, batches)
     except Exception as e:  # noqa: BLE001 - last-resort boundary, the thread's last word: any failure must end the job
         # (with a one-line message), never the thread alone
         _fail_enqueue(services, job, e)
 
 
-def _publish_and_start(services: Services, job: Job, plan: JobPlan) -> None:
+def _publish_and_start(services: Services, job: Job, batches: Iterable[Batch]) -> None:
     """Publish batches as they are cut, then start the job and seal its batch count.
 
     Input read from files is validated while it is cut, so its job's workers are told to start
@@ -150,7 +150,7 @@ def _publish_and_start(services: Services, job: Job, plan: JobPlan) -> None:
     store = services.store
     touched = time.monotonic()
     with BatchPublisher(services.celery, job.job_id, job.queue, store) as publisher:
-        for index, (payload, ref) in enumerate(_batches(plan)):
+        for index, (payload, ref) in enumerate(batches):
             if index % 1000 == 0 and store.status(job.job_id) is not JobStatus.ENQUEUING:
                 break  # stopped or timed out while enqueueing
             if time.monotonic() - touched >= ENQUEUE_TOUCH_S:
@@ -219,14 +219,19 @@ def submit_job(
         output=plan.output,
         batch_timeout=batch_time_limit(request.batch_timeout, api_spec, services.settings),
     )
+    start_job(services, job, _batches(plan), now, background)
+    return job
+
+
+def start_job(services: Services, job: Job, batches: Iterable[Batch], now: float, background: bool = True) -> None:
+    """Store a new job's record, place it on nodes, and publish its `batches` (in a thread with `background`)."""
     services.store.create(job, JobStatus.ENQUEUING)
     if job.source != "delimited_files":  # those wait for their input to be validated (see _enqueue)
         services.placement.assign(job, now)
     if background:
-        threading.Thread(target=_enqueue, args=(services, job, plan), name=f"enqueue-{job.job_id}").start()
+        threading.Thread(target=_enqueue, args=(services, job, batches), name=f"enqueue-{job.job_id}").start()
     else:
-        _enqueue(services, job, plan)
-    return job
+        _enqueue(services, job, batches)
 
 
 def stop_job(services: Services, job: Job) -> bool:

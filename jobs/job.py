@@ -41,6 +41,11 @@ TERMINAL_STATUSES: frozenset[JobStatus] = frozenset(JobStatus) - frozenset(ACTIV
 BAD_RECORD_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, KeyError, ArithmeticError)
 
 
+# The kinds of API whose jobs the store holds: a TaskAPI's job is a job of one batch, its `Task`.
+BATCH_KIND = "BatchAPI"
+TASK_KIND = "TaskAPI"
+
+
 def new_job_id(now: float | None = None) -> str:
     """A job id that sorts by submission time: milliseconds in hex, then random hex."""
     millis = int((time.time() if now is None else now) * 1000)
@@ -79,14 +84,29 @@ class Job:
     # Seconds one try of a batch may run (jobs/time_limit.py); None: no limit.
     batch_timeout: float | None = None
 
-    kind: str = "BatchAPI"
+    kind: str = BATCH_KIND
 
     @property
     def queue(self) -> str:
         return job_queue_name(self.job_id)
 
+    @property
+    def is_task(self) -> bool:
+        """A TaskAPI's job: one run of its `Task`, recorded as the job's one batch."""
+        return self.kind == TASK_KIND
+
     def spec(self) -> dict[str, Any]:
         """The public job spec returned at submission and inside `job_status`."""
+        if self.is_task:  # Cortex's task job spec
+            return {
+                "job_id": self.job_id,
+                "api_name": self.api_name,
+                "kind": self.kind,
+                "workers": self.workers,
+                "config": self.config,
+                "timeout": self.timeout,
+                "created_time": iso_time(self.start_time),
+            }
         return {
             "job_id": self.job_id,
             "api_name": self.api_name,
@@ -104,7 +124,7 @@ class Job:
     def predictor_job_spec(self) -> dict[str, Any]:
         """The `job_spec` argument handed to a predictor's constructor."""
         spec = self.spec()
-        for internal in ("kind", "timeout", "output", "retry_failed_of", "batch_timeout"):
+        for internal in ("kind", "timeout", "output", "retry_failed_of", "batch_timeout", "created_time"):
             spec.pop(internal, None)
         return spec
 

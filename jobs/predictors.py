@@ -18,7 +18,8 @@ from typing import Any, Protocol
 from foundation.settings import Settings
 from predictors_runtime.batch_predictor import BatchPredictor
 from predictors_runtime.bundles import BundleStore
-from predictors_runtime.config import ApiConfig
+from predictors_runtime.config import TASK_KIND, ApiConfig
+from predictors_runtime.task_predictor import TaskPredictor
 
 from .job import Job
 from .store import JobRecords
@@ -64,6 +65,9 @@ class BundlePredictors:
         folder = self._bundles.local_folder(job.bundle)
         api = ApiConfig.from_dict(job.api_spec)
         log.info("building predictor of api %s for job %s", job.api_name, job.job_id)
+        if api.kind == TASK_KIND:
+            return TaskPredictor.build(folder, api, job.predictor_job_spec(), job.config,
+                                       model_cache_dir=self._cache_dir / "models" / job.job_id)
         return BatchPredictor.build(
             folder, api, job.predictor_job_spec(), job.config,
             model_cache_dir=self._cache_dir / "models" / job.job_id, poll_interval_s=self._poll_interval_s,

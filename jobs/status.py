@@ -21,7 +21,25 @@ def worker_counts(state: JobState) -> dict[str, int]:
     }
 
 
+def task_status_view(state: JobState) -> dict[str, Any]:
+    """A TaskAPI job's status, as Cortex's: its spec, status, times, worker counts (and why it failed)."""
+    view = state.job.spec()
+    view.update(
+        {
+            "status": state.status.value,
+            "start_time": iso_time(state.job.start_time),
+            "end_time": iso_time(state.end_time) if state.end_time else None,
+            "worker_counts": worker_counts(state),
+        }
+    )
+    if state.message:
+        view["message"] = state.message
+    return view
+
+
 def job_status_view(state: JobState) -> dict[str, Any]:
+    if state.job.is_task:
+        return task_status_view(state)
     view = state.job.spec()
     average = state.average_time_per_batch
     view.update(

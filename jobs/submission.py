@@ -17,7 +17,7 @@ SOURCES = ("item_list", "file_path_lister", "delimited_files", "retry_failed_of"
 
 # Every number a submission carries is bounded here, at the edge: an unbounded one once let a
 # 401-digit `timeout` through, and beat's `start_time + timeout` then failed on every tick.
-# Bounds are declared as `Field(ge=..., le=...)`; `_describe` reads them back for the message.
+# Bounds are declared as `Field(ge=..., le=...)`; `describe_error` reads them back for the message.
 MAX_WORKERS = 1000
 MAX_BATCH_SIZE = 1_000_000
 MAX_JOB_TIMEOUT_S = 30 * 24 * 3600
@@ -97,9 +97,9 @@ class JobRequest(_Strict):
 _BOUND_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
 
 
-def _field_of(loc: tuple[Any, ...]) -> Any:
+def _field_of(loc: tuple[Any, ...], root: type[BaseModel]) -> Any:
     """The pydantic `FieldInfo` an error location names, following nested submission models."""
-    model: Any = JobRequest
+    model: Any = root
     field = None
     for part in loc:
         if isinstance(part, int):
@@ -112,9 +112,9 @@ def _field_of(loc: tuple[Any, ...]) -> Any:
     return field
 
 
-def _range_of(loc: tuple[Any, ...]) -> str | None:
+def _range_of(loc: tuple[Any, ...], root: type[BaseModel]) -> str | None:
     """`from 1 to 1000` for a field declared with `ge=1, le=1000` (and the like), else None."""
-    field = _field_of(loc)
+    field = _field_of(loc, root)
     if field is None:
         return None
     low = high = None
@@ -143,14 +143,15 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _describe(error: Mapping[str, Any]) -> str:
+def describe_error(error: Mapping[str, Any], root: type[BaseModel]) -> str:
+    """One pydantic error of a body validated as `root`, as `field.path: what is wrong`."""
     path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]).lstrip(".")
     message = error["msg"]
     if error["type"] == "extra_forbidden":
         message = "unknown field"
     elif error["type"] == "missing":
         message = "field required"
-    elif error["type"] in _BOUND_ERRORS and (allowed := _range_of(tuple(error["loc"]))) is not None:
+    elif error["type"] in _BOUND_ERRORS and (allowed := _range_of(tuple(error["loc"]), root)) is not None:
         message = f"must be {allowed} (got {_shown(error.get('input'))})"
     elif error["type"] == "value_error":
         message = str(error.get("ctx", {}).get("error", message))
@@ -168,7 +169,7 @@ def parse_job_request(body: Any) -> JobRequest:
     try:
         request = JobRequest.model_validate(body)
     except ValidationError as e:
-        raise BadRequest("; ".join(_describe(err) for err in e.errors())) from e
+        raise BadRequest("; ".join(describe_error(err, JobRequest) for err in e.errors())) from e
     return request
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 from foundation.errors import PredictorError, SluiceError
 
-from .config import ApiConfig, ModelsConfig
+from .config import TASK_KIND, ApiConfig, ModelsConfig
 from .extras import require_predictor_runtime
-from .loader import call_with_declared, error_text, load_predictor_class
+from .loader import PREDICTOR_CLASS_NAMES, TASK_CLASS_NAMES, call_with_declared, error_text, load_predictor_class
 from .namespace import ApiNamespace
 from .predictor_types import PREDICTOR_TYPES
 from .project import read_dotenv
@@ -150,7 +150,9 @@ def _construct(
     """Inside the namespace: the predictor instance and its model client (or None)."""
     predictor = api.predictor
     # One module per (project folder, tag): two versions of one API never share module state.
-    predictor_class: Any = load_predictor_class(project_dir, predictor.path, module_tag=str(project_dir))
+    class_names = TASK_CLASS_NAMES if api.kind == TASK_KIND else PREDICTOR_CLASS_NAMES
+    predictor_class: Any = load_predictor_class(project_dir, predictor.path, module_tag=str(project_dir),
+                                                class_names=class_names)
     available: dict[str, Any] = dict(init_args)
     try:
         client = make_client(api, project_dir, model_cache_dir, poll_interval_s)

@@ -23,8 +23,12 @@ from foundation.errors import ConfigError
 from foundation.limits import MAX_BATCH_TIMEOUT_S
 from predictors_runtime.predictor_types import DEFAULT_TYPE, PREDICTOR_TYPES, PredictorTypeName
 
-KINDS = ("BatchAPI", "RealtimeAPI")
-RESERVED_NAMES = frozenset({"apis", "batch", "healthz", "metrics", "openapi.json"})
+KINDS = ("BatchAPI", "RealtimeAPI", "TaskAPI")
+TASK_KIND = "TaskAPI"
+RESERVED_NAMES = frozenset({"apis", "batch", "healthz", "metrics", "openapi.json", "tasks"})
+# A TaskAPI's `definition:` (Cortex's name for its code section) takes these fields, and is held
+# as the API's `predictor` section (type python) so that one builder makes tasks and predictors.
+TASK_DEFINITION_FIELDS = ("path", "config", "env", "python_path", "log_level")
 # Cortex fields accepted for compatibility but without effect here, by section.
 IGNORED_API_FIELDS = ("autoscaling", "networking", "update_strategy", "monitoring")
 IGNORED_PREDICTOR_FIELDS = ("image", "tensorflow_serving_image", "shm_size", "dependencies")
@@ -302,7 +306,7 @@ class ApiConfig(_Model):
     """One API of a cortex.yaml, validated; `to_dict()` is the form stored and sent to workers."""
 
     name: str
-    kind: Literal["BatchAPI", "RealtimeAPI"]
+    kind: Literal["BatchAPI", "RealtimeAPI", "TaskAPI"]
     predictor: PredictorConfig
     compute: ComputeConfig = Field(default_factory=ComputeConfig)
     ignored_fields: list[str] = Field(default_factory=list)
@@ -335,6 +339,11 @@ class ApiConfig(_Model):
     @classmethod
     def _empty_compute(cls, value: Any) -> Any:
         return {} if value is None else value
+
+    @property
+    def code_section(self) -> str:
+        """What the user calls the code section in cortex.yaml: `definition` for a TaskAPI."""
+        return "definition" if self.kind == TASK_KIND else "predictor"
 
     @property
     def queue(self) -> str:
@@ -559,6 +568,8 @@ def _parse_one(raw: Any, index: int, source: str) -> tuple[ApiConfig | None, lis
         data.pop("ignored_fields")
 
     spelling: dict[str, str] = {}
+    if data.get("kind") == TASK_KIND:
+        return _parse_task(data, ignored, problems, prefix)
     present = [k for k in ("predictor", "handler") if k in data]
     if len(present) == 2:
         problems.append(f"{prefix}: handler: give either predictor or handler, not both")
@@ -597,6 +608,40 @@ def _parse_one(raw: Any, index: int, source: str) -> tuple[ApiConfig | None, lis
         config = ApiConfig.model_validate(data)
     except ValidationError as e:
         return None, problems + _describe(e, prefix, spelling)
+    if problems:
+        return None, problems
+    return config.model_copy(update={"ignored_fields": ignored}), []
+
+
+def _parse_task(
+    data: dict[str, Any], ignored: list[str], problems: list[str], prefix: str,
+) -> tuple[ApiConfig | None, list[str]]:
+    """A TaskAPI: its `definition:` (path, config, env, python_path, log_level) is held as a python
+    `predictor` section; a `predictor:`/`handler:` section, or any other definition field, is an error."""
+    for key in ("predictor", "handler"):
+        if key in data:
+            problems.append(f"{prefix}: {key}: unknown field (a TaskAPI's code is given as definition)")
+            data.pop(key)
+    section = data.pop("definition", None)
+    if section is None:
+        problems.append(f"{prefix}: definition: field required")
+    elif not isinstance(section, dict):
+        problems.append(f"{prefix}: definition: must be a mapping (got {type(section).__name__})")
+    else:
+        section = dict(section)
+        for key in IGNORED_PREDICTOR_FIELDS:
+            if key in section:
+                ignored.append(f"definition.{key}")
+                section.pop(key)
+        problems.extend(f"{prefix}: definition.{key}: unknown field"
+                        for key in section if key not in TASK_DEFINITION_FIELDS)
+        data["predictor"] = {k: v for k, v in section.items() if k in TASK_DEFINITION_FIELDS}
+    if "predictor" not in data:
+        return None, problems
+    try:
+        config = ApiConfig.model_validate(data)
+    except ValidationError as e:
+        return None, problems + _describe(e, prefix, {"predictor": "definition"})
     if problems:
         return None, problems
     return config.model_copy(update={"ignored_fields": ignored}), []

@@ -15,6 +15,8 @@ from foundation.errors import PredictorError
 
 # Searched in this order; `Handler` is the newer Cortex spelling.
 PREDICTOR_CLASS_NAMES = ("Handler", "PythonPredictor", "TensorFlowPredictor", "ONNXPredictor")
+# A TaskAPI's class (Cortex's `Task` with `__call__(self, config)`).
+TASK_CLASS_NAMES = ("Task",)
 
 
 def error_text(exc: BaseException) -> str:
@@ -22,8 +24,11 @@ def error_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc)).strip()
 
 
-def load_predictor_class(project_dir: Path, predictor_path: str, module_tag: str = "") -> type:
-    """Import `predictor_path` inside `project_dir` (running its global-scope code) and return its class.
+def load_predictor_class(
+    project_dir: Path, predictor_path: str, module_tag: str = "", class_names: tuple[str, ...] = PREDICTOR_CLASS_NAMES,
+) -> type:
+    """Import `predictor_path` inside `project_dir` (running its global-scope code) and return its class,
+    the first of `class_names` it defines.
 
     Each (project, tag) gets its own module name, so two versions of one API can live in one
     worker process without sharing module state.
@@ -45,13 +50,13 @@ def load_predictor_class(project_dir: Path, predictor_path: str, module_tag: str
         except BaseException as e:
             del sys.modules[module_name]
             raise PredictorError(f"importing {predictor_path} failed: {error_text(e)}") from e
-    for name in PREDICTOR_CLASS_NAMES:
+    for name in class_names:
         cls = getattr(module, name, None)
         if inspect.isclass(cls):
             return cls
-    raise PredictorError(
-        f"{predictor_path} defines none of the classes {', '.join(PREDICTOR_CLASS_NAMES)}"
-    )
+    if len(class_names) == 1:
+        raise PredictorError(f"{predictor_path} defines no class {class_names[0]}")
+    raise PredictorError(f"{predictor_path} defines none of the classes {', '.join(class_names)}")
 
 
 class DeclaredCall:

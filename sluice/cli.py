@@ -153,7 +153,9 @@ def _job_duration(job: dict[str, Any], now: float) -> float | None:
 
 
 def _progress(job: dict[str, Any]) -> str:
-    metrics = job["batch_metrics"]
+    metrics = job.get("batch_metrics")
+    if metrics is None:  # a task job: one run, no batches
+        return "-"
     return f"{metrics['succeeded']}/{metrics['failed']}/{job['total_batch_count']}"
 
 
@@ -350,6 +352,9 @@ def _get_job(client: Client, api: str, job_id: str, output: str) -> None:
     now = time.time()
     answer = client.get_job(api, job_id)
     job = answer["job_status"]
+    if job.get("kind") == "TaskAPI":
+        _print(answer) if output == "json" else _show_task_job(api, job, now)
+        return
     failed = client.failed_batches(api, job_id)
     location = None
     if job.get("output"):
@@ -383,6 +388,20 @@ def _get_job(client: Client, api: str, job_id: str, output: str) -> None:
         ])
 
 
+def _show_task_job(api: str, job: dict[str, Any], now: float) -> None:
+    """A task job for people: status, times, config, worker counts and why it ended."""
+    lines = [
+        f"job {job['job_id']} of {api} (TaskAPI): {job['status']}",
+        f"start: {job.get('start_time', '-')}  end: {job.get('end_time') or '-'}  "
+        f"duration: {_duration(_job_duration(job, now))}",
+        f"timeout: {job['timeout'] if job.get('timeout') is not None else 'none'}  config: {json.dumps(job['config'])}",
+        "workers: " + ", ".join(f"{k} {v}" for k, v in job["worker_counts"].items()),
+    ]
+    if job.get("message"):
+        lines.append(f"message: {job['message']}")
+    click.echo("\n".join(lines))
+
+
 @main.command()
 @click.argument("api")
 @click.argument("submission", required=False, type=click.File("r"))
@@ -401,23 +420,29 @@ def _get_job(client: Client, api: str, job_id: str, output: str) -> None:
 def submit(ctx: click.Context, api: str, submission, items_file, body_file, batch_size: int | None,
            workers: int | None, config_json: str | None, timeout: int | None, tries: int | None, wait: bool,
            output: str) -> None:
-    """Submit a job to a BatchAPI and print its spec (JSON), or with --wait its final job_status.
+    """Submit a job to a BatchAPI (or run a TaskAPI's task) and print its spec (JSON), or with --wait
+    its final job_status.
 
     \b
     sluice submit API job.json                       # any submission body (item_list, file_path_lister, ...)
     sluice submit API --items items.json --batch-size 10 [--workers 2] [--config '{...}']
+    sluice submit TASK_API [--config '{...}'] [--timeout 600]   # a TaskAPI: its Task runs once
     """
     if submission is not None and body_file is not None:
         raise click.UsageError("give the submission file once (SUBMISSION or --body)")
     body_file = body_file or submission
-    if (items_file is None) == (body_file is None):
+    if items_file is not None and body_file is not None:
         raise click.UsageError("give a SUBMISSION file (or --body), or --items with --batch-size")
     if items_file is not None and batch_size is None:
         raise click.UsageError("--items needs --batch-size")
     client = _client(ctx)
+    if items_file is None and body_file is None and client.api(api)["kind"] != "TaskAPI":
+        raise click.UsageError("give a SUBMISSION file (or --body), or --items with --batch-size")
     try:
         config = json.loads(config_json) if config_json else None
-        if body_file is not None:
+        if items_file is None and body_file is None:
+            spec = client.submit_task(api, config=config, timeout=timeout)
+        elif body_file is not None:
             body = json.load(body_file)
             if not isinstance(body, dict):
                 raise click.BadParameter("a job submission is a JSON object")
@@ -438,8 +463,8 @@ def submit(ctx: click.Context, api: str, submission, items_file, body_file, batc
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not valid JSON: {e}") from e
     if output == "table":
-        click.echo(f"submitted job {spec['job_id']} to {api}: {spec['total_batch_count']} batches, "
-                   f"{spec['workers']} worker(s)")
+        size = "its task" if spec["kind"] == "TaskAPI" else f"{spec['total_batch_count']} batches"
+        click.echo(f"submitted job {spec['job_id']} to {api}: {size}, {spec['workers']} worker(s)")
     if not wait:
         if output == "json":
             _print(spec)
@@ -479,7 +504,10 @@ def _wait_with_progress(client: Client, api: str, job_id: str, timeout: float | 
         task = progress.add_task(job_id, total=None)
 
         def show(status: dict[str, Any]) -> None:
-            metrics = status["batch_metrics"]
+            metrics = status.get("batch_metrics")
+            if metrics is None:  # a task job: no batches to count
+                progress.update(task, description=f"{job_id} {status['status'].removeprefix('status_')}")
+                return
             failed = f", {metrics['failed']} failed" if metrics["failed"] else ""
             progress.update(task, completed=metrics["succeeded"] + metrics["failed"],
                             total=status["total_batch_count"] or None,
@@ -489,7 +517,9 @@ def _wait_with_progress(client: Client, api: str, job_id: str, timeout: float | 
 
 
 def _final_line(final: dict[str, Any]) -> str:
-    metrics = final["batch_metrics"]
+    metrics = final.get("batch_metrics")
+    if metrics is None:  # a task job
+        return f"job {final['job_id']}: {final['status']}"
     return (f"job {final['job_id']}: {final['status']} ({metrics['succeeded']} succeeded, {metrics['failed']} failed "
             f"of {final['total_batch_count']} batches)")
 
@@ -690,7 +720,8 @@ def jobs(ctx: click.Context, api: str, output: str) -> None:
         _print(listed)
         return
     for job in listed:
-        done = f"{job['batch_metrics']['succeeded']}/{job['total_batch_count']}"
+        metrics = job.get("batch_metrics")  # none for a task job
+        done = f"{metrics['succeeded']}/{job['total_batch_count']}" if metrics is not None else "-"
         click.echo(f"{job['job_id']}  {job['status']:<32} {done}")
 
 

@@ -217,6 +217,8 @@ class Client:
         self.timeout = timeout
         self.retry_policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries=retries)
         self._session = requests.Session()
+        # Where each API's jobs are read and stopped: `batch` unless it was found to be a TaskAPI.
+        self._job_routes: dict[str, str] = {}
         # Sluice with API keys (api/auth.py) wants one on every call but /healthz.
         api_key = api_key or os.environ.get("SLUICE_API_KEY")
         if api_key:
@@ -298,7 +300,8 @@ class Client:
         """
         if predictor is not None or task is not None:
             raise Unsupported(0, "unsupported", "create_api(predictor=/task=) is not supported; pass project_dir= "
-                              "with the predictor's file named in api_spec['predictor']['path']")
+                              "with the predictor's file named in api_spec['predictor']['path'] (a TaskAPI's Task: in "
+                              "api_spec['definition']['path'])")
         if requirements or conda_packages:
             raise Unsupported(0, "unsupported", "create_api(requirements=/conda_packages=) is not supported; "
                               "install the packages on the workers")
@@ -401,35 +404,65 @@ class Client:
             body["sqs_dead_letter_queue"] = {"arn": "", "max_receive_count": tries}
         return self.submit_raw(api_name, body)
 
+    def submit_task(self, api_name: str, config: dict[str, Any] | None = None,
+                    timeout: int | None = None) -> dict[str, Any]:
+        """Run a TaskAPI's `Task` once (`POST /tasks/<api>`); returns the task job's spec."""
+        body: dict[str, Any] = {}
+        if config:
+            body["config"] = config
+        if timeout is not None:
+            body["timeout"] = timeout
+        self._job_routes[api_name] = "tasks"
+        return self._call("POST", f"/tasks/{api_name}", data=json.dumps(body),
+                          headers={"Content-Type": "application/json"})
+
+    def _job_call(self, method: str, api_name: str, **kwargs: Any) -> Any:
+        """A call to the API's job endpoint: `/batch/<api>`, or `/tasks/<api>` for a TaskAPI (found
+        out, once per client, when `/batch/<api>` answers that the API is not a BatchAPI)."""
+        route = self._job_routes.get(api_name, "batch")
+        try:
+            return self._call(method, f"/{route}/{api_name}", **kwargs)
+        except ApiNotFound:
+            if route != "batch" or self._call("GET", f"/apis/{quote(api_name, safe='')}").get("kind") != "TaskAPI":
+                raise
+        self._job_routes[api_name] = "tasks"
+        return self._call(method, f"/tasks/{api_name}", **kwargs)
+
     def job(self, api_name: str, job_id: str) -> dict[str, Any]:
-        """The job's bare `job_status` (status, batch_metrics, worker_counts, times): Sluice's own."""
+        """The job's bare `job_status` (status, worker_counts, times; a batch job's batch_metrics): Sluice's own."""
         return self.get_job(api_name, job_id)["job_status"]
 
     def get_job(self, api_name: str, job_id: str) -> dict[str, Any]:
         """The job as Cortex's client returned it: `{"job_status", "endpoint", "api_spec"}`, what
-        `GET /batch/<api>?jobID=` answers, with `endpoint` an absolute URL."""
-        answer = self._call("GET", f"/batch/{api_name}", params={"jobID": job_id})
+        `GET /batch/<api>?jobID=` (a TaskAPI's: `GET /tasks/<api>?jobID=`) answers, with `endpoint`
+        an absolute URL."""
+        answer = self._job_call("GET", api_name, params={"jobID": job_id})
         answer["endpoint"] = self._absolute(answer.get("endpoint"), api_name)
         return answer
 
     def jobs(self, api_name: str, limit: int = 100) -> list[dict[str, Any]]:
-        return self._call("GET", f"/batch/{api_name}", params={"limit": limit})["jobs"]
+        """The API's jobs, newest first (a BatchAPI's or a TaskAPI's)."""
+        return self._job_call("GET", api_name, params={"limit": limit})["jobs"]
 
     def stop(self, api_name: str, job_id: str) -> dict[str, Any]:
-        return self._call("DELETE", f"/batch/{api_name}", params={"jobID": job_id})
+        """Stop a batch or task job."""
+        return self._job_call("DELETE", api_name, params={"jobID": job_id})
 
     def stop_job(self, api_name: str, job_id: str, keep_cache: bool = False) -> dict[str, Any]:
         """Stop a running job; a job that already ended is a Conflict."""
         return self.stop(api_name, job_id)
 
     def failed_batches(self, api_name: str, job_id: str) -> list[dict[str, Any]]:
+        """A batch job's batches that failed after all their tries (a task job has none to list)."""
+        if self._job_routes.get(api_name) == "tasks":
+            return []
         return self._call("GET", f"/batch/{api_name}/failed", params={"jobID": job_id})["failed_batches"]
 
     # -- logs -------------------------------------------------------------------------------
     def get_logs(
         self, api_name: str, job_id: str | None = None, after: str | None = None, limit: int | None = None,
     ) -> dict[str, Any]:
-        """A page of log lines, oldest first: a batch job's (with `job_id`) or a realtime API's.
+        """A page of log lines, oldest first: a batch or task job's (with `job_id`) or a realtime API's.
 
         Returns `{"lines": [...the JSON lines as logged...], "next": position}`; pass `next` back
         as `after` to get only the lines written since.

@@ -1,0 +1,92 @@
+"""The Task API: submit, read, list and stop a TaskAPI's jobs, as Cortex spelled it.
+
+Every operation is served at `/tasks/<api_name>`, and Cortex's three (submit, read, stop) at the
+API's own path `/<api_name>` too: `api/fallback.py` hands those here when the name is a TaskAPI's.
+A task job is a job of the batch machinery (`jobs/task_jobs.py`): reading and stopping one is
+the batch API's reading and stopping, with Cortex's task shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, request
+
+from foundation.api_registry import DeployedApi
+from foundation.errors import ApiNotFound, Conflict, JobNotFound
+from jobs.enqueue import stop_job
+from jobs.job import TASK_KIND
+from jobs.status import task_status_view
+from jobs.task_jobs import parse_task_request, submit_task
+
+from .batch import endpoint_url
+from .context import registry, services
+from .json_body import parse_json_body
+from .metrics import JOBS_SUBMITTED
+from .schemas import (
+    JobQuery,
+    JobsQuery,
+    Stopped,
+    TaskJobList,
+    TaskJobSpec,
+    TaskJobStatusAnswer,
+    parse_query,
+)
+
+blueprint = Blueprint("tasks", __name__)
+
+
+def task_api(api_name: str) -> DeployedApi:
+    """The deployed TaskAPI of that name; any other kind runs no tasks (`api_not_found`)."""
+    api = registry().get(api_name)
+    if api.kind != TASK_KIND:
+        raise ApiNotFound(f"{api_name} is a {api.kind}, not a TaskAPI: it runs no tasks")
+    return api
+
+
+def _body() -> Any:
+    """The submission's JSON; an empty body is a task with no options (Cortex's `{}`)."""
+    raw = request.get_data(cache=False)
+    return parse_json_body(raw) if raw.strip() else None
+
+
+@blueprint.post("/tasks/<api_name>")
+def submit(api_name: str):
+    api = task_api(api_name)
+    job = submit_task(services(), parse_task_request(_body()), api.name, api.spec, api.bundle, api.queue)
+    JOBS_SUBMITTED.labels(api=api.name).inc()
+    return TaskJobSpec.model_validate(job.spec()).response()
+
+
+@blueprint.get("/tasks/<api_name>")
+def get_jobs(api_name: str):
+    """With `jobID`: that task job's status; without: the API's task jobs, newest first."""
+    api = task_api(api_name)
+    store = services().store
+    query = parse_query(JobsQuery)
+    if query.jobID is not None:
+        state = store.state(query.jobID, api_name=api.name)
+        return TaskJobStatusAnswer.model_validate(
+            {"job_status": task_status_view(state), "endpoint": endpoint_url(api.name), "api_spec": api.spec}
+        ).response()
+    views = []
+    for job_id in store.list_ids(api.name, limit=query.limit):
+        try:
+            views.append(task_status_view(store.state(job_id)))
+        except JobNotFound:  # expired since it was listed
+            continue
+    return TaskJobList.model_validate({"jobs": views}).response()
+
+
+@blueprint.delete("/tasks/<api_name>")
+def stop(api_name: str):
+    api = task_api(api_name)
+    state = services().store.state(parse_query(JobQuery).jobID, api_name=api.name)
+    if not stop_job(services(), state.job):
+        current = services().store.state(state.job.job_id)
+        raise Conflict(f"job {state.job.job_id} has already ended ({current.status.value})")
+    return Stopped(message=f"stopped job {state.job.job_id}").response()
+
+
+# Cortex's endpoint, `/<api_name>`, as the fallback dispatches it (after checking the API key).
+AT_API_PATH = {"POST": submit, "GET": get_jobs, "DELETE": stop}
