@@ -23,7 +23,7 @@ from .schemas import Api, ApiList, DeleteApiQuery, Deleted, parse_query
 
 blueprint = Blueprint("apis", __name__)
 
-DEPLOYABLE_KINDS = ("BatchAPI", "RealtimeAPI")
+DEPLOYABLE_KINDS = ("BatchAPI", "RealtimeAPI", "AsyncAPI")
 REALTIME_KIND = "RealtimeAPI"
 
 

@@ -23,7 +23,7 @@ from foundation.errors import ConfigError
 from foundation.limits import MAX_BATCH_TIMEOUT_S
 from predictors_runtime.predictor_types import DEFAULT_TYPE, PREDICTOR_TYPES, PredictorTypeName
 
-KINDS = ("BatchAPI", "RealtimeAPI")
+KINDS = ("BatchAPI", "RealtimeAPI", "AsyncAPI")
 RESERVED_NAMES = frozenset({"apis", "batch", "healthz", "metrics", "openapi.json"})
 # Cortex fields accepted for compatibility but without effect here, by section.
 IGNORED_API_FIELDS = ("autoscaling", "networking", "update_strategy", "monitoring")
@@ -302,7 +302,7 @@ class ApiConfig(_Model):
     """One API of a cortex.yaml, validated; `to_dict()` is the form stored and sent to workers."""
 
     name: str
-    kind: Literal["BatchAPI", "RealtimeAPI"]
+    kind: Literal["BatchAPI", "RealtimeAPI", "AsyncAPI"]
     predictor: PredictorConfig
     compute: ComputeConfig = Field(default_factory=ComputeConfig)
     ignored_fields: list[str] = Field(default_factory=list)
