@@ -23,7 +23,7 @@ from .schemas import Api, ApiList, DeleteApiQuery, Deleted, parse_query
 
 blueprint = Blueprint("apis", __name__)
 
-DEPLOYABLE_KINDS = ("BatchAPI", "RealtimeAPI", "TaskAPI")
+DEPLOYABLE_KINDS = ("BatchAPI", "RealtimeAPI", "TaskAPI", "AsyncAPI")
 REALTIME_KIND = "RealtimeAPI"
 
 

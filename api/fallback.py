@@ -21,9 +21,10 @@ from werkzeug.routing import BaseConverter
 from foundation import figure_sink as figures
 from foundation.errors import ApiNotFound
 from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS
+from jobs.async_request import ASYNC_KIND
 from predictors_runtime.config import RESERVED_NAMES
 
-from . import auth, batch, tasks
+from . import async_api, auth, batch, tasks
 from .apis import REALTIME_KIND
 from .context import registry, replica_directory, services
 from .schemas import RealtimeError
@@ -69,6 +70,14 @@ def unrouted_api(api_name: str) -> Response:
         if refusal is not None:
             return refusal
         return job_endpoints[request.method](name)
+    if api.kind == ASYNC_KIND:
+        # As a BatchAPI's: submitting wants the key whenever keys are set.
+        refusal = auth.key_refusal(services().settings.api_keys)
+        if refusal is not None:
+            return refusal
+        if request.method != "POST":
+            raise MethodNotAllowed(valid_methods=["POST"])
+        return async_api.submit(name, api.queue)
     if api.kind != REALTIME_KIND:
         return _answer(404, ApiNotFound.kind, f"{name} is a {api.kind}: it answers nothing at /{name}")
     if request.method not in REALTIME_METHODS:

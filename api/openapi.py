@@ -77,6 +77,7 @@ PATH_PARAMETERS: dict[str, str] = {
     "api_name": "the API's name, as its cortex.yaml gives it",
     "name": "the API's name, as its cortex.yaml gives it",
     "job_id": "the job's id, as its submission answered",
+    "request_id": "an AsyncAPI request's id, as its submission answered",
 }
 
 # -- every operation ----------------------------------------------------------------------------
@@ -273,10 +274,11 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         realtime=True,
     ),
     ("POST", "/<api_name>"): Operation(
-        "predictOrSubmitJob",
-        "A RealtimeAPI's predict(payload, query_params, headers); a BatchAPI's or TaskAPI's job submission",
-        {200: Answer("what predict returned; for a BatchAPI the job as submitted (as POST /batch/{api_name}), for "
-                     "a TaskAPI as POST /tasks/{api_name}",
+        "predictOrSubmitJob", ("A RealtimeAPI's predict(payload, query_params, headers); a BatchAPI's or "
+                               "TaskAPI's job submission; an AsyncAPI's request"),
+        {200: Answer("what predict returned; for a BatchAPI the job as submitted (as POST /batch/{api_name}); for "
+                     "a TaskAPI as POST /tasks/{api_name}; for an AsyncAPI {\"id\"} (AsyncSubmitted), its result "
+                     "fetched with GET /{api_name}/{request_id}",
                      content={
             "application/json": {"schema": {}},
             "text/plain": {"schema": {"type": "string"}},
@@ -301,7 +303,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             "application/octet-stream for bytes, or whatever response the predictor built. A BatchAPI "
             "(Cortex's endpoint): a job submission, with the body, query and answers of POST "
             "/batch/{api_name}; it wants the API key whenever keys are set. A TaskAPI: a task submission, as "
-            "POST /tasks/{api_name}."
+            "POST /tasks/{api_name}. An AsyncAPI: the request is stored and answered {\"id\"} at once; predict "
+            "receives parsed JSON, text for text/plain, bytes otherwise; it wants the API key whenever keys are set."
         ),
         header_parameters=(_REQUEST_ID_PARAMETER, {
             "name": "query_params", "in": "query", "required": False, "style": "form", "explode": True,
@@ -321,13 +324,24 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         }},
         realtime=True,
     ),
+    ("GET", "/<api_name>/<request_id>"): Operation(
+        "getAsyncRequest", "An AsyncAPI request's status, with its result once completed",
+        {200: Answer("in_queue, in_progress, completed (with result and timestamp) or failed (with a one-line "
+                     "message)", (schemas.AsyncRequestStatus,)),
+         404: _error("api_not_found (not deployed, or not an AsyncAPI) or request_not_found (never submitted, "
+                     "or kept no longer: SLUICE_ASYNC_RETENTION_S)")},
+        description="Cortex's AsyncAPI result endpoint; it wants the API key whenever keys are set.",
+    ),
     ("DELETE", "/<api_name>"): Operation(
         "stopJobAtApiPath", "Stop a batch or task API's job (Cortex's endpoint)",
         {200: Answer("stopped: no new batch starts; running ones finish", (schemas.Stopped,)),
          400: _error("bad_request: jobID is missing"),
          404: _error("api_not_found (not deployed) or job_not_found"),
-         405: _error("method_not_allowed: the API is a RealtimeAPI (its replicas answer)", schemas.RealtimeError),
-         409: _error("conflict: the job has already ended")},
+         405: _error("method_not_allowed: the API is a RealtimeAPI (its replicas answer) or an AsyncAPI",
+                     schemas.RealtimeError),
+         409: _error("conflict: the job has already ended"),
+         503: _error("not_ready: the API is a RealtimeAPI and the proxy could reach none of its replicas",
+                     schemas.RealtimeError)},
         description="As DELETE /batch/{api_name} (a TaskAPI's: as DELETE /tasks/{api_name}).",
         query=schemas.JobQuery,
     ),

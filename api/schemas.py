@@ -62,6 +62,24 @@ class RealtimeError(Body):
     request_id: str | None = Field(default=None, description="the request's id, as in its X-Request-ID header")
 
 
+# -- AsyncAPI requests -------------------------------------------------------------------------
+
+class AsyncSubmitted(Body):
+    """An AsyncAPI request as stored: fetch its status and result with GET /{api_name}/{request_id}."""
+
+    id: str = Field(description="the request's id: the client's X-Request-ID when valid, else a new one")
+
+
+class AsyncRequestStatus(Body):
+    """An AsyncAPI request's status (Cortex's), with its result once completed."""
+
+    id: str
+    status: Literal["in_queue", "in_progress", "completed", "failed"]
+    result: Any = Field(default=None, description="what predict returned (JSON); only once completed")
+    timestamp: float | None = Field(default=None, description="when it completed or failed (epoch seconds)")
+    message: str | None = Field(default=None, description="why it failed (one line); only once failed")
+
+
 # -- batch jobs ---------------------------------------------------------------------------------
 
 class OutputLocation(Body):
@@ -208,7 +226,7 @@ class Api(Body):
     """A deployed API; `GET /apis/<name>` adds its endpoint, and for a realtime API its live replicas."""
 
     name: str
-    kind: Literal["BatchAPI", "RealtimeAPI", "TaskAPI"]
+    kind: Literal["BatchAPI", "RealtimeAPI", "TaskAPI", "AsyncAPI"]
     bundle: str
     queue: Literal["cpu", "gpu", "inf"]
     deployed_at: float

@@ -30,7 +30,7 @@ from typing import Any
 
 from foundation.settings import Settings
 from jobs.job import JobStatus, job_queue_name
-from jobs.nodes import parse_inflight_entry
+from jobs.nodes import is_request_entry, parse_inflight_entry
 from jobs.publish import BatchPublisher, send_completion
 from jobs.services import Services
 from jobs.store import JobState, Recorded
@@ -162,7 +162,8 @@ class LostBatchWatch:
         jobs: set[str] = set()
         for node in services.nodes.inflight_nodes():
             for entry in services.nodes.inflight(node).values():
-                jobs.add(parse_inflight_entry(entry)[0])
+                if not is_request_entry(entry):
+                    jobs.add(parse_inflight_entry(entry)[0])
         return jobs
 
     @staticmethod

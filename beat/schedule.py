@@ -46,10 +46,14 @@ def maintenance_steps(settings: Settings) -> list[Step]:
     def resend(services: Services, now: float) -> object:
         return resend_completions(services.store, services.store, completion_sender(services.celery), now, grace_s)
 
+    def sweep_async(services: Services, now: float) -> object:
+        return steps.sweep_async_requests(services.async_requests, services.request_objects, now)
+
     return [
         Step("check-timeouts", check_timeouts, every),
         Step("fail-stalled-enqueues", fail_stalled_enqueues, every),
         Step("reconcile-placement", reconcile_placement, every),
         Step("resend-completions", resend, every),
         Step("recover-lost-batches", LostBatchWatch(lost_grace_s(settings)), every),
+        Step("sweep-async-requests", sweep_async, every),
     ]

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from foundation.errors import JobNotFound
+from foundation.errors import JobNotFound, SluiceError
+from jobs.async_objects import RequestObjects
+from jobs.async_store import AsyncRequestStore
 from jobs.job import BAD_RECORD_ERRORS, JobStatus
 from jobs.placement import JobPlacement
 from jobs.store import JobRecords, JobState
@@ -75,3 +77,20 @@ def fail_stalled_enqueues(store: JobRecords, placement: JobPlacement, now: float
         return True
 
     return judge_each(store, "fail_stalled_enqueues", judge)
+
+
+def sweep_async_requests(requests: AsyncRequestStore, objects: RequestObjects, now: float,
+                         limit: int = 500) -> list[str]:
+    """Remove the AsyncAPI requests whose retention has passed: what they left in storage, then their
+    records; returns "<api>/<id>" of those removed. One whose storage cannot be cleaned now stays
+    for the next step."""
+    removed: list[str] = []
+    for api_name, request_id in requests.expired(now, limit):
+        try:
+            objects.remove(api_name, request_id)
+        except SluiceError as e:  # storage away for now: tried again next step
+            log.warning("removing the stored objects of async request %s/%s failed: %s", api_name, request_id, e)
+            continue
+        requests.remove(api_name, request_id)
+        removed.append(f"{api_name}/{request_id}")
+    return removed

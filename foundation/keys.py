@@ -62,6 +62,18 @@ def api_jobs(api_name: str) -> str:
     return f"{PREFIX}:api:{api_name}:jobs"
 
 
+# -- AsyncAPI requests --------------------------------------------------------------------------
+def async_request(api_name: str, request_id: str) -> str:
+    """Hash of one AsyncAPI request: status, payload (inline) or where it is stored, result's place,
+    message, times; expires `SLUICE_ASYNC_RETENTION_S` after its last change (jobs/async_store.py)."""
+    return f"{PREFIX}:async:{api_name}:{request_id}"
+
+
+ASYNC_EXPIRY = f"{PREFIX}:async:expiry"
+"""Sorted set of AsyncAPI requests ("<api>/<id>") scored by when they expire: beat removes their
+stored payload and result then (beat/steps.py)."""
+
+
 # -- nodes ---------------------------------------------------------------------------------------
 NODES = f"{PREFIX}:nodes"
 """Hash of worker nodes' heartbeats: node name -> {queues, seen} (JSON)."""

@@ -17,3 +17,8 @@ MAX_UNPACKED_BYTES = 1024 * 1024 * 1024
 MAX_BUNDLE_FILES = 100_000
 # Unpacked bundles a host keeps (`SLUICE_BUNDLE_CACHE_BYTES`); bundles in use may exceed it.
 DEFAULT_BUNDLE_CACHE_BYTES = 5 * 1024**3
+
+# An AsyncAPI request's payload up to this size sits in its Redis record; a larger one goes to storage.
+ASYNC_INLINE_PAYLOAD_BYTES = 16 * 1024
+# Cortex kept an AsyncAPI's results 7 days (`SLUICE_ASYNC_RETENTION_S`).
+DEFAULT_ASYNC_RETENTION_S = 7 * 24 * 3600.0

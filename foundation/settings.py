@@ -14,6 +14,7 @@ from pathlib import Path
 from . import api_keys
 from .errors import ConfigError
 from .limits import (
+    DEFAULT_ASYNC_RETENTION_S,
     DEFAULT_BUNDLE_CACHE_BYTES,
     MAX_BATCH_TIMEOUT_S,
     MAX_BUNDLE_FILES,
@@ -97,6 +98,8 @@ class Settings:
     # log stream is kept after its last line (foundation/log_streams.py).
     log_lines: int = 10_000
     log_retention_s: float = 7 * 24 * 3600.0
+    # How long an AsyncAPI request (its record, payload and result) is kept after its last change.
+    async_retention_s: float = DEFAULT_ASYNC_RETENTION_S
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -133,4 +136,5 @@ class Settings:
             allow_anonymous=api_keys.flag(env, api_keys.ALLOW_ANONYMOUS_VARIABLE),
             log_lines=int(_number(env, "SLUICE_LOG_LINES", defaults.log_lines)),
             log_retention_s=_number(env, "SLUICE_LOG_RETENTION_S", defaults.log_retention_s),
+            async_retention_s=_number(env, "SLUICE_ASYNC_RETENTION_S", defaults.async_retention_s),
         )

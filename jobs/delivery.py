@@ -12,6 +12,10 @@ from dataclasses import dataclass
 
 # The in-flight entry of a job's completion task, in place of a batch index.
 COMPLETION_ENTRY = "complete"
+# An AsyncAPI request's in-flight entry is "request/<api>/<request id>" (neither holds ':' or '/'):
+# it belongs to no job. Settling gives it back like any other; its next delivery, finding the
+# request ended, only acknowledges it (`jobs/async_runner.py`).
+REQUEST_ENTRY_PREFIX = "request/"
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,16 @@ class Delivery:
 def inflight_entry(job_id: str, index: int | str) -> str:
     """What a node's in-flight hash holds for a task: "<job id>:<batch index>" or "<job id>:complete"."""
     return f"{job_id}:{index}"
+
+
+def request_entry(api_name: str, request_id: str) -> str:
+    """What a node's in-flight hash holds while it runs an AsyncAPI request."""
+    return f"{REQUEST_ENTRY_PREFIX}{api_name}/{request_id}"
+
+
+def is_request_entry(entry: str) -> bool:
+    """Whether an in-flight entry is an AsyncAPI request's (not a job's)."""
+    return entry.startswith(REQUEST_ENTRY_PREFIX)
 
 
 def job_of_entry(entry: str) -> str:

@@ -25,7 +25,14 @@ import redis
 from foundation import keys
 
 # The delivery values are exported here too: what a node holds is spoken of in them.
-from .delivery import COMPLETION_ENTRY, Delivery, inflight_entry, job_of_entry, parse_inflight_entry
+from .delivery import (
+    COMPLETION_ENTRY,
+    Delivery,
+    inflight_entry,
+    is_request_entry,
+    job_of_entry,
+    parse_inflight_entry,
+)
 
 __all__ = [
     "COMPLETION_ENTRY",
@@ -35,6 +42,7 @@ __all__ = [
     "Nodes",
     "inflight_entry",
     "is_job_queue",
+    "is_request_entry",
     "job_of_entry",
     "live_and_dead",
     "parse_inflight_entry",
@@ -121,7 +129,10 @@ class NodeRegistry(Protocol):
 
 def jobs_held(nodes: NodeRegistry, names: Sequence[str]) -> dict[str, set[str]]:
     """Node -> ids of the jobs it holds deliveries of."""
-    return {name: {job_of_entry(entry) for entry in nodes.inflight(name).values()} for name in names}
+    return {
+        name: {job_of_entry(entry) for entry in nodes.inflight(name).values() if not is_request_entry(entry)}
+        for name in names
+    }
 
 
 class Nodes:

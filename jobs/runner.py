@@ -18,11 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 from foundation import figure_sink as process_figures
+from foundation.api_registry import RedisApiRegistry
 from foundation.figure_sink import FigureSink
 from foundation.figures import Recorder
 from foundation.json_logs import labelled
 from foundation.log_streams import install_job_log_handler
 
+from .async_runner import AsyncPredictors, AsyncRuntime, BundleAsyncBuilder
 from .batch_steps import LOST_DELIVERY_ALLOWANCE, BatchRun, JobLogs, batch_id_of, batch_pipeline
 from .completion import JobCompletion
 from .delivery import Delivery
@@ -61,6 +63,10 @@ class WorkerRuntime:
         )
         self.completion = JobCompletion(services.store, services.nodes, services.placement, self.predictors,
                                         settings.local_input_roots)
+        self.requests = AsyncRuntime(
+            services.async_requests, services.request_objects, RedisApiRegistry(services.redis), services.nodes,
+            AsyncPredictors(BundleAsyncBuilder(services.bundles, settings)), end_process=end_process,
+        )
 
     @classmethod
     def start(cls, services: Services) -> WorkerRuntime:
@@ -81,6 +87,10 @@ class WorkerRuntime:
         in-flight hash while the batch runs, so the batch can be given back if the node dies.
         """
         self._run(BatchRun(job_id, index, payload, payload_ref, delivery))
+
+    def run_request(self, api_name: str, request_id: str, delivery: Delivery | None = None) -> None:
+        """Run one AsyncAPI request and record its outcome once (`jobs/async_runner.py`)."""
+        self.requests.run_request(api_name, request_id, delivery)
 
     def finish_job(self, job_id: str, delivery: Delivery | None = None) -> None:
         """The completion task: run `on_job_complete` once, then settle the job's final status

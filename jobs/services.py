@@ -18,6 +18,8 @@ from foundation.settings import Settings
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.project import BundleLimits
 
+from .async_objects import RequestObjects
+from .async_store import AsyncRequestStore, RedisAsyncRequests
 from .nodes import NodeRegistry, Nodes
 from .placement import JobPlacement, Placement
 from .queues import CeleryJobQueues, JobQueues
@@ -36,6 +38,20 @@ class Services:
     placement: JobPlacement
     bundles: BundleStore
     queues: JobQueues
+    # AsyncAPI requests' records: made on first use from `redis` unless given (fast tests give a fake).
+    requests: AsyncRequestStore | None = None
+
+    @property
+    def async_requests(self) -> AsyncRequestStore:
+        """The records of AsyncAPI requests (`jobs/async_store.py`)."""
+        if self.requests is None:
+            self.requests = RedisAsyncRequests(self.redis, self.settings.async_retention_s)
+        return self.requests
+
+    @property
+    def request_objects(self) -> RequestObjects:
+        """Where AsyncAPI payloads and results are stored (`jobs/async_objects.py`)."""
+        return RequestObjects(self.settings.storage)
 
     @classmethod
     def connect(cls, settings: Settings, celery: Celery) -> Services:

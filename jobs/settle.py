@@ -20,7 +20,7 @@ import logging
 from collections.abc import Set
 from dataclasses import dataclass, field
 
-from .delivery import job_of_entry, parse_inflight_entry
+from .delivery import is_request_entry, job_of_entry, parse_inflight_entry
 from .job import ACTIVE_STATUSES, job_queue_name
 from .nodes import NodeRegistry
 from .queues import JobQueues
@@ -45,7 +45,7 @@ def give_back(node: str, nodes: NodeRegistry, records: JobRecords, queues: JobQu
     entries = nodes.inflight(node)
     if not entries:
         return 0
-    job_ids = {job_of_entry(entry) for entry in entries.values()}
+    job_ids = {job_of_entry(entry) for entry in entries.values() if not is_request_entry(entry)}
     statuses = records.statuses(sorted(job_ids))
     queues.give_back(set(entries))
     for job_id in job_ids:
@@ -61,6 +61,8 @@ def finished_deliveries(records: JobRecords, ledger: BatchLedger, entries: dict[
     the completion of a job that has ended."""
     by_job: dict[str, dict[str, int | None]] = {}
     for task_id, entry in entries.items():
+        if is_request_entry(entry):  # given back: its next delivery acknowledges an ended request
+            continue
         job_id, index = parse_inflight_entry(entry)
         by_job.setdefault(job_id, {})[task_id] = index
     statuses = records.statuses(sorted(by_job))

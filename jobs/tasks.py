@@ -19,6 +19,7 @@ from .delivery import Delivery
 
 RUN_BATCH = "sluice.run_batch"
 FINISH_JOB = "sluice.finish_job"
+RUN_ASYNC = "sluice.run_async"
 
 
 class BatchWorker(Protocol):
@@ -28,6 +29,8 @@ class BatchWorker(Protocol):
                   delivery: Delivery | None = None) -> None: ...
 
     def finish_job(self, job_id: str, delivery: Delivery | None = None) -> None: ...
+
+    def run_request(self, api_name: str, request_id: str, delivery: Delivery | None = None) -> None: ...
 
 
 def register_tasks(app: Celery, runtime_factory: Callable[[], BatchWorker]) -> None:
@@ -53,6 +56,15 @@ def register_tasks(app: Celery, runtime_factory: Callable[[], BatchWorker]) -> N
         delivery = Delivery(request.hostname, request.id) if request.hostname and request.id else None
         runtime_factory().finish_job(job_id, delivery)
 
+    def run_async(task: Task, api_name: str, request_id: str) -> None:
+        request = task.request
+        delivery = Delivery(request.hostname, request.id) if request.hostname and request.id else None
+        try:
+            runtime_factory().run_request(api_name, request_id, delivery)
+        except TRANSIENT_ERRORS as e:  # as for a batch: back to its queue, or settled when Redis is back
+            raise Reject(f"Redis failed while the async request ran: {e}", requeue=True) from e
+
     # Registered by call, not as decorators: Celery's are untyped, and would make these functions so.
     app.task(name=RUN_BATCH, ignore_result=True, acks_late=True, bind=True, shared=False)(run_batch)
     app.task(name=FINISH_JOB, ignore_result=True, acks_late=True, bind=True, shared=False)(finish_job)
+    app.task(name=RUN_ASYNC, ignore_result=True, acks_late=True, bind=True, shared=False)(run_async)

@@ -23,7 +23,7 @@ from foundation.errors import ConfigError
 from foundation.limits import MAX_BATCH_TIMEOUT_S
 from predictors_runtime.predictor_types import DEFAULT_TYPE, PREDICTOR_TYPES, PredictorTypeName
 
-KINDS = ("BatchAPI", "RealtimeAPI", "TaskAPI")
+KINDS = ("BatchAPI", "RealtimeAPI", "TaskAPI", "AsyncAPI")
 TASK_KIND = "TaskAPI"
 RESERVED_NAMES = frozenset({"apis", "batch", "healthz", "metrics", "openapi.json", "tasks"})
 # A TaskAPI's `definition:` (Cortex's name for its code section) takes these fields, and is held
@@ -306,7 +306,7 @@ class ApiConfig(_Model):
     """One API of a cortex.yaml, validated; `to_dict()` is the form stored and sent to workers."""
 
     name: str
-    kind: Literal["BatchAPI", "RealtimeAPI", "TaskAPI"]
+    kind: Literal["BatchAPI", "RealtimeAPI", "TaskAPI", "AsyncAPI"]
     predictor: PredictorConfig
     compute: ComputeConfig = Field(default_factory=ComputeConfig)
     ignored_fields: list[str] = Field(default_factory=list)

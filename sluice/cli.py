@@ -264,6 +264,8 @@ def _get_all(client: Client, output: str) -> None:
             detail = client.api(summary["name"])
             ready, wanted = _replica_counts(detail)
             row.update(status=_realtime_status(detail), replicas_ready=ready, replicas_wanted=wanted)
+        elif summary["kind"] == "AsyncAPI":  # its requests have no listing yet: only that it is live
+            row.update(status="live", jobs_running=0)
         else:
             running = sum(1 for job in client.jobs(summary["name"]) if job["status"] in ACTIVE_STATUSES)
             row.update(status="live", jobs_running=running)
@@ -311,6 +313,13 @@ def _get_api(client: Client, name: str, output: str) -> None:
             _table("models", ["model", "versions"], [[str(m), _versions(v)] for m, v in _model_items(models)])
         elif not readiness.get("ready"):
             click.echo(f"not ready: {one_line(readiness.get('message') or '')}")
+        return
+    if api["kind"] == "AsyncAPI":
+        if output == "json":
+            _print(api)
+            return
+        click.echo(f"{name}  AsyncAPI  queue {api['queue']}  deployed {_ago(api['deployed_at'], now)}")
+        click.echo(f"endpoint: {api['endpoint']} (POST a request; GET {api['endpoint']}/<id> for its result)")
         return
     jobs = client.jobs(name)
     if output == "json":

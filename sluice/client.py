@@ -380,6 +380,38 @@ class Client:
                     raise TimeoutError(f"api {api_name} not ready after {timeout:.0f}s: {e}") from e
             time.sleep(poll)
 
+    # -- AsyncAPI requests -------------------------------------------------------------------
+    def submit_async(self, api_name: str, payload: Any, request_id: str | None = None,
+                     content_type: str | None = None) -> str:
+        """Submit one request to an AsyncAPI; returns its id. `payload` goes as JSON, or as it is when
+        it is `bytes` (application/octet-stream) or `str` (text/plain), unless `content_type` says."""
+        if isinstance(payload, bytes):
+            body, kind = payload, "application/octet-stream"
+        elif isinstance(payload, str):
+            body, kind = payload.encode(), "text/plain; charset=utf-8"
+        else:
+            body, kind = json.dumps(payload).encode(), "application/json"
+        headers = {"Content-Type": content_type or kind}
+        if request_id is not None:
+            headers["X-Request-ID"] = request_id
+        return str(self._call("POST", f"/{quote(api_name, safe='')}", data=body, headers=headers)["id"])
+
+    def get_async(self, api_name: str, request_id: str) -> dict[str, Any]:
+        """`{"id", "status"}`, with `result` and `timestamp` once completed, `message` once failed."""
+        return self._call("GET", f"/{quote(api_name, safe='')}/{quote(request_id, safe='')}")
+
+    def wait_async(self, api_name: str, request_id: str, timeout: float | None = 600.0,
+                   poll: float = 0.1) -> dict[str, Any]:
+        """Poll until the request is completed or failed; returns that answer (TimeoutError past `timeout`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            answer = self.get_async(api_name, request_id)
+            if answer["status"] in ("completed", "failed"):
+                return answer
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"async request {request_id} still {answer['status']} after {timeout:.0f}s")
+            time.sleep(poll)
+
     # -- jobs -------------------------------------------------------------------------------
     def submit_raw(self, api_name: str, body: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
         params = {"dryRun": "true"} if dry_run else None

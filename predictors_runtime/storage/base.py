@@ -78,6 +78,10 @@ class Storage(ABC):
         """Store `data` at `uri`, replacing any object there; readers see the old or the new bytes, never half."""
 
     @abstractmethod
+    def delete(self, uri: str) -> None:
+        """Remove the object at `uri`; nothing happens when there is none."""
+
+    @abstractmethod
     def canonical(self, uri: str) -> str:
         """`uri` spelled as `list` spells object URIs (local: absolute path; s3/gs: `scheme://bucket/key`)."""
 

@@ -137,3 +137,13 @@ class GCSStorage(RemoteStorage):
             raise BadStorageUri(f"{uri!r} names no object key")
         with _errors(uri):
             self.client.bucket(bucket).blob(key).upload_from_string(data, content_type="application/octet-stream")
+
+    def delete(self, uri: str) -> None:
+        bucket, key = self._split(uri)
+        if not key:
+            raise BadStorageUri(f"{uri!r} names no object key")
+        try:
+            with _errors(uri):
+                self.client.bucket(bucket).blob(key).delete()
+        except StorageNotFound:
+            return

@@ -138,6 +138,10 @@ class LocalStorage(Storage):
                     os.unlink(tmp)
                 raise
 
+    def delete(self, uri: str) -> None:
+        path = self._path(uri)
+        with _errors(path), suppress(FileNotFoundError):
+            os.unlink(path)
 
 # -- confinement at open --------------------------------------------------------------------------
 # Job inputs may name local files only under the operator's roots (SLUICE_LOCAL_INPUT_ROOTS). The

@@ -147,3 +147,10 @@ class S3Storage(RemoteStorage):
             raise BadStorageUri(f"{uri!r} names no object key")
         with _errors(uri):
             self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def delete(self, uri: str) -> None:
+        bucket, key = self._split(uri)
+        if not key:
+            raise BadStorageUri(f"{uri!r} names no object key")
+        with _errors(uri):
+            self.client.delete_object(Bucket=bucket, Key=key)  # S3 answers a missing key with success

@@ -185,7 +185,7 @@ def test_an_unsupported_kind_is_an_error_listing_the_supported_kinds() -> None:
     text = api().replace("BatchAPI", "TrafficSplitter")
     assert error_of(text) == (
         "cortex.yaml: API #0 (iris): kind: unsupported kind 'TrafficSplitter' "
-        "(supported kinds: BatchAPI, RealtimeAPI, TaskAPI)"
+        "(supported kinds: BatchAPI, RealtimeAPI, TaskAPI, AsyncAPI)"
     )
 
 

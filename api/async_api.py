@@ -1,0 +1,63 @@
+"""An AsyncAPI at Sluice's public address, as Cortex served it.
+
+`POST /<name>` stores the request and answers `{"id"}` at once (the client's `X-Request-ID` is
+the id when it is a valid one); `GET /<name>/<id>` answers its status, and once completed its
+result and when it completed. The proxy routes both here (an AsyncAPI has no replicas), the POST
+through `api/fallback.py`'s `/<name>`. Requests run on worker nodes (`jobs/async_runner.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from flask import Blueprint, request
+
+from foundation.errors import ApiNotFound, NotFound
+from jobs.async_request import ASYNC_KIND, RequestStatus
+from jobs.async_submit import Submission, submit_request
+
+from .context import registry, services
+from .schemas import AsyncRequestStatus, AsyncSubmitted
+
+blueprint = Blueprint("async_api", __name__)
+
+
+class RequestNotFound(NotFound):
+    """No AsyncAPI request of that id is kept (never submitted, or its retention has passed)."""
+
+    kind = "request_not_found"
+
+
+def submit(api_name: str, queue: str) -> Any:
+    """`POST /<name>` of an AsyncAPI (`api/fallback.py` hands it here)."""
+    svc = services()
+    submission = Submission(
+        api_name=api_name, queue=queue, body=request.get_data(cache=False),
+        content_type=request.headers.get("Content-Type"), client_request_id=request.headers.get("X-Request-ID"),
+    )
+    request_id = submit_request(svc.async_requests, svc.request_objects, svc.celery, submission, time.time())
+    response = AsyncSubmitted(id=request_id).response()
+    response.headers["X-Request-ID"] = request_id
+    return response
+
+
+@blueprint.route("/<unreserved:api_name>/<request_id>", methods=["GET"])
+def get_request(api_name: str, request_id: str) -> Any:
+    """A request's status; `result` and `timestamp` once completed, `message` once failed."""
+    api = registry().get(api_name)
+    if api.kind != ASYNC_KIND:
+        raise ApiNotFound(f"{api_name} is a {api.kind}, not an {ASYNC_KIND}: it keeps no requests")
+    svc = services()
+    record = svc.async_requests.get(api_name, request_id)
+    if record is None:
+        raise RequestNotFound(f"api {api_name} has no request {request_id} (never submitted, or expired)")
+    answer: dict[str, Any] = {"id": request_id, "status": record.status.value}
+    if record.status is RequestStatus.COMPLETED:
+        answer["result"] = json.loads(svc.request_objects.read(record.result_uri))
+        answer["timestamp"] = record.timestamp
+    elif record.status is RequestStatus.FAILED:
+        answer["message"] = record.message
+        answer["timestamp"] = record.timestamp
+    return AsyncRequestStatus.model_validate(answer).response()

@@ -1,0 +1,67 @@
+"""Submitting an AsyncAPI request: store it, then queue one task for it on its API's hardware queue.
+
+The task carries only the API's name and the request's id; the payload sits in the request's
+record when small, else in storage (`jobs/async_objects.py`). A client that sends the same
+`X-Request-ID` twice gets the same request, queued once.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+from celery import Celery
+
+from foundation.limits import ASYNC_INLINE_PAYLOAD_BYTES
+
+from .async_objects import PAYLOAD, RequestObjects
+from .async_request import AsyncRequest, RequestStatus, check_payload, payload_kind, valid_request_id
+from .async_store import AsyncRequestStore
+from .tasks import RUN_ASYNC
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One request as the API received it."""
+
+    api_name: str
+    queue: str  # the API's hardware queue (cpu, gpu, inf)
+    body: bytes
+    content_type: str | None
+    client_request_id: str | None = None
+
+
+def send_request(celery: Celery, api_name: str, request_id: str, queue: str) -> None:
+    """Queue the task that runs the request on a node of `queue`."""
+    celery.send_task(RUN_ASYNC, args=(api_name, request_id), queue=queue, ignore_result=True, add_to_parent=False)
+
+
+def submit_request(store: AsyncRequestStore, objects: RequestObjects, celery: Celery, submission: Submission,
+                   now: float) -> str:
+    """Store the request and queue it; returns its id. `BadRequest` for a body its type cannot be read as."""
+    kind = payload_kind(submission.content_type)
+    check_payload(kind, submission.body)
+    given = submission.client_request_id
+    request_id = given if given is not None and valid_request_id(given) else uuid.uuid4().hex
+    api_name = submission.api_name
+    small = len(submission.body) <= ASYNC_INLINE_PAYLOAD_BYTES
+    payload_uri = "" if small else objects.uri(api_name, request_id, PAYLOAD)
+    request = AsyncRequest(
+        api_name=api_name, request_id=request_id, status=RequestStatus.IN_QUEUE, kind=kind, created=now,
+        payload=submission.body if small else None, payload_uri=payload_uri,
+    )
+    if not store.create(request, now):
+        log.info("async request %s of api %s exists already; not queued again", request_id, api_name)
+        return request_id
+    try:
+        if not small:  # written only for the request it belongs to: a duplicate id never overwrites it
+            objects.put_payload(api_name, request_id, submission.body)
+        send_request(celery, api_name, request_id, submission.queue)
+    except Exception as e:
+        message = f"storing or queueing the request failed: {e}"
+        store.finish(api_name, request_id, RequestStatus.FAILED, now, message=message)
+        raise
+    return request_id
