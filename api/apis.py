@@ -11,6 +11,8 @@ from flask import Blueprint, request
 
 from foundation.api_registry import DeployedApi
 from foundation.errors import AccessDenied, BadRequest, ConfigError, Conflict, NotFound, SluiceError
+from jobs.async_counts import serving_nodes
+from jobs.async_request import ASYNC_KIND
 from jobs.enqueue import stop_job
 from jobs.job import ACTIVE_STATUSES
 from predictors_runtime.builder import resolve_model_paths
@@ -108,12 +110,17 @@ def replicas_of(api: DeployedApi, now: float) -> list[dict[str, Any]]:
 @blueprint.get("/apis/<name>")
 def get_api(name: str):
     """The API's summary with its endpoint; a realtime API's also lists its replicas (launchers
-    announce them)."""
+    announce them), an AsyncAPI's its request counts and the nodes that serve it."""
     api = registry().get(name)
     body = api.summary()
     body["endpoint"] = endpoint_url(api.name)
+    now = time.time()
     if api.kind == REALTIME_KIND:
-        body["replicas"] = replicas_of(api, time.time())
+        body["replicas"] = replicas_of(api, now)
+    elif api.kind == ASYNC_KIND:
+        svc = services()
+        body["requests"] = svc.async_requests.counts(api.name, now).to_dict()
+        body["nodes"] = serving_nodes(svc.nodes.live(now), api.queue)
     return Api.model_validate(body).response()
 
 

@@ -1,6 +1,6 @@
 """Log lines gathered from every host: a batch or task job's (`/batch/<api>/<job_id>/logs`, or
 `/tasks/<api>/<job_id>/logs`) and a realtime API's replicas' (`/apis/<api>/logs`), a page at a
-time (`foundation/log_streams.py`).
+time (`foundation/log_streams.py`); an AsyncAPI request's (`/apis/<api>/requests/<id>/logs`).
 
 Both answer `{"lines": [...], "next": "<position>"}`; passing `next` back as `after` gives only
 the lines written since, which is how `sluice logs --follow` follows.
@@ -11,8 +11,10 @@ from __future__ import annotations
 from flask import Blueprint, Response
 
 from foundation.errors import BadRequest
-from foundation.log_streams import api_stream, job_stream
+from foundation.log_streams import api_stream, job_stream, request_stream
+from jobs.async_request import ASYNC_KIND
 
+from .async_api import RequestNotFound
 from .context import log_streams, registry, services
 from .schemas import LogPage, LogsQuery, parse_query
 
@@ -38,7 +40,21 @@ def job_logs(api_name: str, job_id: str) -> Response:
 def api_logs(api_name: str) -> Response:
     """A realtime API's recent lines from every process of its replicas, oldest first."""
     api = registry().get(api_name)
+    if api.kind == ASYNC_KIND:
+        raise BadRequest(f"api {api.name} is an {ASYNC_KIND}: its logs are per request, at "
+                         f"/apis/{api.name}/requests/<request_id>/logs")
     if api.kind != "RealtimeAPI":
         prefix = "tasks" if api.kind == "TaskAPI" else "batch"
         raise BadRequest(f"api {api.name} is a {api.kind}: its logs are per job, at /{prefix}/{api.name}/<job_id>/logs")
     return _page(api_stream(api.name))
+
+
+@blueprint.get("/apis/<api_name>/requests/<request_id>/logs")
+def request_logs(api_name: str, request_id: str) -> Response:
+    """An AsyncAPI request's lines, logged by the node (its predictor included) while it ran the request."""
+    api = registry().get(api_name)
+    if api.kind != ASYNC_KIND:
+        raise BadRequest(f"api {api.name} is a {api.kind}, not an {ASYNC_KIND}: it keeps no requests")
+    if services().async_requests.get(api.name, request_id) is None:
+        raise RequestNotFound(f"api {api.name} has no request {request_id} (never submitted, or expired)")
+    return _page(request_stream(api.name, request_id))

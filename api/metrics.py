@@ -12,6 +12,7 @@ with; they go to the process's recorder (installed by `create_app`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,8 +22,11 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from foundation import figure_sink as process_figures
 from foundation import figures
+from foundation.api_registry import ApiRegistry
 from foundation.errors import JobNotFound
 from foundation.figure_store import FigureStore, RedisFigureStore
+from jobs.async_counts import AsyncCounts
+from jobs.async_request import ASYNC_KIND
 from jobs.job import job_queue_name
 from jobs.services import Services
 
@@ -30,6 +34,9 @@ from jobs.services import Services
 # (`job.<id>`), counted under its hardware queue.
 HARDWARE_QUEUES = ("cpu", "gpu", "inf")
 QUEUE_DEPTH = ("sluice_queue_depth", "Batches (and completion tasks) waiting in the broker, by hardware queue")
+# An AsyncAPI's requests now, from the counts its request store keeps (`jobs/async_counts.py`).
+ASYNC_IN_QUEUE = ("sluice_async_requests_in_queue", "AsyncAPI requests waiting for a worker node, by API")
+ASYNC_IN_PROGRESS = ("sluice_async_requests_in_progress", "AsyncAPI requests running on a worker node, by API")
 
 __all__ = ["CONTENT_TYPE_LATEST", "HTTP_RESPONSES", "JOBS_SUBMITTED", "FiguresCollector", "exposition"]
 
@@ -87,9 +94,11 @@ class FiguresCollector(Collector):
     """Yields every figure of `foundation.figures.CATALOGUE` as the figure store holds it, and the
     queue depths (`depths()`, read from the broker at scrape time)."""
 
-    def __init__(self, store: FigureStore, depths: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, store: FigureStore, depths: Callable[[], dict[str, int]],
+                 async_counts: Callable[[], dict[str, AsyncCounts]] = dict) -> None:
         self._store = store
         self._depths = depths
+        self._async_counts = async_counts
 
     def collect(self) -> Iterator[Metric]:
         totals = figures.read_figures(self._store)
@@ -99,6 +108,13 @@ class FiguresCollector(Collector):
         for queue, n in sorted(self._depths().items()):
             depth.add_metric([queue], n)
         yield depth
+        in_queue = GaugeMetricFamily(*ASYNC_IN_QUEUE, labels=["api"])
+        in_progress = GaugeMetricFamily(*ASYNC_IN_PROGRESS, labels=["api"])
+        for api, counts in sorted(self._async_counts().items()):
+            in_queue.add_metric([api], counts.in_queue)
+            in_progress.add_metric([api], counts.in_progress)
+        yield in_queue
+        yield in_progress
 
 
 def _family(figure: figures.Figure, totals: dict[tuple[str, ...], Any]) -> Metric:
@@ -114,9 +130,17 @@ def _family(figure: figures.Figure, totals: dict[tuple[str, ...], Any]) -> Metri
     return histogram
 
 
-def exposition(services: Services, store: FigureStore | None = None) -> bytes:
-    """The text `GET /metrics` answers: the figures in `store` (by default the services' Redis) and
-    the depths of the services' queues."""
+def async_counts(services: Services, apis: ApiRegistry, now: float) -> dict[str, AsyncCounts]:
+    """Each deployed AsyncAPI's requests queued and in progress (and ended in the last minute)."""
+    return {api.name: services.async_requests.counts(api.name, now) for api in apis.all() if api.kind == ASYNC_KIND}
+
+
+def exposition(services: Services, store: FigureStore | None = None, apis: ApiRegistry | None = None) -> bytes:
+    """The text `GET /metrics` answers: the figures in `store` (by default the services' Redis), the
+    depths of the services' queues, and (given the registry) each AsyncAPI's queued and running requests."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FiguresCollector(store or RedisFigureStore(services.redis), lambda: queue_depths(services)))
+    registry.register(FiguresCollector(
+        store or RedisFigureStore(services.redis), lambda: queue_depths(services),
+        (lambda: async_counts(services, apis, time.time())) if apis is not None else dict,
+    ))
     return generate_latest(registry)

@@ -152,7 +152,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         {200: Answer("every deployed API", (schemas.ApiList,))},
     ),
     ("GET", "/apis/<name>"): Operation(
-        "getApi", "One API; a realtime API's answer also lists its live replicas",
+        "getApi", "One API; a realtime API's answer also lists its live replicas, an AsyncAPI's its request "
+        "counts and serving nodes",
         {200: Answer("the API", (schemas.Api,)), 404: _error("api_not_found")},
     ),
     ("DELETE", "/apis/<name>"): Operation(
@@ -251,8 +252,17 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "getApiLogs", "A realtime API's recent log lines from every process of its replicas",
         {200: Answer("a page of lines; pass its next back as after for newer ones", (schemas.LogPage,)),
          400: _error("bad_request: after is not a position a page gave, limit is out of range, or the API is a "
-                     "BatchAPI or TaskAPI (whose logs are per job)"),
+                     "BatchAPI or TaskAPI (whose logs are per job) or an AsyncAPI (whose logs are per request)"),
          404: _error("api_not_found")},
+        query=schemas.LogsQuery,
+    ),
+    ("GET", "/apis/<api_name>/requests/<request_id>/logs"): Operation(
+        "getAsyncRequestLogs", "An AsyncAPI request's log lines, oldest first",
+        {200: Answer("a page of lines; pass its next back as after for newer ones", (schemas.LogPage,)),
+         400: _error("bad_request: after is not a position a page gave, limit is out of range, or the API is "
+                     "not an AsyncAPI"),
+         404: _error("api_not_found, or request_not_found (never submitted, or expired)")},
+        description="The lines the worker node logged while it ran the request, its predictor's included.",
         query=schemas.LogsQuery,
     ),
     ("GET", "/<api_name>"): Operation(

@@ -222,8 +222,18 @@ class Replica(Body):
     message: str = Field(description="why it is not ready, if known")
 
 
+class AsyncRequestCounts(Body):
+    """An AsyncAPI's requests now, and those ended in the last minute (to the last 10 seconds)."""
+
+    in_queue: int = Field(ge=0, description="waiting for a worker node")
+    in_progress: int = Field(ge=0, description="running on a worker node")
+    completed_per_minute: int = Field(ge=0, description="completed in the last minute")
+    failed_per_minute: int = Field(ge=0, description="failed in the last minute")
+
+
 class Api(Body):
-    """A deployed API; `GET /apis/<name>` adds its endpoint, and for a realtime API its live replicas."""
+    """A deployed API; `GET /apis/<name>` adds its endpoint, for a realtime API its live replicas, and
+    for an AsyncAPI its request counts and serving nodes."""
 
     name: str
     kind: Literal["BatchAPI", "RealtimeAPI", "TaskAPI", "AsyncAPI"]
@@ -236,6 +246,9 @@ class Api(Body):
                                  "address the request came to (a BatchAPI's or TaskAPI's job endpoint, a "
                                  "RealtimeAPI's predictions)")
     replicas: list[Replica] | None = Field(default=None, description="RealtimeAPI only, in GET /apis/{name}")
+    requests: AsyncRequestCounts | None = Field(default=None, description="AsyncAPI only, in GET /apis/{name}")
+    nodes: list[str] | None = Field(default=None, description="AsyncAPI only, in GET /apis/{name}: the live "
+                                    "worker nodes of its hardware queue, which run its requests")
 
 
 class ApiList(Body):

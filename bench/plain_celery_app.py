@@ -29,3 +29,21 @@ def batch(payload):
 @app.task(name="plain.done", ignore_result=True)
 def done(key):
     redis.Redis.from_url(os.environ["SLUICE_REDIS_URL"]).set(key, repr(time.time()))
+
+
+_SESSIONS: dict = {}
+
+
+@app.task(name="plain.onnx_row")
+def onnx_row(model_path, names, row):
+    """The baseline of `async_api.py`: one row through the ONNX model (a session per process, kept),
+    returning the output row and when it was done (the worker's clock)."""
+    import numpy as np
+
+    from bench.onnx_batch import session
+
+    sess = _SESSIONS.get(model_path)
+    if sess is None:
+        sess = _SESSIONS[model_path] = session(model_path)
+    [out, *_] = sess.run(None, {sess.get_inputs()[0].name: np.array([[row[n] for n in names]], dtype=np.float32)})
+    return {"result": out[0].tolist(), "done": time.time()}

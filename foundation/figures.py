@@ -98,18 +98,29 @@ MODEL_LOADS = Figure("sluice_model_loads_total", Kind.COUNTER, "Model versions d
 MODEL_LOAD_SECONDS = Figure("sluice_model_load_seconds", Kind.HISTOGRAM,
                             "Time to download (when not cached on disk) and load a model version", ("api",),
                             _SECONDS)
+# Counted inside the AsyncAPI request store's scripts (exactly once, whichever node ends the request).
+ASYNC_REQUESTS = Figure("sluice_async_requests_total", Kind.COUNTER,
+                        "AsyncAPI requests ended, by outcome (completed or failed)", ("api", "status"))
+ASYNC_SECONDS = Figure("sluice_async_request_duration_seconds", Kind.HISTOGRAM,
+                       "Time from an AsyncAPI request's submission to its outcome (server timestamps)", ("api",),
+                       _SECONDS)
 HTTP_RESPONSES = Figure("sluice_http_responses_total", Kind.COUNTER,
                         "Responses of the management API, by status class", ("status",))
 
 CATALOGUE: dict[str, Figure] = {f.name: f for f in (
     JOBS, JOBS_SUBMITTED, BATCHES, ITEMS, BATCH_SECONDS, REALTIME_REQUESTS, REALTIME_SECONDS, REALTIME_BATCH_SIZE,
-    REALTIME_REJECTED, MODEL_LOADS, MODEL_LOAD_SECONDS, HTTP_RESPONSES,
+    REALTIME_REJECTED, MODEL_LOADS, MODEL_LOAD_SECONDS, ASYNC_REQUESTS, ASYNC_SECONDS, HTTP_RESPONSES,
 )}
 
 
 def label_field(labels: Iterable[str]) -> str:
     """The hash field of one label set: its values as a compact JSON list."""
     return json.dumps([str(v) for v in labels], separators=(",", ":"))
+
+
+def le_label(bound: float) -> str:
+    """A histogram bucket's bound as its stored field and Prometheus' `le` spell it."""
+    return _le(bound)
 
 
 def _le(bound: float) -> str:

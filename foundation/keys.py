@@ -74,6 +74,18 @@ ASYNC_EXPIRY = f"{PREFIX}:async:expiry"
 stored payload and result then (beat/steps.py)."""
 
 
+def async_counts(api_name: str) -> str:
+    """Hash of an AsyncAPI's requests now `in_queue` and `in_progress`, changed by the same scripts
+    that change the requests' records (jobs/async_store.py)."""
+    return f"{PREFIX}:async-counts:{api_name}"
+
+
+def async_ended(api_name: str, slot: int) -> str:
+    """Hash of an AsyncAPI's requests ended in one slot of `ASYNC_SLOT_S` seconds: status -> count
+    (`sluice get`'s per-minute figures); expires a few minutes after its slot."""
+    return f"{PREFIX}:async-ended:{api_name}:{slot}"
+
+
 # -- nodes ---------------------------------------------------------------------------------------
 NODES = f"{PREFIX}:nodes"
 """Hash of worker nodes' heartbeats: node name -> {queues, seen} (JSON)."""
@@ -115,3 +127,6 @@ JOB_LOG_PREFIX = f"{PREFIX}:logs:job:"
 
 API_LOG_PREFIX = f"{PREFIX}:logs:api:"
 """Stream of one realtime API's JSON log lines from its replicas: API_LOG_PREFIX + API name."""
+
+ASYNC_LOG_PREFIX = f"{PREFIX}:logs:async:"
+"""Stream of one AsyncAPI request's JSON log lines: ASYNC_LOG_PREFIX + "<api name>:<request id>"."""

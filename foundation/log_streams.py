@@ -3,7 +3,8 @@
 A worker's lines while it runs a job's batch or its `on_job_complete`, and every line of a
 realtime replica's processes, are JSON lines on the process's stderr (`foundation/json_logs.py`);
 a process's stderr stays on its host. So the same lines are also appended to a Redis stream, one
-per job (`sluice:logs:job:<job id>`) and one per realtime API (`sluice:logs:api:<name>`), which
+per job (`sluice:logs:job:<job id>`), one per realtime API (`sluice:logs:api:<name>`) and one per
+AsyncAPI request that logged anything (`sluice:logs:async:<name>:<id>`), which
 `sluice logs` reads through the API whichever host wrote them.
 
 - Bounded: each append trims its stream to about `Settings.log_lines` lines (`XADD MAXLEN ~`,
@@ -23,7 +24,8 @@ streams in Redis, `foundation.memory.MemoryLogStreams` in memory for fast tests;
 `tests/contracts/log_streams.py`.
 
 Which stream a line goes to: inside `handler.capturing(stream)` (a worker wraps each batch and
-each completion in one) the lines of that thread go to that job's stream; elsewhere, to the
+each completion in one, and each AsyncAPI request in its request's) the lines of that thread go to
+that stream; elsewhere, to the
 handler's default stream (a replica's API), or nowhere (a worker's own lines between jobs). A
 thread that a predictor starts itself does not inherit the job (nor its labels): its lines stay
 on stderr.
@@ -57,6 +59,7 @@ log = logging.getLogger(__name__)
 
 JOB_STREAM_PREFIX = keys.JOB_LOG_PREFIX
 API_STREAM_PREFIX = keys.API_LOG_PREFIX
+REQUEST_STREAM_PREFIX = keys.ASYNC_LOG_PREFIX
 LINE_FIELD = "line"
 
 DEFAULT_MAX_LINES = 10_000
@@ -86,6 +89,11 @@ def job_stream(job_id: str) -> str:
 def api_stream(api_name: str) -> str:
     """The stream of a realtime API's lines, from every process of every replica."""
     return f"{API_STREAM_PREFIX}{api_name}"
+
+
+def request_stream(api_name: str, request_id: str) -> str:
+    """The stream of one AsyncAPI request's lines (the node's while it ran the request)."""
+    return f"{REQUEST_STREAM_PREFIX}{api_name}:{request_id}"
 
 
 class BadStreamId(BadRequest):
@@ -274,6 +282,10 @@ class StreamLogHandler(logging.Handler):
         """`capturing` the job's stream (around a batch, or the job's completion)."""
         return self.capturing(job_stream(job_id))
 
+    def capturing_request(self, api_name: str, request_id: str) -> contextlib.AbstractContextManager[None]:
+        """`capturing` an AsyncAPI request's stream (around the node's run of it)."""
+        return self.capturing(request_stream(api_name, request_id))
+
     def emit(self, record: logging.LogRecord) -> None:
         stream = _capturing.get() or self.default_stream
         if stream is None or record.name == log.name:  # this module's own warnings stay local
@@ -369,4 +381,5 @@ __all__ = [
     "install_job_log_handler",
     "job_stream",
     "parse_stream_id",
+    "request_stream",
 ]

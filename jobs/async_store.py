@@ -17,15 +17,20 @@ from typing import Protocol
 import redis
 
 from foundation import keys
+from foundation.figures import ASYNC_REQUESTS, ASYNC_SECONDS, label_field, le_label
 
+from .async_counts import SLOT_TTL_S, AsyncCounts, counts_from, slot_of, window_slots
 from .async_request import AsyncRequest, RequestStatus
 
-# Sets the record's fields unless it exists already; its expiry is remembered.
+# Every script that moves a request moves its API's counts (`keys.async_counts`) with it.
+
+# Sets the record's fields unless it exists already; its expiry is remembered; one more queued.
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+redis.call('HINCRBY', KEYS[3], 'in_queue', 1)
 return 1
 """
 
@@ -35,16 +40,57 @@ local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'', 0} end
 if status ~= 'in_queue' and status ~= 'in_progress' then return {status, 0} end
 redis.call('HSET', KEYS[1], 'status', 'in_progress', 'started', ARGV[1])
+if status == 'in_queue' then
+  redis.call('HINCRBY', KEYS[2], 'in_queue', -1)
+  redis.call('HINCRBY', KEYS[2], 'in_progress', 1)
+end
 return {status, redis.call('HINCRBY', KEYS[1], 'deliveries', 1)}
 """
 
 # The outcome, once: only a request still queued or in progress ends (1), any later call is 0.
+# The one call that ends it counts it: out of its API's queued or in-progress count, into the
+# slot of requests ended (`jobs/async_counts.py`), the outcome figure and the duration histogram
+# (submission to now, both server times; `foundation/figures.py`'s stored form).
+# KEYS: record, expiry set, counts, ended slot, outcome figure, duration figure.
+# ARGV: expire seconds, expiry score, expiry member, now, status, outcome field, duration labels,
+# slot expire seconds, then the fields to set.
 _FINISH = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'in_queue' and status ~= 'in_progress' then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+local created = tonumber(redis.call('HGET', KEYS[1], 'created') or '')
+redis.call('HSET', KEYS[1], unpack(ARGV, 9))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+redis.call('HINCRBY', KEYS[3], status, -1)
+redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
+redis.call('EXPIRE', KEYS[4], ARGV[8])
+redis.call('HINCRBY', KEYS[5], ARGV[6], 1)
+if created then
+  local seconds = math.max(0, tonumber(ARGV[4]) - created)
+  local le = '+Inf'
+  for i = 1, #BOUNDS do
+    if seconds <= BOUNDS[i] then le = LES[i]; break end
+  end
+  redis.call('HINCRBY', KEYS[6], ARGV[7] .. '|' .. le, 1)
+  redis.call('HINCRBYFLOAT', KEYS[6], ARGV[7] .. '|sum', tostring(seconds))
+end
+return 1
+"""
+
+
+def _with_buckets(script: str, bounds: tuple[float, ...]) -> str:
+    """The script with the histogram's bucket bounds (as numbers, and as their stored `le` fields)."""
+    numbers = ", ".join(repr(float(b)) for b in bounds)
+    fields = ", ".join(f"'{le_label(b)}'" for b in bounds)
+    return f"local BOUNDS = {{{numbers}}}\nlocal LES = {{{fields}}}\n{script}"
+
+
+# Forgets an expired request; one whose record is still there unended leaves its API's counts.
+_REMOVE = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'in_queue' or status == 'in_progress' then redis.call('HINCRBY', KEYS[3], status, -1) end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
 return 1
 """
 
@@ -96,6 +142,9 @@ class AsyncRequestStore(Protocol):
     def remove(self, api_name: str, request_id: str) -> None:
         """Forget an expired request (its record and its place in the expiry set)."""
 
+    def counts(self, api_name: str, now: float) -> AsyncCounts:
+        """The API's requests queued and in progress now, and ended in the last minute."""
+
 
 def _expire_seconds(retention_s: float) -> int:
     return max(1, math.ceil(retention_s))
@@ -109,7 +158,8 @@ class RedisAsyncRequests:
         self.retention_s = retention_s
         self._create = client.register_script(_CREATE)
         self._begin = client.register_script(_BEGIN)
-        self._finish = client.register_script(_FINISH)
+        self._finish = client.register_script(_with_buckets(_FINISH, ASYNC_SECONDS.buckets))
+        self._remove = client.register_script(_REMOVE)
 
     def _expiry_args(self, api_name: str, request_id: str, now: float) -> list[str]:
         return [str(_expire_seconds(self.retention_s)), repr(now + self.retention_s),
@@ -120,8 +170,8 @@ class RedisAsyncRequests:
         for name, value in request.to_dict().items():
             fields.extend((name, value))
         args = [*self._expiry_args(request.api_name, request.request_id, now), *fields]
-        created = self._create(keys=[keys.async_request(request.api_name, request.request_id), keys.ASYNC_EXPIRY],
-                               args=args)
+        created = self._create(keys=[keys.async_request(request.api_name, request.request_id), keys.ASYNC_EXPIRY,
+                                     keys.async_counts(request.api_name)], args=args)
         return bool(created)
 
     def get(self, api_name: str, request_id: str) -> AsyncRequest | None:
@@ -131,7 +181,8 @@ class RedisAsyncRequests:
         return AsyncRequest.from_fields(api_name, request_id, raw)
 
     def begin(self, api_name: str, request_id: str, now: float) -> Taken:
-        status, deliveries = self._begin(keys=[keys.async_request(api_name, request_id)], args=[repr(now)])
+        status, deliveries = self._begin(keys=[keys.async_request(api_name, request_id), keys.async_counts(api_name)],
+                                         args=[repr(now)])
         text = status.decode() if isinstance(status, bytes) else str(status)
         return Taken(RequestStatus(text) if text else None, int(deliveries))
 
@@ -142,15 +193,25 @@ class RedisAsyncRequests:
             fields += ["result_uri", result_uri]
         if message:
             fields += ["message", message]
-        args = [*self._expiry_args(api_name, request_id, now), *fields]
-        return bool(self._finish(keys=[keys.async_request(api_name, request_id), keys.ASYNC_EXPIRY], args=args))
+        args = [*self._expiry_args(api_name, request_id, now), repr(now), status.value,
+                label_field((api_name, status.value)), label_field((api_name,)), str(SLOT_TTL_S), *fields]
+        return bool(self._finish(keys=[
+            keys.async_request(api_name, request_id), keys.ASYNC_EXPIRY, keys.async_counts(api_name),
+            keys.async_ended(api_name, slot_of(now)), ASYNC_REQUESTS.key, ASYNC_SECONDS.key,
+        ], args=args))
 
     def expired(self, now: float, limit: int = 500) -> list[tuple[str, str]]:
         members = self._redis.zrangebyscore(keys.ASYNC_EXPIRY, "-inf", now, start=0, num=limit)
         return [parse_expiry_member(m.decode() if isinstance(m, bytes) else str(m)) for m in members]
 
     def remove(self, api_name: str, request_id: str) -> None:
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.delete(keys.async_request(api_name, request_id))
-        pipe.zrem(keys.ASYNC_EXPIRY, expiry_member(api_name, request_id))
-        pipe.execute()
+        self._remove(keys=[keys.async_request(api_name, request_id), keys.ASYNC_EXPIRY, keys.async_counts(api_name)],
+                     args=[expiry_member(api_name, request_id)])
+
+    def counts(self, api_name: str, now: float) -> AsyncCounts:
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hgetall(keys.async_counts(api_name))
+        for slot in window_slots(now):
+            pipe.hgetall(keys.async_ended(api_name, slot))
+        gauges, *slots = pipe.execute()
+        return counts_from(gauges, slots)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from .async_counts import AsyncCounts, slot_of, window_slots
 from .async_request import AsyncRequest, RequestStatus
 from .async_store import Taken
 
@@ -17,6 +18,13 @@ class MemoryAsyncRequests:
         self._lock = threading.Lock()
         self._records: dict[tuple[str, str], AsyncRequest] = {}
         self._expires: dict[tuple[str, str], float] = {}
+        self._counts: dict[tuple[str, RequestStatus], int] = {}  # (api, in_queue | in_progress) -> now
+        self._ended: dict[tuple[str, int, RequestStatus], int] = {}  # (api, slot, outcome) -> count
+
+    def _move(self, api_name: str, before: RequestStatus | None, after: RequestStatus | None) -> None:
+        for status, step in ((before, -1), (after, 1)):
+            if status is not None and not status.is_terminal:
+                self._counts[(api_name, status)] = self._counts.get((api_name, status), 0) + step
 
     def create(self, request: AsyncRequest, now: float) -> bool:
         key = (request.api_name, request.request_id)
@@ -25,6 +33,7 @@ class MemoryAsyncRequests:
                 return False
             self._records[key] = request
             self._expires[key] = now + self.retention_s
+            self._move(request.api_name, None, RequestStatus.IN_QUEUE)
             return True
 
     def get(self, api_name: str, request_id: str) -> AsyncRequest | None:
@@ -41,6 +50,7 @@ class MemoryAsyncRequests:
                 return Taken(record.status, 0)
             self._records[key] = dataclasses.replace(record, status=RequestStatus.IN_PROGRESS,
                                                      deliveries=record.deliveries + 1)
+            self._move(api_name, record.status, RequestStatus.IN_PROGRESS)
             return Taken(record.status, record.deliveries + 1)
 
     def finish(self, api_name: str, request_id: str, status: RequestStatus, now: float, *,
@@ -53,6 +63,9 @@ class MemoryAsyncRequests:
             self._records[key] = dataclasses.replace(record, status=status, timestamp=now,
                                                      result_uri=result_uri or record.result_uri, message=message)
             self._expires[key] = now + self.retention_s
+            self._move(api_name, record.status, None)
+            ended = (api_name, slot_of(now), status)
+            self._ended[ended] = self._ended.get(ended, 0) + 1
             return True
 
     def expired(self, now: float, limit: int = 500) -> list[tuple[str, str]]:
@@ -62,5 +75,17 @@ class MemoryAsyncRequests:
 
     def remove(self, api_name: str, request_id: str) -> None:
         with self._lock:
-            self._records.pop((api_name, request_id), None)
+            record = self._records.pop((api_name, request_id), None)
             self._expires.pop((api_name, request_id), None)
+            if record is not None:
+                self._move(api_name, record.status, None)
+
+    def counts(self, api_name: str, now: float) -> AsyncCounts:
+        with self._lock:
+            slots = window_slots(now)
+            return AsyncCounts(
+                in_queue=max(0, self._counts.get((api_name, RequestStatus.IN_QUEUE), 0)),
+                in_progress=max(0, self._counts.get((api_name, RequestStatus.IN_PROGRESS), 0)),
+                completed_per_minute=sum(self._ended.get((api_name, s, RequestStatus.COMPLETED), 0) for s in slots),
+                failed_per_minute=sum(self._ended.get((api_name, s, RequestStatus.FAILED), 0) for s in slots),
+            )

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from foundation import figure_sink as process_figures
 from foundation.api_registry import RedisApiRegistry
@@ -38,12 +39,19 @@ __all__ = ["LOST_DELIVERY_ALLOWANCE", "WorkerRuntime", "batch_id_of"]
 log = logging.getLogger(__name__)
 
 
+class WorkerLogs(JobLogs, Protocol):
+    """Where a job's, and an AsyncAPI request's, log lines also go (`foundation.log_streams.StreamLogHandler`)."""
+
+    def capturing_request(self, api_name: str, request_id: str) -> AbstractContextManager[None]:
+        """The lines this thread logs inside the block go to the request's log stream too."""
+
+
 class WorkerRuntime:
     """Per process: one predictor per job, built on first use and kept for the job; the batch
     pipeline and the completion over them."""
 
     def __init__(
-        self, services: Services, *, figures: FigureSink, logs: JobLogs, predictors: JobPredictors | None = None,
+        self, services: Services, *, figures: FigureSink, logs: WorkerLogs, predictors: JobPredictors | None = None,
         end_process: Callable[[int], Any] = os._exit,
     ) -> None:
         """`figures` count batches, `logs` capture a job's lines into its stream; `predictors` (built
@@ -89,8 +97,10 @@ class WorkerRuntime:
         self._run(BatchRun(job_id, index, payload, payload_ref, delivery))
 
     def run_request(self, api_name: str, request_id: str, delivery: Delivery | None = None) -> None:
-        """Run one AsyncAPI request and record its outcome once (`jobs/async_runner.py`)."""
-        self.requests.run_request(api_name, request_id, delivery)
+        """Run one AsyncAPI request and record its outcome once (`jobs/async_runner.py`); the lines
+        logged meanwhile (the predictor's included) go to the request's log stream too."""
+        with self.logs.capturing_request(api_name, request_id):
+            self.requests.run_request(api_name, request_id, delivery)
 
     def finish_job(self, job_id: str, delivery: Delivery | None = None) -> None:
         """The completion task: run `on_job_complete` once, then settle the job's final status

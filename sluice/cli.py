@@ -243,7 +243,8 @@ def get(ctx: click.Context, api: str | None, job_id: str | None, output: str) ->
 
     \b
     sluice get                  # name, kind, status, replicas or running jobs, last deployed
-    sluice get API              # realtime: endpoint, replicas, models; batch: jobs and progress
+    sluice get API              # realtime: endpoint, replicas, models; batch: jobs and progress;
+                                # async: requests queued, in progress, ended per minute; nodes
     sluice get API JOB_ID       # batch metrics, workers, failed batches, output location
     """
     client = _client(ctx)
@@ -264,8 +265,9 @@ def _get_all(client: Client, output: str) -> None:
             detail = client.api(summary["name"])
             ready, wanted = _replica_counts(detail)
             row.update(status=_realtime_status(detail), replicas_ready=ready, replicas_wanted=wanted)
-        elif summary["kind"] == "AsyncAPI":  # its requests have no listing yet: only that it is live
-            row.update(status="live", jobs_running=0)
+        elif summary["kind"] == "AsyncAPI":  # requests queued or running, in the jobs column
+            counts = client.api(summary["name"]).get("requests") or {}
+            row.update(status="live", requests_active=counts.get("in_queue", 0) + counts.get("in_progress", 0))
         else:
             running = sum(1 for job in client.jobs(summary["name"]) if job["status"] in ACTIVE_STATUSES)
             row.update(status="live", jobs_running=running)
@@ -279,6 +281,7 @@ def _get_all(client: Client, output: str) -> None:
     _table(None, ["name", "kind", "status", "replicas / jobs running", "last deployed"], [
         [r["name"], r["kind"], r["status"],
          f"{r['replicas_ready']}/{r['replicas_wanted']} ready" if "replicas_ready" in r
+         else f"{r['requests_active']} requests" if "requests_active" in r
          else f"{r['jobs_running']} running",
          _ago(r["deployed_at"], now)]
         for r in rows
@@ -320,6 +323,12 @@ def _get_api(client: Client, name: str, output: str) -> None:
             return
         click.echo(f"{name}  AsyncAPI  queue {api['queue']}  deployed {_ago(api['deployed_at'], now)}")
         click.echo(f"endpoint: {api['endpoint']} (POST a request; GET {api['endpoint']}/<id> for its result)")
+        counts = api.get("requests") or {}
+        click.echo(f"requests: {counts.get('in_queue', 0)} in queue, {counts.get('in_progress', 0)} in progress, "
+                   f"{counts.get('completed_per_minute', 0)} completed and {counts.get('failed_per_minute', 0)} "
+                   "failed in the last minute")
+        nodes = api.get("nodes") or []
+        click.echo(f"nodes: {', '.join(nodes) if nodes else 'none alive on queue ' + api['queue']}")
         return
     jobs = client.jobs(name)
     if output == "json":
@@ -588,11 +597,13 @@ def log_text(line: dict[str, Any]) -> str:
     return text
 
 
-def _print_logs(client: Client, api: str, job_id: str | None, after: str | None,
-                show: Callable[[dict[str, Any]], None]) -> str | None:
+LogFetch = Callable[[str | None, int], dict[str, Any]]
+
+
+def _print_logs(fetch: LogFetch, after: str | None, show: Callable[[dict[str, Any]], None]) -> str | None:
     """Print every line past `after`, a page at a time; the position to go on from."""
     while True:
-        page = client.get_logs(api, job_id, after=after, limit=LOG_PAGE_LINES)
+        page = fetch(after, LOG_PAGE_LINES)
         for line in page["lines"]:
             show(line)
         if page["lines"]:
@@ -601,18 +612,41 @@ def _print_logs(client: Client, api: str, job_id: str | None, after: str | None,
             return after
 
 
-def _follow_logs(client: Client, api: str, job_id: str | None, after: str | None,
+def _follow_logs(fetch: LogFetch, ended: Callable[[], bool], after: str | None,
                  show: Callable[[dict[str, Any]], None]) -> None:
-    """Print new lines as they come: until the job has ended (and settled), or forever for an API."""
+    """Print new lines as they come: until the job or request has ended (and settled), or forever for an API."""
     ended_at: float | None = None
     while True:
         time.sleep(FOLLOW_POLL_S)
-        ended = job_id is not None and client.job(api, job_id)["status"] in TERMINAL_STATUSES
-        after = _print_logs(client, api, job_id, after, show)
-        if ended:
+        done = ended()
+        after = _print_logs(fetch, after, show)
+        if done:
             ended_at = ended_at if ended_at is not None else time.monotonic()
             if time.monotonic() - ended_at >= FOLLOW_SETTLE_S:
                 return
+
+
+def _log_source(client: Client, api: str, job_id: str | None) -> tuple[LogFetch, Callable[[], bool]]:
+    """Where `sluice logs` reads pages from, and how a follow knows it is over: an AsyncAPI request's
+    stream (until it has ended), a job's (until it has ended), or a realtime API's (never over)."""
+    if job_id is not None and client.api(api)["kind"] == "AsyncAPI":
+        request_id = job_id
+
+        def request_page(after: str | None, limit: int) -> dict[str, Any]:
+            return client.get_async_logs(api, request_id, after=after, limit=limit)
+
+        def request_ended() -> bool:
+            return client.get_async(api, request_id)["status"] in ("completed", "failed")
+
+        return request_page, request_ended
+
+    def page(after: str | None, limit: int) -> dict[str, Any]:
+        return client.get_logs(api, job_id, after=after, limit=limit)
+
+    def job_ended() -> bool:
+        return job_id is not None and client.job(api, job_id)["status"] in TERMINAL_STATUSES
+
+    return page, job_ended
 
 
 @main.command()
@@ -623,11 +657,12 @@ def _follow_logs(client: Client, api: str, job_id: str | None, after: str | None
 @output_option
 @click.pass_context
 def logs(ctx: click.Context, api: str, job_id: str | None, follow: bool, output: str) -> None:
-    """A batch job's log lines from every worker on every host, or a RealtimeAPI's replicas' recent lines.
+    """A batch job's or an AsyncAPI request's log lines from every host, or a RealtimeAPI's replicas' recent lines.
 
     \b
     sluice logs API JOB_ID              # the job's lines so far: its batches and on_job_complete
     sluice logs API JOB_ID --follow     # ... and new ones as they come, until the job ends
+    sluice logs API REQUEST_ID          # an AsyncAPI request's lines (--follow: until it ends)
     sluice logs API [--follow]          # a RealtimeAPI's recent lines (--follow: until Ctrl-C)
     sluice logs API JOB_ID -o json      # each line as the JSON object it was logged as, one per line
     """
@@ -636,10 +671,11 @@ def logs(ctx: click.Context, api: str, job_id: str | None, follow: bool, output:
     def show(line: dict[str, Any]) -> None:
         click.echo(json.dumps(line, default=str) if output == "json" else log_text(line))
 
+    fetch, ended = _log_source(client, api, job_id)
     try:
-        after = _print_logs(client, api, job_id, None, show)
+        after = _print_logs(fetch, None, show)
         if follow:
-            _follow_logs(client, api, job_id, after, show)
+            _follow_logs(fetch, ended, after, show)
     except KeyboardInterrupt:  # how a follow of a realtime API ends
         return
 

@@ -324,7 +324,8 @@ class Client:
         return self.apis()
 
     def api(self, name: str) -> dict[str, Any]:
-        """One API's summary with its absolute `endpoint`; a realtime API's also has its live replicas."""
+        """One API's summary with its absolute `endpoint`; a realtime API's also has its live replicas,
+        an AsyncAPI's its `requests` counts and serving `nodes`."""
         answer = self._call("GET", f"/apis/{name}")
         answer["endpoint"] = self._absolute(answer.get("endpoint"), answer.get("name", name))
         return answer
@@ -501,6 +502,13 @@ class Client:
         """
         name = quote(api_name, safe="")
         path = f"/batch/{name}/{quote(job_id, safe='')}/logs" if job_id else f"/apis/{name}/logs"
+        params = {key: value for key, value in (("after", after), ("limit", limit)) if value is not None}
+        return self._call("GET", path, params=params or None)
+
+    def get_async_logs(self, api_name: str, request_id: str, after: str | None = None,
+                       limit: int | None = None) -> dict[str, Any]:
+        """A page of an AsyncAPI request's log lines (the node's while it ran the request), as `get_logs`."""
+        path = f"/apis/{quote(api_name, safe='')}/requests/{quote(request_id, safe='')}/logs"
         params = {key: value for key, value in (("after", after), ("limit", limit)) if value is not None}
         return self._call("GET", path, params=params or None)
 

@@ -82,6 +82,9 @@ class NoLogStreams:
     def capturing_job(self, job_id: str) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
+    def capturing_request(self, api_name: str, request_id: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
 
 @pytest.fixture
 def builder() -> Builder:

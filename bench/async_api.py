@@ -1,0 +1,212 @@
+"""AsyncAPI requests: Sluice against plain Celery with the same ONNX model (`make bench`).
+
+`--requests` (2,000) single rows are submitted as fast as `--clients` threads can, to:
+- Sluice: an AsyncAPI (an ONNX predictor running one row per request) on the embedded stack with
+  2 worker nodes; each `POST /<name>` goes through the proxy and the management API, is stored in
+  Redis and queued as one Celery task. Times are the server's own: each request's `created` (the
+  API stored it) and `timestamp` (its node recorded the outcome), read from its record in Redis.
+- plain Celery: `task.delay(row)` with the same model (a session per process), 2 worker processes,
+  results in the same Redis, then `AsyncResult.get()` for each; from the client's clock at `delay`
+  to the worker's clock when the row was done.
+Models: iris (4 features) and the ~1.1M-parameter MLP of `bench/onnx_batch.py`. Figures:
+completed requests/s (requests / (last outcome - first submission)), p50 and p99 seconds from
+submission to outcome, and Sluice/Celery ratios (throughput: above 1 Sluice is faster; latency:
+below 1 Sluice is faster). Ray Serve's asynchronous inference is measured only where it installs
+(it is not in bench/requirements.txt: a note says so). Median of `--repeat` runs.
+Run: `python bench/async_api.py [--requests N] [--models iris,mlp] [--repeat R]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import redis  # noqa: E402
+import requests  # noqa: E402
+
+from bench.onnx_batch import iris_model, mlp_model  # noqa: E402
+from jobs.async_request import RequestStatus  # noqa: E402
+from jobs.async_store import RedisAsyncRequests  # noqa: E402
+from sluice.client import Client  # noqa: E402
+from sluice.embedded import Stack, free_port  # noqa: E402
+
+PROCESSES = 2
+WARMUP_REQUESTS = 100
+SETTLE_S = 1.0
+PREDICTOR = '''import numpy as np
+
+
+class ONNXPredictor:
+    def __init__(self, onnx_client, config):
+        self.client, self.names = onnx_client, [f"f{i}" for i in range(config["features"])]
+
+    def predict(self, payload, request_id):
+        [out, *_] = self.client.predict(np.array([[payload[n] for n in self.names]], dtype=np.float32))
+        return out[0].tolist()
+'''
+CORTEX_YAML = ("- name: {name}-async\n  kind: AsyncAPI\n  predictor:\n    type: onnx\n    path: predictor.py\n"
+               "    models: {{path: models/{name}/}}\n    config: {{features: {features}}}\n")
+
+
+def prepare(tmp: Path, name: str, rng: np.random.Generator, count: int) -> dict:
+    """The model's AsyncAPI project and `count` rows as JSON objects ({"f0": 5.1, ...})."""
+    if name == "iris":
+        model_bytes, iris_x = iris_model()
+        features, values = 4, iris_x[rng.integers(0, len(iris_x), count)].round(1)
+    else:
+        model_bytes, features, values = mlp_model(), 32, rng.standard_normal((count, 32)).round(4)
+    project = tmp / f"{name}-async-project"
+    model_path = project / "models" / name / "1" / "model.onnx"
+    model_path.parent.mkdir(parents=True)
+    model_path.write_bytes(model_bytes)
+    (project / "predictor.py").write_text(PREDICTOR)
+    (project / "cortex.yaml").write_text(CORTEX_YAML.format(name=name, features=features))
+    rows = [{f"f{i}": v for i, v in enumerate(row)} for row in values.tolist()]
+    return {"api": f"{name}-async", "project": project, "model": str(model_path), "features": features, "rows": rows}
+
+
+def figures(spans: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """(requests/s, p50 s, p99 s) of (submitted, done) pairs."""
+    durations = sorted(done - submitted for submitted, done in spans)
+    elapsed = max(done for _, done in spans) - min(submitted for submitted, _ in spans)
+    p99 = durations[min(len(durations) - 1, round(0.99 * (len(durations) - 1)))]
+    return len(spans) / elapsed, statistics.median(durations), p99
+
+
+def run_sluice(url: str, store: RedisAsyncRequests, api: str, rows: list[dict],
+               clients: int) -> list[tuple[float, float]]:
+    """Submit every row from `clients` threads (a keep-alive session each), wait for every outcome,
+    and return each request's (created, timestamp) as the server recorded them."""
+    local = threading.local()
+
+    def submit(row: dict) -> str:
+        session = getattr(local, "session", None)
+        if session is None:
+            session = local.session = requests.Session()
+        answer = session.post(f"{url}/{api}", json=row, timeout=60)
+        answer.raise_for_status()
+        return answer.json()["id"]
+
+    with ThreadPoolExecutor(clients) as pool:
+        ids = list(pool.map(submit, rows))
+    deadline = time.monotonic() + 600
+    while (counts := store.counts(api, time.time())).in_queue + counts.in_progress:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{api}: {counts} still open after 600 s")
+        time.sleep(0.05)
+    spans = []
+    for request_id in ids:
+        record = store.get(api, request_id)
+        assert record is not None and record.status is RequestStatus.COMPLETED, record
+        assert record.timestamp is not None
+        spans.append((record.created, record.timestamp))
+    return spans
+
+
+def run_celery(model: dict, rows: list[dict], clients: int) -> list[tuple[float, float]]:
+    """`task.delay(row)` from `clients` threads, then `AsyncResult.get()` for each: (sent, done)."""
+    from bench.plain_celery_app import onnx_row
+
+    names = [f"f{i}" for i in range(model["features"])]
+
+    def send(row: dict) -> tuple[float, object]:
+        sent = time.time()
+        return sent, onnx_row.delay(model["model"], names, row)
+
+    with ThreadPoolExecutor(clients) as pool:
+        pending = list(pool.map(send, rows))
+    spans = []
+    for sent, result in pending:
+        answer = result.get(timeout=600)
+        spans.append((sent, answer["done"]))
+        result.forget()
+    return spans
+
+
+def ray_serve_note() -> str:
+    try:
+        import ray.serve  # noqa: F401
+    except ImportError:
+        return "Ray Serve: not installed here (not in bench/requirements.txt); skipped"
+    return "Ray Serve: installed, but its asynchronous inference is not measured by this bench yet; skipped"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--models", default="iris,mlp")
+    parser.add_argument("--clients", type=int, default=8, help="submitting threads, for each system")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per figure; the median is shown")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below when killed too
+    tmp = Path(tempfile.mkdtemp(prefix="sluice-async-bench-"))
+    stack = None
+    plain_workers: list[subprocess.Popen] = []
+    try:
+        rng = np.random.default_rng(0)
+        models = {name: prepare(tmp, name, rng, args.requests) for name in args.models.split(",")}
+        stack = Stack(port=free_port(), workers=PROCESSES, queues=("cpu",), worker_loglevel="WARNING",
+                      env={"OMP_NUM_THREADS": "1"}).start()
+        redis_url = stack.redis_url or ""
+        os.environ["SLUICE_REDIS_URL"] = redis_url  # the plain Celery app's broker and backend
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        plain_workers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "bench.plain_celery_app", "worker", "-Q", "plain",
+                 "-c", "1", "-n", f"plain{n}@%h", "--without-gossip", "--without-mingle", "--loglevel", "WARNING"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            for n in range(PROCESSES)
+        ]
+        client = Client(stack.url)
+        store = RedisAsyncRequests(redis.Redis.from_url(redis_url), retention_s=3600)
+        for m in models.values():  # warm up: imports, worker processes, each process's predictor and session
+            client.deploy(m["project"] / "cortex.yaml")
+            run_sluice(stack.url, store, m["api"], m["rows"][:WARMUP_REQUESTS], args.clients)
+            run_celery(m, m["rows"][:WARMUP_REQUESTS], args.clients)
+
+        print(f"{args.requests} requests of one row each, submitted by {args.clients} client threads; "
+              f"{PROCESSES} worker processes per system; median of {args.repeat}")
+        print("req/s: completed requests per second, first submission to last outcome; p50/p99: seconds "
+              "from submission to outcome (server timestamps)\n")
+        print(f"{'model':>5} {'sluice req/s':>13} {'p50':>7} {'p99':>7} {'celery req/s':>13} {'p50':>7} "
+              f"{'p99':>7} {'req/s ratio':>12} {'p50 ratio':>10} {'p99 ratio':>10}")
+        for name, m in models.items():
+            sluice_runs, celery_runs = [], []
+            for _ in range(args.repeat):  # interleaved, so drift on the machine hits both alike
+                time.sleep(SETTLE_S)
+                sluice_runs.append(figures(run_sluice(stack.url, store, m["api"], m["rows"], args.clients)))
+                time.sleep(SETTLE_S)
+                celery_runs.append(figures(run_celery(m, m["rows"], args.clients)))
+            s_rate, s_p50, s_p99 = (statistics.median(r) for r in zip(*sluice_runs, strict=True))
+            c_rate, c_p50, c_p99 = (statistics.median(r) for r in zip(*celery_runs, strict=True))
+            print(f"{name:>5} {s_rate:>13,.0f} {s_p50:>7.3f} {s_p99:>7.3f} {c_rate:>13,.0f} {c_p50:>7.3f} "
+                  f"{c_p99:>7.3f} {s_rate / c_rate:>12.2f} {s_p50 / c_p50:>10.2f} {s_p99 / c_p99:>10.2f}")
+        print(f"\n{ray_serve_note()}")
+    finally:
+        for worker in plain_workers:
+            worker.terminate()
+        for worker in plain_workers:
+            worker.wait(timeout=30)
+        if stack is not None:
+            stack.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
