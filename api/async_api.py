@@ -30,12 +30,13 @@ class RequestNotFound(NotFound):
     kind = "request_not_found"
 
 
-def submit(api_name: str, queue: str) -> Any:
-    """`POST /<name>` of an AsyncAPI (`api/fallback.py` hands it here)."""
+def submit(api_name: str, queue: str, batched: bool = False) -> Any:
+    """`POST /<name>` of an AsyncAPI (`api/fallback.py` hands it here); `batched`: it has `server_side_batching`."""
     svc = services()
     submission = Submission(
         api_name=api_name, queue=queue, body=request.get_data(cache=False),
         content_type=request.headers.get("Content-Type"), client_request_id=request.headers.get("X-Request-ID"),
+        batched=batched,
     )
     request_id = submit_request(svc.async_requests, svc.request_objects, svc.celery, submission, time.time())
     response = AsyncSubmitted(id=request_id).response()

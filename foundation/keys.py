@@ -86,6 +86,18 @@ def async_ended(api_name: str, slot: int) -> str:
     return f"{PREFIX}:async-ended:{api_name}:{slot}"
 
 
+def async_queued(api_name: str) -> str:
+    """List of the ids of an AsyncAPI's requests submitted while it has `server_side_batching`, oldest
+    at the right: a node running one of them claims others from here into the same `predict` call."""
+    return f"{PREFIX}:async-queued:{api_name}"
+
+
+def async_claims(api_name: str, owner: str) -> str:
+    """Set of the requests of an API claimed into the batch of one delivery (`owner`: its task id):
+    that delivery, if its node dies and its message comes back, takes them again."""
+    return f"{PREFIX}:async-claims:{api_name}:{owner}"
+
+
 # -- nodes ---------------------------------------------------------------------------------------
 NODES = f"{PREFIX}:nodes"
 """Hash of worker nodes' heartbeats: node name -> {queues, seen} (JSON)."""

@@ -2,12 +2,20 @@
 
 1. The delivery enters the node's in-flight hash, so that if the node dies its message is given
    back at once and another node (or the node's next life) runs the request (`jobs/settle.py`).
-2. The request is taken (`AsyncRequestStore.begin`): one that has ended (a duplicate delivery,
-   a request whose time limit ended the last node) is only acknowledged.
-3. The API's predictor in this process, built once per API version (`AsyncPredictors`).
-4. `predict` runs under `predictor.request_timeout`: past it the request is failed and the node's
-   process ends, as for a hung batch (`jobs/time_limit.py`); its supervisor starts it again.
-5. The result goes to storage, then the request is recorded `completed`, exactly once; a request
+2. The request is taken (`AsyncRequestStore.begin`) under the delivery's task id: one that has
+   ended (a duplicate delivery, a request whose time limit ended the last node), or that another
+   delivery holds in its batch, is only acknowledged. One whose nodes died running it more than
+   `LOST_REQUEST_ALLOWANCE` times is failed (a predictor holding the GIL past its time limit).
+3. With `server_side_batching`, the delivery also takes what it claimed before its node died
+   (`reclaim`) and claims up to `max_batch_size` queued requests of the API, waiting at most
+   `batch_interval` for them (`claim`): one `predict` call of lists, each request recorded with
+   its own element, or its own failure.
+4. The API's predictor in this process, built once per API version (`AsyncPredictors`).
+5. `predict` runs under `predictor.request_timeout`: past it the requests are failed and the
+   node's process ends, as for a hung batch (`jobs/time_limit.py`); its supervisor starts it again.
+   A predictor holding the GIL starves that watchdog: the kernel's hard stop ends the process
+   `SLUICE_HARD_STOP_GRACE_S` later, and the requests' next delivery counts it as lost (2.).
+6. The result goes to storage, then the request is recorded `completed`, exactly once; a request
    whose `predict` raises (or returns what JSON cannot hold) is `failed`, never retried.
 """
 
@@ -18,6 +26,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,23 +36,30 @@ from foundation.json_logs import labelled
 from foundation.settings import Settings
 from predictors_runtime.async_predictor import AsyncPredictor
 from predictors_runtime.bundles import BundleStore
-from predictors_runtime.config import ApiConfig
+from predictors_runtime.config import ApiConfig, ServerSideBatching
 
 from .async_objects import RequestObjects
 from .async_request import ASYNC_KIND, AsyncRequest, RequestStatus, decode_payload, one_line
 from .async_store import AsyncRequestStore
 from .delivery import Delivery, request_entry
 from .nodes import NodeRegistry
-from .time_limit import hook_time_limit, timed_out_message
+from .time_limit import hard_stop, hook_time_limit, timed_out_message
 
 log = logging.getLogger(__name__)
+
+# Deliveries of a request whose node died running it, beyond the first, before it is failed instead
+# of run again: a node killed by chance gives it to another, a predictor that ends every node
+# running it (holding the GIL past `request_timeout` until the kernel's hard stop) does not loop.
+LOST_REQUEST_ALLOWANCE = 1
+# How often a delivery gathering a batch looks for more queued requests within `batch_interval`.
+CLAIM_POLL_S = 0.01
 
 
 class RequestPredictor(Protocol):
     """What the runner asks of an AsyncAPI's predictor (`predictors_runtime.async_predictor.AsyncPredictor`)."""
 
-    def predict(self, payload: Any, request_id: str) -> Any:
-        """The user's `predict` / `handle_async` on one request."""
+    def predict(self, payload: Any, request_id: str | list[str]) -> Any:
+        """The user's `predict` / `handle_async` on one request, or on lists of them (batching)."""
 
     def close(self) -> None:
         """Drop the predictor and its models."""
@@ -116,14 +132,27 @@ class AsyncPredictors:
         return sorted(self._built)
 
 
+@dataclass
+class Member:
+    """One request of the delivery's batch (a batch of one without `server_side_batching`)."""
+
+    request: AsyncRequest
+    deliveries: int
+    payload: Any = None
+
+
 class AsyncRuntime:
     """Runs AsyncAPI requests in one worker process."""
 
     def __init__(
         self, requests: AsyncRequestStore, objects: RequestObjects, registry: ApiRegistry, nodes: NodeRegistry,
         predictors: AsyncPredictors, *, end_process: Callable[[int], Any] = os._exit,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, sleep: Callable[[float], Any] = time.sleep,
+        hard_stop_grace_s: float | None = None,
     ) -> None:
+        """`clock` and `sleep` (gathering a batch) and `end_process` (the time limit) are given by
+        fast tests; `hard_stop_grace_s`: seconds past `request_timeout` the kernel ends the process
+        (None: never)."""
         self.requests = requests
         self.objects = objects
         self.registry = registry
@@ -131,13 +160,16 @@ class AsyncRuntime:
         self.predictors = predictors
         self._end_process = end_process
         self._clock = clock
+        self._sleep = sleep
+        self._hard_stop_grace_s = hard_stop_grace_s
 
     def run_request(self, api_name: str, request_id: str, delivery: Delivery | None = None) -> None:
-        """Run one delivery of a request and record its outcome once (see the module's steps)."""
+        """Run one delivery of a request (and its batch) and record each outcome once (see the module's steps)."""
         if delivery is not None:
             self.nodes.begin_delivery(delivery, request_entry(api_name, request_id))
+        owner = delivery.task_id if delivery is not None else ""
         with labelled(api_name=api_name, request_id=request_id):
-            self._run(api_name, request_id)
+            self._run(api_name, request_id, owner)
         if delivery is not None:  # left in place by a process that died: settling gives it back
             self.nodes.end_delivery(delivery)
 
@@ -146,64 +178,141 @@ class AsyncRuntime:
         if self.requests.finish(api_name, request_id, RequestStatus.FAILED, self._clock(), message=message):
             log.warning("async request %s of api %s failed: %s", request_id, api_name, message)
 
-    def _run(self, api_name: str, request_id: str) -> None:
-        taken = self.requests.begin(api_name, request_id, self._clock())
-        if not taken.runs:
+    def _run(self, api_name: str, request_id: str, owner: str) -> None:
+        taken = self.requests.begin(api_name, request_id, self._clock(), owner)
+        if taken.held:
+            log.info("async request %s of api %s is in another delivery's batch; nothing to run", request_id, api_name)
+            return
+        if not taken.runs and not owner:
             log.info("async request %s of api %s is %s; nothing to run", request_id, api_name,
                      taken.status.value if taken.status else "unknown (expired)")
-            return
-        if taken.deliveries > 1:
-            log.warning("async request %s of api %s is delivered again (delivery %d): a node died running it",
-                        request_id, api_name, taken.deliveries)
-        request = self.requests.get(api_name, request_id)
-        if request is None:  # expired between the two reads
             return
         try:
             deployed = self.registry.get(api_name)
         except ApiNotFound:
-            self._fail(api_name, request_id, f"api {api_name} is not deployed any more")
+            if taken.runs:
+                self._fail(api_name, request_id, f"api {api_name} is not deployed any more")
             return
         if deployed.kind != ASYNC_KIND:
-            self._fail(api_name, request_id, f"api {api_name} is now a {deployed.kind}, not an {ASYNC_KIND}")
+            if taken.runs:
+                self._fail(api_name, request_id, f"api {api_name} is now a {deployed.kind}, not an {ASYNC_KIND}")
             return
-        try:
-            payload = self._payload(request)
-        except (SluiceError, ValueError) as e:  # storage lost it, or it no longer reads as its kind
-            self._fail(api_name, request_id, f"reading the request's payload failed: {e}")
+        config = ApiConfig.from_dict(deployed.spec)
+        batching = config.predictor.server_side_batching
+        taking = [(request_id, taken.deliveries)] if taken.runs else []
+        # What this delivery claimed before its node died (also after a redeploy without batching).
+        reclaiming = bool(owner) and (batching is not None or taken.deliveries != 1)
+        if reclaiming:
+            taking += self.requests.reclaim(api_name, owner, self._clock())
+        if not taking:
+            log.info("async request %s of api %s is %s; nothing to run", request_id, api_name,
+                     taken.status.value if taken.status else "unknown (expired)")
             return
-        try:
-            predictor = self.predictors.predictor_for(deployed)
-        except PredictorError as e:
-            self._fail(api_name, request_id, f"building the predictor failed: {e.message}")
-            return
-        limit = ApiConfig.from_dict(deployed.spec).predictor.request_timeout
-        self._predict(request, predictor, payload, limit, taken.deliveries)
+        limit = config.predictor.request_timeout
+        members = self._members(api_name, taking, limit)
+        if batching is None:
+            for member in members:
+                self._predict(deployed, [member], limit, batched=False)
+        else:
+            if owner and members:
+                members += self._members(api_name, self._gather(api_name, owner, batching, len(members)), limit)
+            if members:
+                self._predict(deployed, members, limit, batched=True)
+        if reclaiming:
+            self.requests.release(api_name, owner)
+
+    def _gather(self, api_name: str, owner: str, batching: ServerSideBatching, have: int) -> list[tuple[str, int]]:
+        """Queued requests claimed into this delivery's batch: up to `max_batch_size` in all, waiting
+        at most `batch_interval` for them."""
+        deadline = self._clock() + batching.batch_interval
+        claimed: list[tuple[str, int]] = []
+        while True:
+            claimed += self.requests.claim(api_name, owner, batching.max_batch_size - have - len(claimed),
+                                           self._clock())
+            left = deadline - self._clock()
+            if have + len(claimed) >= batching.max_batch_size or left <= 0:
+                return claimed
+            self._sleep(min(CLAIM_POLL_S, left))
+
+    def _members(self, api_name: str, taking: list[tuple[str, int]], limit: float | None) -> list[Member]:
+        """The requests taken, with their payloads; those that cannot run are failed here, each alone."""
+        members = []
+        for request_id, deliveries in taking:
+            lost = deliveries - 1
+            if lost > LOST_REQUEST_ALLOWANCE:
+                self._fail(api_name, request_id, lost_message(lost, limit))
+                continue
+            if lost > 0:
+                log.warning("async request %s of api %s is delivered again (delivery %d): a node died running it",
+                            request_id, api_name, deliveries)
+            request = self.requests.get(api_name, request_id)
+            if request is None:  # expired between the two reads
+                continue
+            try:
+                payload = self._payload(request)
+            except (SluiceError, ValueError) as e:  # storage lost it, or it no longer reads as its kind
+                self._fail(api_name, request_id, f"reading the request's payload failed: {e}")
+                continue
+            members.append(Member(request, deliveries, payload))
+        return members
 
     def _payload(self, request: AsyncRequest) -> Any:
         body = request.payload if request.payload is not None else self.objects.read(request.payload_uri)
         return decode_payload(request.kind, body)
 
-    def _predict(self, request: AsyncRequest, predictor: RequestPredictor, payload: Any, limit: float | None,
-                 delivery: int) -> None:
-        api_name, request_id = request.api_name, request.request_id
+    def _fail_all(self, members: list[Member], message: str) -> None:
+        for member in members:
+            self._fail(member.request.api_name, member.request.request_id, message)
+
+    def _predict(self, deployed: DeployedApi, members: list[Member], limit: float | None, *, batched: bool) -> None:
+        api_name = deployed.name
+        try:
+            predictor = self.predictors.predictor_for(deployed)
+        except PredictorError as e:
+            self._fail_all(members, f"building the predictor failed: {e.message}")
+            return
+        ids = [m.request.request_id for m in members]
 
         def timed_out() -> None:
-            log.error("async request %s of api %s %s; ending this node's process to stop it",
-                      request_id, api_name, timed_out_message(limit))
-            self._fail(api_name, request_id, timed_out_message(limit))
+            log.error("async request(s) %s of api %s %s; ending this node's process to stop it",
+                      ids, api_name, timed_out_message(limit))
+            self._fail_all(members, timed_out_message(limit))
 
         try:
-            with hook_time_limit(limit, timed_out, self._end_process):
-                result = predictor.predict(payload, request_id)
-        except Exception as e:  # noqa: BLE001 - the user's code may raise anything: the request fails, once
-            self._fail(api_name, request_id, f"{type(e).__name__}: {e}")
+            with hook_time_limit(limit, timed_out, self._end_process), hard_stop(limit, self._hard_stop_grace_s):
+                if batched:
+                    result = predictor.predict([m.payload for m in members], ids)
+                else:
+                    result = predictor.predict(members[0].payload, ids[0])
+        except Exception as e:  # noqa: BLE001 - the user's code may raise anything: the requests fail, once
+            self._fail_all(members, f"{type(e).__name__}: {e}")
             return
+        if not batched:
+            self._record(members[0], result)
+            return
+        if not isinstance(result, list) or len(result) != len(members):
+            got = f"a list of {len(result)}" if isinstance(result, list) else f"a {type(result).__name__}"
+            self._fail_all(members, f"with server_side_batching, predict must return a list of one result per "
+                                    f"request; it returned {got} for {len(members)} request(s)")
+            return
+        for member, one in zip(members, result, strict=True):
+            self._record(member, one)
+
+    def _record(self, member: Member, result: Any) -> None:
+        api_name, request_id = member.request.api_name, member.request.request_id
         try:
             encoded = json.dumps(result).encode()
         except (TypeError, ValueError) as e:
             self._fail(api_name, request_id,
                        f"predict returned a {type(result).__name__}, which is not JSON-serialisable ({e})")
             return
-        uri = self.objects.put_result(api_name, request_id, encoded, delivery)
+        uri = self.objects.put_result(api_name, request_id, encoded, member.deliveries)
         if not self.requests.finish(api_name, request_id, RequestStatus.COMPLETED, self._clock(), result_uri=uri):
             log.info("async request %s of api %s had ended already; this result is not recorded", request_id, api_name)
+
+
+def lost_message(lost: int, limit: float | None) -> str:
+    """A request failed because the nodes running it kept dying."""
+    why = (f"it ran past its request_timeout ({limit:g} s) holding the GIL, or its node died each time"
+           if limit is not None else "its node died each time (killed, or out of memory)")
+    return f"the process running it ended {lost} times: {why}"

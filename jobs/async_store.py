@@ -5,7 +5,14 @@ it was given back, or Redis re-delivered it) can never both record an outcome: `
 request to `completed` or `failed` only from `in_queue` or `in_progress`, and tells exactly one
 caller that it did. Records expire `retention_s` after their last change; the sorted set
 `keys.ASYNC_EXPIRY` remembers when, so that beat removes what they left in storage too
-(`beat/steps.py`). `MemoryAsyncRequests` (`jobs/memory_async.py`) keeps the same contract in memory.
+(`beat/steps.py`). `MemoryAsyncRequests` (`jobs/memory_async.py`) keeps the same contract in memory
+(tests/contracts/async_store.py runs on both).
+
+Each request is taken by one delivery, its `owner` (the task id of the Celery message running it):
+another delivery finding it in progress under another owner leaves it alone. With
+`server_side_batching`, a request is also pushed on its API's queued list (`queue`), and a delivery claims
+queued requests from there into its own batch (`claim`); they stay recorded under its task id,
+so that if its node dies, its message comes back and takes them again (`reclaim`).
 """
 
 from __future__ import annotations
@@ -34,17 +41,58 @@ redis.call('HINCRBY', KEYS[3], 'in_queue', 1)
 return 1
 """
 
-# A node takes the request: counted, and in progress unless it has ended (its status is returned).
+# A delivery (ARGV[2], its owner) takes the request: counted, and in progress unless it has ended or
+# another owner holds it in progress (status, deliveries, held: 1 for that).
 _BEGIN = """
 local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return {'', 0} end
-if status ~= 'in_queue' and status ~= 'in_progress' then return {status, 0} end
-redis.call('HSET', KEYS[1], 'status', 'in_progress', 'started', ARGV[1])
+if not status then return {'', 0, 0} end
+if status ~= 'in_queue' and status ~= 'in_progress' then return {status, 0, 0} end
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if status == 'in_progress' and owner and owner ~= '' and owner ~= ARGV[2] then return {status, 0, 1} end
+redis.call('HSET', KEYS[1], 'status', 'in_progress', 'started', ARGV[1], 'owner', ARGV[2])
 if status == 'in_queue' then
   redis.call('HINCRBY', KEYS[2], 'in_queue', -1)
   redis.call('HINCRBY', KEYS[2], 'in_progress', 1)
 end
-return {status, redis.call('HINCRBY', KEYS[1], 'deliveries', 1)}
+return {status, redis.call('HINCRBY', KEYS[1], 'deliveries', 1), 0}
+"""
+
+# Up to ARGV[3] queued requests of the API (KEYS[1] its queued list, KEYS[2] the owner's claims,
+# KEYS[3] the API's counts,
+# ARGV[4] the record key's prefix) taken by the owner ARGV[2]: {id, deliveries, ...}. Ids of
+# requests no longer queued (taken by their own delivery, ended, expired) are dropped from the list.
+_CLAIM = """
+local claimed = {}
+local wanted = tonumber(ARGV[3])
+while #claimed < 2 * wanted do
+  local id = redis.call('RPOP', KEYS[1])
+  if not id then break end
+  local record = ARGV[4] .. id
+  if redis.call('HGET', record, 'status') == 'in_queue' then
+    redis.call('HSET', record, 'status', 'in_progress', 'started', ARGV[1], 'owner', ARGV[2])
+    redis.call('SADD', KEYS[2], id)
+    redis.call('HINCRBY', KEYS[3], 'in_queue', -1)
+    redis.call('HINCRBY', KEYS[3], 'in_progress', 1)
+    claimed[#claimed + 1] = id
+    claimed[#claimed + 1] = redis.call('HINCRBY', record, 'deliveries', 1)
+  end
+end
+if #claimed > 0 then redis.call('EXPIRE', KEYS[2], ARGV[5]) end
+return claimed
+"""
+
+# The owner's claimed requests still in progress under it, taken again: {id, deliveries, ...}.
+_RECLAIM = """
+local taken = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local record = ARGV[3] .. id
+  if redis.call('HGET', record, 'status') == 'in_progress' and redis.call('HGET', record, 'owner') == ARGV[2] then
+    redis.call('HSET', record, 'started', ARGV[1])
+    taken[#taken + 1] = id
+    taken[#taken + 1] = redis.call('HINCRBY', record, 'deliveries', 1)
+  end
+end
+return taken
 """
 
 # The outcome, once: only a request still queued or in progress ends (1), any later call is 0.
@@ -111,11 +159,12 @@ class Taken:
 
     status: RequestStatus | None  # None: no such request (never stored, or expired)
     deliveries: int
+    held: bool = False  # in progress under another delivery (claimed into its batch)
 
     @property
     def runs(self) -> bool:
-        """Whether the node is to run it (it has not ended)."""
-        return self.status is not None and not self.status.is_terminal
+        """Whether the node is to run it (it has not ended, and no other delivery holds it)."""
+        return self.status is not None and not self.status.is_terminal and not self.held
 
 
 class AsyncRequestStore(Protocol):
@@ -126,11 +175,25 @@ class AsyncRequestStore(Protocol):
     def create(self, request: AsyncRequest, now: float) -> bool:
         """Store a new request; False (and nothing changed) when one of that id exists already."""
 
+    def queue(self, api_name: str, request_id: str) -> None:
+        """Offer a stored request (its payload stored too) to `claim` (`server_side_batching`)."""
+
     def get(self, api_name: str, request_id: str) -> AsyncRequest | None:
         """The request's record; None when unknown or expired."""
 
-    def begin(self, api_name: str, request_id: str, now: float) -> Taken:
-        """A node takes the request: in progress unless it has ended."""
+    def begin(self, api_name: str, request_id: str, now: float, owner: str = "") -> Taken:
+        """The delivery `owner` takes the request: in progress unless it has ended or another owner
+        holds it in progress (`held`); an owner taking it again (its message came back) runs it."""
+
+    def claim(self, api_name: str, owner: str, limit: int, now: float) -> list[tuple[str, int]]:
+        """Up to `limit` of the API's queued requests (oldest first) taken into `owner`'s batch:
+        (request id, deliveries)."""
+
+    def reclaim(self, api_name: str, owner: str, now: float) -> list[tuple[str, int]]:
+        """Those of `owner`'s claimed requests still in progress under it, taken again (its node died)."""
+
+    def release(self, api_name: str, owner: str) -> None:
+        """`owner`'s batch has ended: forget what it claimed."""
 
     def finish(self, api_name: str, request_id: str, status: RequestStatus, now: float, *,
                result_uri: str = "", message: str = "") -> bool:
@@ -144,6 +207,12 @@ class AsyncRequestStore(Protocol):
 
     def counts(self, api_name: str, now: float) -> AsyncCounts:
         """The API's requests queued and in progress now, and ended in the last minute."""
+
+
+def _pairs(flat: list[bytes | str | int]) -> list[tuple[str, int]]:
+    """A Lua script's {id, deliveries, id, deliveries, ...} as pairs."""
+    ids = [v.decode() if isinstance(v, bytes) else str(v) for v in flat[0::2]]
+    return list(zip(ids, (int(d) for d in flat[1::2]), strict=True))
 
 
 def _expire_seconds(retention_s: float) -> int:
@@ -160,6 +229,8 @@ class RedisAsyncRequests:
         self._begin = client.register_script(_BEGIN)
         self._finish = client.register_script(_with_buckets(_FINISH, ASYNC_SECONDS.buckets))
         self._remove = client.register_script(_REMOVE)
+        self._claim = client.register_script(_CLAIM)
+        self._reclaim = client.register_script(_RECLAIM)
 
     def _expiry_args(self, api_name: str, request_id: str, now: float) -> list[str]:
         return [str(_expire_seconds(self.retention_s)), repr(now + self.retention_s),
@@ -174,17 +245,43 @@ class RedisAsyncRequests:
                                      keys.async_counts(request.api_name)], args=args)
         return bool(created)
 
+    def queue(self, api_name: str, request_id: str) -> None:
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.lpush(keys.async_queued(api_name), request_id)
+        pipe.expire(keys.async_queued(api_name), _expire_seconds(self.retention_s))
+        pipe.execute()
+
     def get(self, api_name: str, request_id: str) -> AsyncRequest | None:
         raw = self._redis.hgetall(keys.async_request(api_name, request_id))
         if not raw or b"status" not in raw:
             return None
         return AsyncRequest.from_fields(api_name, request_id, raw)
 
-    def begin(self, api_name: str, request_id: str, now: float) -> Taken:
-        status, deliveries = self._begin(keys=[keys.async_request(api_name, request_id), keys.async_counts(api_name)],
-                                         args=[repr(now)])
+    def begin(self, api_name: str, request_id: str, now: float, owner: str = "") -> Taken:
+        status, deliveries, held = self._begin(
+            keys=[keys.async_request(api_name, request_id), keys.async_counts(api_name)], args=[repr(now), owner])
         text = status.decode() if isinstance(status, bytes) else str(status)
-        return Taken(RequestStatus(text) if text else None, int(deliveries))
+        return Taken(RequestStatus(text) if text else None, int(deliveries), held=bool(held))
+
+    def _record_prefix(self, api_name: str) -> str:
+        return keys.async_request(api_name, "")
+
+    def claim(self, api_name: str, owner: str, limit: int, now: float) -> list[tuple[str, int]]:
+        if limit <= 0:
+            return []
+        flat = self._claim(keys=[keys.async_queued(api_name), keys.async_claims(api_name, owner),
+                                 keys.async_counts(api_name)],
+                           args=[repr(now), owner, limit, self._record_prefix(api_name),
+                                 _expire_seconds(self.retention_s)])
+        return _pairs(flat)
+
+    def reclaim(self, api_name: str, owner: str, now: float) -> list[tuple[str, int]]:
+        flat = self._reclaim(keys=[keys.async_claims(api_name, owner)],
+                             args=[repr(now), owner, self._record_prefix(api_name)])
+        return _pairs(flat)
+
+    def release(self, api_name: str, owner: str) -> None:
+        self._redis.delete(keys.async_claims(api_name, owner))
 
     def finish(self, api_name: str, request_id: str, status: RequestStatus, now: float, *,
                result_uri: str = "", message: str = "") -> bool:

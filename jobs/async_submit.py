@@ -32,6 +32,7 @@ class Submission:
     body: bytes
     content_type: str | None
     client_request_id: str | None = None
+    batched: bool = False  # the API has `server_side_batching`: its id is queued for nodes to claim
 
 
 def send_request(celery: Celery, api_name: str, request_id: str, queue: str) -> None:
@@ -59,6 +60,8 @@ def submit_request(store: AsyncRequestStore, objects: RequestObjects, celery: Ce
     try:
         if not small:  # written only for the request it belongs to: a duplicate id never overwrites it
             objects.put_payload(api_name, request_id, submission.body)
+        if submission.batched:  # offered to batches once its payload is where nodes read it
+            store.queue(api_name, request_id)
         send_request(celery, api_name, request_id, submission.queue)
     except Exception as e:
         message = f"storing or queueing the request failed: {e}"

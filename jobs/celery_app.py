@@ -13,6 +13,10 @@
 - `worker_prefetch_multiplier` (`SLUICE_WORKER_PREFETCH`, default 1): a node holds one batch at a
   time, so nothing waits behind a slow batch on a busy node (2 measured slower).
 - `visibility_timeout` is the longest batch allowed before Redis re-delivers it.
+- `queue_order_strategy = "round_robin"` (kombu's default, pinned): a node consumes its hardware
+  queue (AsyncAPI requests) and the queues of the jobs placed on it (batches) in turn, each
+  queue moved to the back of the BRPOP once it gave a message, so on a single node neither a long
+  job nor a burst of requests starves the other (tests/integration/test_async_api.py).
 - `polling_interval` bounds kombu's BRPOP: a node told to consume a new job queue (see
   `jobs/placement.py`) only starts on it when its current wait ends (1 s by kombu's default,
   half a second of every job's start on average).
@@ -48,6 +52,7 @@ def create_celery(settings: Settings) -> Celery:
     transport = {
         "visibility_timeout": int(settings.visibility_timeout_s),
         "polling_interval": settings.broker_poll_interval_s,
+        "queue_order_strategy": "round_robin",
     }
     app.conf.update(
         broker_transport=transport_for(settings.redis_url),

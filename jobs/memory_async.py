@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections import deque
 
 from .async_counts import AsyncCounts, slot_of, window_slots
 from .async_request import AsyncRequest, RequestStatus
@@ -20,6 +21,9 @@ class MemoryAsyncRequests:
         self._expires: dict[tuple[str, str], float] = {}
         self._counts: dict[tuple[str, RequestStatus], int] = {}  # (api, in_queue | in_progress) -> now
         self._ended: dict[tuple[str, int, RequestStatus], int] = {}  # (api, slot, outcome) -> count
+        self._owners: dict[tuple[str, str], str] = {}
+        self._queued: dict[str, deque[str]] = {}
+        self._claims: dict[tuple[str, str], set[str]] = {}
 
     def _move(self, api_name: str, before: RequestStatus | None, after: RequestStatus | None) -> None:
         for status, step in ((before, -1), (after, 1)):
@@ -36,11 +40,15 @@ class MemoryAsyncRequests:
             self._move(request.api_name, None, RequestStatus.IN_QUEUE)
             return True
 
+    def queue(self, api_name: str, request_id: str) -> None:
+        with self._lock:
+            self._queued.setdefault(api_name, deque()).appendleft(request_id)
+
     def get(self, api_name: str, request_id: str) -> AsyncRequest | None:
         with self._lock:
             return self._records.get((api_name, request_id))
 
-    def begin(self, api_name: str, request_id: str, now: float) -> Taken:
+    def begin(self, api_name: str, request_id: str, now: float, owner: str = "") -> Taken:
         key = (api_name, request_id)
         with self._lock:
             record = self._records.get(key)
@@ -48,10 +56,45 @@ class MemoryAsyncRequests:
                 return Taken(None, 0)
             if record.status.is_terminal:
                 return Taken(record.status, 0)
-            self._records[key] = dataclasses.replace(record, status=RequestStatus.IN_PROGRESS,
-                                                     deliveries=record.deliveries + 1)
-            self._move(api_name, record.status, RequestStatus.IN_PROGRESS)
-            return Taken(record.status, record.deliveries + 1)
+            held_by = self._owners.get(key, "")
+            if record.status is RequestStatus.IN_PROGRESS and held_by and held_by != owner:
+                return Taken(record.status, 0, held=True)
+            return Taken(record.status, self._take(key, record, owner))
+
+    def _take(self, key: tuple[str, str], record: AsyncRequest, owner: str) -> int:
+        self._records[key] = dataclasses.replace(record, status=RequestStatus.IN_PROGRESS,
+                                                 deliveries=record.deliveries + 1)
+        self._owners[key] = owner
+        self._move(key[0], record.status, RequestStatus.IN_PROGRESS)
+        return record.deliveries + 1
+
+    def claim(self, api_name: str, owner: str, limit: int, now: float) -> list[tuple[str, int]]:
+        claimed: list[tuple[str, int]] = []
+        with self._lock:
+            queued = self._queued.get(api_name, deque())
+            while queued and len(claimed) < limit:
+                request_id = queued.pop()
+                key = (api_name, request_id)
+                record = self._records.get(key)
+                if record is None or record.status is not RequestStatus.IN_QUEUE:
+                    continue
+                claimed.append((request_id, self._take(key, record, owner)))
+                self._claims.setdefault((api_name, owner), set()).add(request_id)
+        return claimed
+
+    def reclaim(self, api_name: str, owner: str, now: float) -> list[tuple[str, int]]:
+        taken: list[tuple[str, int]] = []
+        with self._lock:
+            for request_id in sorted(self._claims.get((api_name, owner), ())):
+                key = (api_name, request_id)
+                record = self._records.get(key)
+                if record is not None and record.status is RequestStatus.IN_PROGRESS and self._owners.get(key) == owner:
+                    taken.append((request_id, self._take(key, record, owner)))
+        return taken
+
+    def release(self, api_name: str, owner: str) -> None:
+        with self._lock:
+            self._claims.pop((api_name, owner), None)
 
     def finish(self, api_name: str, request_id: str, status: RequestStatus, now: float, *,
                result_uri: str = "", message: str = "") -> bool:
@@ -77,6 +120,7 @@ class MemoryAsyncRequests:
         with self._lock:
             record = self._records.pop((api_name, request_id), None)
             self._expires.pop((api_name, request_id), None)
+            self._owners.pop((api_name, request_id), None)
             if record is not None:
                 self._move(api_name, record.status, None)
 

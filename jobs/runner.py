@@ -74,6 +74,7 @@ class WorkerRuntime:
         self.requests = AsyncRuntime(
             services.async_requests, services.request_objects, RedisApiRegistry(services.redis), services.nodes,
             AsyncPredictors(BundleAsyncBuilder(services.bundles, settings)), end_process=end_process,
+            hard_stop_grace_s=settings.hard_stop_grace_s,
         )
 
     @classmethod

@@ -93,6 +93,32 @@ def hook_time_limit(limit: float | None, on_expiry: Callable[[], Any],
         finished.set()
 
 
+def arm_hard_stop(limit: float | None, grace_s: float | None) -> bool:
+    """Have the kernel end this process `grace_s` past `limit` (SIGALRM, left at its default action):
+    what stops a predictor that holds the GIL, which the watchdog thread cannot. Armed only in the
+    main thread, and only if nobody installed a handler for SIGALRM; True when armed (disarm with
+    `signal.alarm(0)`)."""
+    if limit is None or grace_s is None:
+        return False
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, None):
+        return False
+    signal.alarm(math.ceil(limit + grace_s))
+    return True
+
+
+@contextmanager
+def hard_stop(limit: float | None, grace_s: float | None) -> Iterator[None]:
+    """The block runs with the kernel's hard stop armed (`arm_hard_stop`), disarmed after it."""
+    armed = arm_hard_stop(limit, grace_s)
+    try:
+        yield
+    finally:
+        if armed:
+            signal.alarm(0)
+
+
 @dataclass(frozen=True)
 class _Watch:
     """What the node's main thread is running now."""
@@ -138,13 +164,9 @@ class BatchWatchdog:
         """Try `attempt` of a batch runs inside: under the job's limit, and only while the job is active."""
         limit = job.batch_timeout
         deadline = time.monotonic() + limit if limit is not None else None
-        hard_stop = self._arm_hard_stop(limit)
-        try:
-            with self._watching(_Watch(job, index, attempt, payload, payload_ref, deadline, limit)):
-                yield
-        finally:
-            if hard_stop:
-                signal.alarm(0)
+        with hard_stop(limit, self._hard_stop_grace_s), \
+                self._watching(_Watch(job, index, attempt, payload, payload_ref, deadline, limit)):
+            yield
 
     @contextmanager
     def while_active(self, job: Job, index: int) -> Iterator[None]:
@@ -167,18 +189,6 @@ class BatchWatchdog:
             with self._cond:
                 self._watch = None
                 self._cond.notify()
-
-    def _arm_hard_stop(self, limit: float | None) -> bool:
-        """SIGALRM's default action ends the process; armed only in the main thread, and only if
-        nobody installed a handler for it."""
-        if limit is None or self._hard_stop_grace_s is None:
-            return False
-        if threading.current_thread() is not threading.main_thread():
-            return False
-        if signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, None):
-            return False
-        signal.alarm(math.ceil(limit + self._hard_stop_grace_s))
-        return True
 
     def _run(self) -> None:
         try:

@@ -42,8 +42,9 @@ class AsyncPredictor:
             built.close()
             raise
 
-    def predict(self, payload: Any, request_id: str) -> Any:
-        """Run one request; the user's exceptions propagate unchanged for the caller to record."""
+    def predict(self, payload: Any, request_id: str | list[str]) -> Any:
+        """Run one request (or, with `server_side_batching`, lists of payloads and ids); the user's
+        exceptions propagate unchanged for the caller to record."""
         with self.built.namespace.active():
             return self._predict({"payload": payload, "request_id": request_id})
 

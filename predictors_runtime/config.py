@@ -25,6 +25,9 @@ from predictors_runtime.predictor_types import DEFAULT_TYPE, PREDICTOR_TYPES, Pr
 
 KINDS = ("BatchAPI", "RealtimeAPI", "TaskAPI", "AsyncAPI")
 TASK_KIND = "TaskAPI"
+ASYNC_KIND = "AsyncAPI"
+# Predictor types an AsyncAPI's `server_side_batching` hands lists to (`predict(payload=[...])`).
+ASYNC_BATCHING_TYPES = ("python", "onnx")
 RESERVED_NAMES = frozenset({"apis", "batch", "healthz", "metrics", "openapi.json", "tasks"})
 # A TaskAPI's `definition:` (Cortex's name for its code section) takes these fields, and is held
 # as the API's `predictor` section (type python) so that one builder makes tasks and predictors.
@@ -151,7 +154,8 @@ def _check_json(value: Any, where: str) -> None:
 
 
 class ServerSideBatching(_Model):
-    """Realtime only: requests gathered into one `predict` call of lists (Cortex's field)."""
+    """Requests gathered into one `predict` call of lists (Cortex's field): a realtime replica's
+    concurrent requests, or an AsyncAPI's queued ones (`jobs/async_runner.py`)."""
 
     max_batch_size: int = Field(ge=1, le=MAX_THREADS)
     # Seconds the window stays open after its first request; Cortex wrote durations such as "100ms".
@@ -249,14 +253,6 @@ class PredictorConfig(_Model):
             raise _Problem(
                 "models.signature_key", f"only valid for type {takers} (type is {self.type})"
             )
-        batching = self.server_side_batching
-        if batching is not None and batching.max_batch_size > self.threads_per_process:
-            # Each waiting request holds one of the process's threads, so a batch can never be
-            # larger than the thread count (Cortex had the same rule).
-            raise _Problem(
-                "server_side_batching.max_batch_size",
-                f"must be <= threads_per_process ({batching.max_batch_size} > {self.threads_per_process})",
-            )
         return self
 
     @property
@@ -339,6 +335,28 @@ class ApiConfig(_Model):
     @classmethod
     def _empty_compute(cls, value: Any) -> Any:
         return {} if value is None else value
+
+    @model_validator(mode="after")
+    def _batching_fits_kind(self) -> ApiConfig:
+        """A realtime replica's batch waits in its threads; an AsyncAPI's node takes queued requests."""
+        batching = self.predictor.server_side_batching
+        if batching is None:
+            return self
+        if self.kind == ASYNC_KIND:
+            if self.predictor.type not in ASYNC_BATCHING_TYPES:
+                # A TensorFlow predictor batches by gathering concurrent client calls; a node runs one call.
+                raise _Problem("predictor.server_side_batching",
+                               f"an AsyncAPI batches only predictors of type {' or '.join(ASYNC_BATCHING_TYPES)} "
+                               f"(type is {self.predictor.type})")
+            return self
+        if batching.max_batch_size > self.predictor.threads_per_process:
+            # Each waiting request holds one of the process's threads, so a batch can never be
+            # larger than the thread count (Cortex had the same rule).
+            raise _Problem(
+                "predictor.server_side_batching.max_batch_size",
+                f"must be <= threads_per_process ({batching.max_batch_size} > {self.predictor.threads_per_process})",
+            )
+        return self
 
     @property
     def code_section(self) -> str:

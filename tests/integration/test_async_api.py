@@ -248,3 +248,149 @@ def test_sluice_get_lists_an_async_api_beside_the_others(stack, echo_api):
     assert any(line.split()[:2] == [name, "AsyncAPI"] for line in listed.output.splitlines())
     one = CliRunner().invoke(main, ["--url", stack.url, "get", name])
     assert one.exit_code == 0 and f"/{name}" in one.output
+
+
+# -- sharing one node with batch jobs --------------------------------------------------------------
+
+def test_on_one_node_a_batch_job_and_async_requests_both_make_progress(one_node_stack, tmp_path):
+    """Neither kind starves the other: the node takes job batches and requests in turn."""
+    from tests.integration.conftest import closing_client, write_project
+
+    client = closing_client(one_node_stack.url)
+    events = tmp_path / "events.jsonl"  # both predictors write here, in the order the node ran them
+    batch_api = f"share-b-{uuid.uuid4().hex[:8]}"
+    client.deploy(write_project(tmp_path / "batch", batch_api, {"events": str(events), "sleep": 0.05}))
+    async_api = _deploy(client, tmp_path / "async", f"share-a-{uuid.uuid4().hex[:8]}", PREDICTOR,
+                        config={"events": str(events)})
+    client.wait_async(async_api, client.submit_async(async_api, {"warm": True}), timeout=120)  # built
+
+    total = 60
+    job_id = client.submit(batch_api, list(range(total)), batch_size=1)["job_id"]
+    wait_for(lambda: any(e.get("event") == "predict" for e in _events(events)), 120, "the job to start")
+    request_ids = [client.submit_async(async_api, {"n": i}) for i in range(10)]
+    answers = [client.wait_async(async_api, r, timeout=120) for r in request_ids]
+    assert all(a["status"] == "completed" for a in answers)
+    # Every request completed while the job still had batches to run: requests are not starved by it.
+    job = client.job(batch_api, job_id)
+    assert job["status"] == "status_running", job
+
+    ran = _events(events)
+    async_done = [i for i, e in enumerate(ran) if e.get("event") == "done" and e.get("id") in set(request_ids)]
+    batches = [i for i, e in enumerate(ran) if e.get("event") == "predict" and e.get("job_id") == job_id]
+    # ... and the job progressed while the requests were queued: batches ran between them.
+    assert any(async_done[0] < b < async_done[-1] for b in batches), ran
+    assert client.wait(batch_api, job_id, timeout=120)["status"] == "status_succeeded"
+
+
+# -- server_side_batching ----------------------------------------------------------------------------
+
+BATCHING_PREDICTOR = '''
+import json, os, time
+
+
+class PythonPredictor:
+    def __init__(self, config):
+        self.events = config["events"]
+
+    def _log(self, ids, event):
+        with open(self.events, "a") as f:
+            f.write(json.dumps({"ids": ids, "pid": os.getpid(), "event": event}) + "\\n")
+
+    def predict(self, payload, request_id):
+        self._log(request_id, "start")
+        for item in payload:
+            if "hang_once" in item and not os.path.exists(item["hang_once"]):
+                with open(item["hang_once"], "w") as f:
+                    f.write(str(os.getpid()))
+                time.sleep(120)
+        if any("short" in item for item in payload):
+            return payload[:-1]
+        self._log(request_id, "done")
+        return [{"echo": item, "id": one, "batch": len(payload)} for item, one in zip(payload, request_id)]
+'''
+
+
+@pytest.fixture(scope="module")
+def batching_api(client, tmp_path_factory) -> tuple[str, Path]:
+    folder = tmp_path_factory.mktemp("async-batching")
+    events = folder / "events.jsonl"
+    name = _deploy(client, folder / "project", f"async-sb-{uuid.uuid4().hex[:8]}", BATCHING_PREDICTOR,
+                   predictor_extra={"server_side_batching": {"max_batch_size": 8, "batch_interval": "200ms"}},
+                   config={"events": str(events)})
+    return name, events
+
+
+def test_batched_requests_share_predict_calls_and_each_gets_its_own_result_once(client, batching_api):
+    name, events = batching_api
+    payloads = [{"i": i} for i in range(60)]
+    with ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(lambda p: client.submit_async(name, p), payloads))
+    answers = [client.wait_async(name, request_id, timeout=300) for request_id in ids]
+    assert [a["status"] for a in answers] == ["completed"] * len(ids)
+    assert [(a["result"]["echo"], a["result"]["id"]) for a in answers] == list(zip(payloads, ids, strict=True))
+    sizes = [a["result"]["batch"] for a in answers]
+    assert max(sizes) > 1 and max(sizes) <= 8  # gathered, never past max_batch_size
+    done = [one for e in _events(events) if e["event"] == "done" for one in e["ids"] if one in set(ids)]
+    assert sorted(done) == sorted(ids)  # each predicted in exactly one call
+
+
+def test_a_batch_answered_with_the_wrong_length_fails_each_of_its_requests(client, batching_api):
+    name, _ = batching_api
+    answer = client.wait_async(name, client.submit_async(name, {"short": True}), timeout=120)
+    assert answer["status"] == "failed"
+    assert "predict must return a list of one result per request; it returned a list of 0" in answer["message"]
+
+
+def test_a_node_killed_mid_batch_gives_its_requests_back_and_each_completes_once(client, batching_api, tmp_path):
+    name, events = batching_api
+    marker = tmp_path / "hanging"
+    ids = [client.submit_async(name, {"hang_once": str(marker)})]
+    ids += [client.submit_async(name, {"n": i}) for i in range(5)]
+    pid = int(wait_for(lambda: marker.exists() and marker.read_text(), 120, "the batch to start"))
+    os.kill(pid, signal.SIGKILL)
+    answers = [client.wait_async(name, request_id, timeout=120) for request_id in ids]
+    assert [a["status"] for a in answers] == ["completed"] * len(ids)
+    ran = _events(events)
+    killed = next(e["ids"] for e in ran if e["event"] == "start" and e["pid"] == pid and ids[0] in e["ids"])
+    done = [one for e in ran if e["event"] == "done" for one in e["ids"] if one in set(ids)]
+    assert sorted(done) == sorted(ids)  # the killed batch's requests too, each once
+    assert all(answers[ids.index(one)]["result"]["id"] == one for one in killed)
+    assert client.get_async(name, ids[0]) == answers[0]
+
+
+# -- the kernel's hard stop ------------------------------------------------------------------------
+
+GIL_PREDICTOR = '''
+import ctypes, json, os
+
+
+class PythonPredictor:
+    def __init__(self, config):
+        self.events = config["events"]
+
+    def predict(self, payload, request_id):
+        with open(self.events, "a") as f:
+            f.write(json.dumps({"id": request_id, "pid": os.getpid(), "event": "start"}) + "\\n")
+        if payload.get("gil"):
+            ctypes.PyDLL(None).sleep(3600)  # a C call that keeps the GIL: the watchdog thread never runs
+        return {"ok": True}
+'''
+
+
+def test_a_request_holding_the_gil_past_its_timeout_is_ended_by_the_kernel_and_fails(one_node_stack, tmp_path):
+    """The watchdog thread cannot run: SIGALRM ends the node HARD_STOP_GRACE_S past the limit, the
+    request's next delivery runs it once more, and the one after fails it instead of looping."""
+    from tests.integration.conftest import closing_client
+
+    client = closing_client(one_node_stack.url)
+    events = tmp_path / "events.jsonl"
+    name = _deploy(client, tmp_path / "gil", f"async-gil-{uuid.uuid4().hex[:8]}", GIL_PREDICTOR,
+                   predictor_extra={"request_timeout": 1}, config={"events": str(events)})
+    request_id = client.submit_async(name, {"gil": True})
+    answer = client.wait_async(name, request_id, timeout=120)
+    assert answer["status"] == "failed"
+    assert answer["message"].startswith("the process running it ended 2 times: it ran past its request_timeout (1 s)")
+    starts = [e for e in _events(events) if e["id"] == request_id]
+    assert len(starts) == 2 and starts[0]["pid"] != starts[1]["pid"]  # each try's process ended by the kernel
+    quick = client.submit_async(name, {"gil": False})
+    assert client.wait_async(name, quick, timeout=120)["status"] == "completed"  # the node serves again

@@ -196,3 +196,187 @@ def test_an_async_api_is_configured_as_cortex_wrote_it_and_its_handler_is_built(
         assert predictor.predict(21, "r1") == ["r1", 42]
     finally:
         predictor.close()
+
+
+# -- server_side_batching -------------------------------------------------------------------------
+
+BATCHING = {"server_side_batching": {"max_batch_size": 3, "batch_interval": 0.1}}
+
+
+class FakeTime:
+    """The runner's clock and sleep: sleeping advances the clock (and may run a callback)."""
+
+    def __init__(self) -> None:
+        self.now = 50.0
+        self.on_sleep: Any = None
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        if self.on_sleep is not None:
+            self.on_sleep()
+
+
+def batching_harness(tmp_path: Path, predict: Any, **predictor: Any) -> tuple[Harness, FakeTime]:
+    h = Harness(tmp_path, predict, **{**BATCHING, **predictor})
+    fake = FakeTime()
+    h.runtime._clock, h.runtime._sleep = fake.clock, fake.sleep
+    return h, fake
+
+
+def queue(h: Harness, *request_ids: str) -> None:
+    for request_id in request_ids:
+        h.submit(request_id, f'{{"n": "{request_id}"}}'.encode())
+        h.requests.queue("echo", request_id)
+
+
+def test_a_batching_delivery_takes_up_to_max_batch_size_queued_requests_into_one_predict(tmp_path: Path) -> None:
+    calls: list[tuple[Any, Any]] = []
+    h, _ = batching_harness(tmp_path, lambda payload, request_id: calls.append((payload, request_id)) or
+                            [{"got": p["n"], "id": i} for p, i in zip(payload, request_id, strict=True)])
+    queue(h, "r1", "r2", "r3", "r4", "r5")
+    h.runtime.run_request("echo", "r2", Delivery("node-a", "task-2"))  # its own delivery leads the batch
+    assert calls == [([{"n": "r2"}, {"n": "r1"}, {"n": "r3"}], ["r2", "r1", "r3"])]
+    for request_id in ("r1", "r2", "r3"):  # each request its own element
+        record = h.record(request_id)
+        assert record.status is RequestStatus.COMPLETED
+        assert h.objects.read(record.result_uri) == f'{{"got": "{request_id}", "id": "{request_id}"}}'.encode()
+    assert h.record("r4").status is RequestStatus.IN_QUEUE and h.record("r5").status is RequestStatus.IN_QUEUE
+    h.runtime.run_request("echo", "r3", Delivery("node-b", "task-3"))  # ended in r2's batch: nothing runs
+    assert len(calls) == 1
+
+
+def test_a_delivery_finding_its_request_in_another_batch_leaves_it_to_that_batch(tmp_path: Path) -> None:
+    calls: list[Any] = []
+    h, _ = batching_harness(tmp_path, lambda payload, request_id: calls.append(request_id) or list(payload))
+    queue(h, "r1", "r2")
+    assert h.requests.begin("echo", "r1", 1.0, owner="task-1").runs  # a batch elsewhere holds r1 and r2
+    assert [r for r, _ in h.requests.claim("echo", "task-1", 2, 1.0)] == ["r2"]
+    h.runtime.run_request("echo", "r2", Delivery("node-b", "task-2"))
+    assert calls == [] and h.record("r2").status is RequestStatus.IN_PROGRESS
+
+
+def test_the_batch_of_a_node_that_died_is_taken_again_by_its_message_and_recorded_once(tmp_path: Path) -> None:
+    calls: list[Any] = []
+    h, _ = batching_harness(tmp_path, lambda payload, request_id: calls.append(request_id) or list(payload))
+    queue(h, "r1", "r2", "r3")
+    h.requests.begin("echo", "r1", 1.0, owner="task-1")  # task-1's node took r1, claimed r2 and r3, then died
+    h.requests.claim("echo", "task-1", 2, 1.0)
+    h.runtime.run_request("echo", "r1", Delivery("node-b", "task-1"))  # its message, given back
+    assert calls == [["r1", "r2", "r3"]]
+    assert all(h.record(r).status is RequestStatus.COMPLETED and h.record(r).deliveries == 2
+               for r in ("r1", "r2", "r3"))
+    h.runtime.run_request("echo", "r1", Delivery("node-b", "task-1"))  # once more: all ended, nothing runs
+    assert len(calls) == 1
+
+
+def test_a_batch_waits_at_most_batch_interval_for_more_requests(tmp_path: Path) -> None:
+    calls: list[Any] = []
+    h, fake = batching_harness(tmp_path, lambda payload, request_id: calls.append(request_id) or list(payload))
+    queue(h, "r1")
+    fake.on_sleep = lambda: (queue(h, "r2"), setattr(fake, "on_sleep", None))  # arrives during the window
+    h.runtime.run_request("echo", "r1", Delivery("node-a", "task-1"))
+    assert calls == [["r1", "r2"]]
+    assert fake.now <= 50.0 + 0.1 + 1e-9  # the window closed, nothing more came: it ran without a third
+
+
+@pytest.mark.parametrize(("predict", "message"), [
+    (lambda payload, request_id: payload[:1], "it returned a list of 1 for 2 request(s)"),
+    (lambda payload, request_id: {"not": "a list"}, "it returned a dict for 2 request(s)"),
+    (lambda payload, request_id: 1 / 0, "ZeroDivisionError: division by zero"),
+])
+def test_a_batch_whose_predict_raises_or_answers_the_wrong_shape_fails_each_request(
+        tmp_path: Path, predict: Any, message: str) -> None:
+    h, _ = batching_harness(tmp_path, predict, server_side_batching={"max_batch_size": 2, "batch_interval": 0.1})
+    queue(h, "r1", "r2")
+    h.runtime.run_request("echo", "r1", Delivery("node-a", "task-1"))
+    for request_id in ("r1", "r2"):
+        assert h.record(request_id).status is RequestStatus.FAILED
+        assert message in h.record(request_id).message
+
+
+def test_an_element_json_cannot_hold_fails_only_its_request(tmp_path: Path) -> None:
+    h, _ = batching_harness(tmp_path, lambda payload, request_id: [{"ok": 1}, {1, 2}])
+    queue(h, "r1", "r2")
+    h.runtime.run_request("echo", "r1", Delivery("node-a", "task-1"))
+    assert h.record("r1").status is RequestStatus.COMPLETED
+    assert h.record("r2").status is RequestStatus.FAILED and "predict returned a set" in h.record("r2").message
+
+
+def test_a_batch_past_its_timeout_fails_every_request_then_ends_the_process(tmp_path: Path) -> None:
+    ending = threading.Event()
+
+    def predict(payload: Any, request_id: Any) -> Any:
+        ending.wait(30)
+        return list(payload)
+
+    h, _ = batching_harness(tmp_path, predict, request_timeout=0.05)
+    h.runtime._end_process = lambda status: ending.set()
+    queue(h, "r1", "r2")
+    h.runtime.run_request("echo", "r1", Delivery("node-a", "task-1"))
+    assert [h.record(r).message for r in ("r1", "r2")] == ["timed out after 0.05 s"] * 2
+
+
+# -- a request whose nodes keep dying (a predictor holding the GIL past its limit) -----------------
+
+def test_a_request_whose_node_died_once_runs_again_and_one_dying_every_time_is_failed(tmp_path: Path) -> None:
+    calls: list[str] = []
+    h = Harness(tmp_path, lambda payload, request_id: calls.append(request_id) or "ok", request_timeout=1)
+    h.submit("r1", b"1")
+    h.requests.begin("echo", "r1", 1.0, owner="task-1")  # its node was ended (the kernel's hard stop, say)
+    h.runtime.run_request("echo", "r1", Delivery("node-a", "task-1"))  # the next delivery runs it
+    assert calls == ["r1"] and h.record("r1").status is RequestStatus.COMPLETED
+    h.submit("r2", b"1")
+    for _ in range(2):  # ended twice
+        h.requests.begin("echo", "r2", 1.0, owner="task-2")
+    h.runtime.run_request("echo", "r2", Delivery("node-a", "task-2"))
+    assert calls == ["r1"]
+    record = h.record("r2")
+    assert record.status is RequestStatus.FAILED
+    assert record.message == ("the process running it ended 2 times: it ran past its request_timeout (1 s) "
+                              "holding the GIL, or its node died each time")
+
+
+def test_a_request_arms_the_kernels_hard_stop_for_its_time_limit(tmp_path: Path, monkeypatch) -> None:
+    import signal
+
+    alarms: list[int] = []
+    monkeypatch.setattr(signal, "alarm", lambda seconds: alarms.append(seconds) or 0)
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.SIG_DFL)  # as in a node (not pytest-timeout)
+    h = Harness(tmp_path, lambda payload, request_id: "ok", request_timeout=2.5)
+    h.runtime._hard_stop_grace_s = 2.0
+    h.submit("r1", b"1")
+    h.runtime.run_request("echo", "r1", Delivery("node-a", "task-1"))
+    assert alarms == [5, 0]  # armed for ceil(2.5 + 2) s around predict, then disarmed
+    assert h.record("r1").status is RequestStatus.COMPLETED
+
+
+def test_an_async_apis_batching_is_checked_at_deploy_and_not_bound_by_threads() -> None:
+    from foundation.errors import ConfigError
+
+    text = ("- name: echo\n  kind: {kind}\n  predictor: {{path: p.py, type: {type}, {models}"
+            "server_side_batching: {{max_batch_size: 32, batch_interval: 50ms}}}}\n")
+    (api,) = parse_api_configs(text.format(kind="AsyncAPI", type="python", models=""), source="cortex.yaml")
+    assert api.predictor.server_side_batching is not None
+    assert (api.predictor.server_side_batching.max_batch_size, api.predictor.server_side_batching.batch_interval) \
+        == (32, 0.05)  # one node takes the batch: no thread per request, unlike a realtime replica
+    with pytest.raises(ConfigError, match=r"predictor.server_side_batching.max_batch_size: must be <= threads"):
+        parse_api_configs(text.format(kind="RealtimeAPI", type="python", models=""), source="cortex.yaml")
+    with pytest.raises(ConfigError, match=r"predictor.server_side_batching: an AsyncAPI batches only predictors of "
+                                          r"type python or onnx \(type is tensorflow\)"):
+        parse_api_configs(text.format(kind="AsyncAPI", type="tensorflow", models="models: {path: s3://b/m}, "),
+                          source="cortex.yaml")
+
+
+def test_a_batch_claimed_before_a_redeploy_without_batching_is_run_one_request_at_a_time(tmp_path: Path) -> None:
+    calls: list[Any] = []
+    h, _ = batching_harness(tmp_path, lambda payload, request_id: calls.append(request_id) or payload)
+    queue(h, "r1", "r2")
+    h.requests.begin("echo", "r1", 1.0, owner="task-1")  # claimed together, then the node died
+    h.requests.claim("echo", "task-1", 1, 1.0)
+    h.registry.put(api_config(), "bundle-1", now=2.0)  # redeployed without server_side_batching
+    h.runtime.run_request("echo", "r1", Delivery("node-b", "task-1"))
+    assert calls == ["r1", "r2"]
+    assert [h.record(r).status for r in ("r1", "r2")] == [RequestStatus.COMPLETED] * 2

@@ -1,0 +1,119 @@
+"""The AsyncAPI request store's contract (`jobs.async_store.AsyncRequestStore`): records stored once,
+taken by one delivery at a time, claimed into batches, ended exactly once, expired after retention.
+
+Fixture a subclass provides: `requests` (empty, with a retention of `RETENTION_S`). Run against the
+in-memory store in tests/unit/test_async_store_contract.py, and against Redis's and the in-memory one
+in tests/integration/test_async_store_redis.py.
+"""
+
+from __future__ import annotations
+
+from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
+from jobs.async_store import AsyncRequestStore
+
+T0 = 1_700_000_000.0
+RETENTION_S = 60.0
+
+
+def request(request_id: str, payload: bytes | None = b'{"n": 1}', kind: PayloadKind = PayloadKind.JSON,
+            payload_uri: str = "") -> AsyncRequest:
+    return AsyncRequest("echo", request_id, RequestStatus.IN_QUEUE, kind, T0, payload=payload, payload_uri=payload_uri)
+
+
+def queued(requests: AsyncRequestStore, *request_ids: str) -> None:
+    for request_id in request_ids:
+        assert requests.create(request(request_id), T0)
+        requests.queue("echo", request_id)
+
+
+class AsyncRequestStoreContract:
+    # -- storing --------------------------------------------------------------------------------
+    def test_a_request_is_stored_once_and_read_back_as_it_was(self, requests: AsyncRequestStore) -> None:
+        first = request("r1", payload=b"\x00\x01 bytes", kind=PayloadKind.BYTES)
+        assert requests.create(first, T0)
+        assert not requests.create(request("r1", payload=b"other"), T0 + 1)  # the same id: nothing changes
+        assert requests.get("echo", "r1") == first
+        assert requests.get("echo", "r2") is None and requests.get("other-api", "r1") is None
+
+    def test_a_large_payloads_place_is_kept_instead_of_the_payload(self, requests: AsyncRequestStore) -> None:
+        stored = request("r1", payload=None, payload_uri="s3://bucket/async/echo/r1/payload")
+        requests.create(stored, T0)
+        assert requests.get("echo", "r1") == stored
+
+    # -- taking ---------------------------------------------------------------------------------
+    def test_a_delivery_takes_a_request_and_only_its_own_next_delivery_takes_it_again(
+            self, requests: AsyncRequestStore) -> None:
+        requests.create(request("r1"), T0)
+        taken = requests.begin("echo", "r1", T0 + 1, owner="task-1")
+        assert (taken.status, taken.deliveries, taken.runs) == (RequestStatus.IN_QUEUE, 1, True)
+        assert requests.get("echo", "r1").status is RequestStatus.IN_PROGRESS  # type: ignore[union-attr]
+        other = requests.begin("echo", "r1", T0 + 2, owner="task-2")  # held by task-1: left alone
+        assert other.held and not other.runs
+        again = requests.begin("echo", "r1", T0 + 3, owner="task-1")  # task-1's message came back: its node died
+        assert (again.status, again.deliveries, again.runs) == (RequestStatus.IN_PROGRESS, 2, True)
+        assert requests.get("echo", "r1").deliveries == 2  # type: ignore[union-attr]
+
+    def test_an_unknown_request_is_not_taken(self, requests: AsyncRequestStore) -> None:
+        taken = requests.begin("echo", "nope", T0, owner="task-1")
+        assert taken.status is None and not taken.runs
+
+    # -- ending ---------------------------------------------------------------------------------
+    def test_a_request_ends_exactly_once_and_is_never_taken_after(self, requests: AsyncRequestStore) -> None:
+        requests.create(request("r1"), T0)
+        requests.begin("echo", "r1", T0 + 1, owner="task-1")
+        assert requests.finish("echo", "r1", RequestStatus.COMPLETED, T0 + 2, result_uri="file:///r/result-1.json")
+        assert not requests.finish("echo", "r1", RequestStatus.FAILED, T0 + 3, message="late")
+        assert not requests.finish("echo", "r1", RequestStatus.COMPLETED, T0 + 3, result_uri="file:///r/result-2.json")
+        record = requests.get("echo", "r1")
+        assert record is not None
+        assert (record.status, record.result_uri, record.message, record.timestamp) == (
+            RequestStatus.COMPLETED, "file:///r/result-1.json", "", T0 + 2)
+        taken = requests.begin("echo", "r1", T0 + 4, owner="task-1")
+        assert taken.status is RequestStatus.COMPLETED and not taken.runs
+
+    def test_a_queued_request_can_fail_before_any_node_takes_it(self, requests: AsyncRequestStore) -> None:
+        requests.create(request("r1"), T0)
+        assert requests.finish("echo", "r1", RequestStatus.FAILED, T0 + 1, message="queueing failed")
+        record = requests.get("echo", "r1")
+        assert record is not None and (record.status, record.message) == (RequestStatus.FAILED, "queueing failed")
+
+    # -- batches --------------------------------------------------------------------------------
+    def test_a_delivery_claims_queued_requests_oldest_first_up_to_its_limit(self, requests: AsyncRequestStore) -> None:
+        queued(requests, "r1", "r2", "r3", "r4")
+        assert requests.claim("echo", "task-9", 0, T0) == []
+        assert requests.claim("echo", "task-9", 2, T0 + 1) == [("r1", 1), ("r2", 1)]
+        assert requests.get("echo", "r1").status is RequestStatus.IN_PROGRESS  # type: ignore[union-attr]
+        assert requests.begin("echo", "r2", T0 + 2, owner="task-2").held  # r2's own delivery leaves it
+        assert requests.claim("echo", "task-8", 5, T0 + 3) == [("r3", 1), ("r4", 1)]
+        assert requests.claim("echo", "task-8", 5, T0 + 4) == []
+        assert requests.claim("other-api", "task-8", 5, T0 + 4) == []
+
+    def test_a_claim_passes_over_requests_taken_or_ended_meanwhile(self, requests: AsyncRequestStore) -> None:
+        queued(requests, "r1", "r2", "r3", "r4")
+        requests.begin("echo", "r1", T0 + 1, owner="task-1")  # taken by its own delivery
+        requests.finish("echo", "r2", RequestStatus.FAILED, T0 + 1, message="gone")
+        assert requests.claim("echo", "task-9", 1, T0 + 2) == [("r3", 1)]
+        assert requests.claim("echo", "task-9", 5, T0 + 2) == [("r4", 1)]
+
+    def test_a_dead_deliverys_claims_are_taken_again_by_its_next_delivery(self, requests: AsyncRequestStore) -> None:
+        queued(requests, "r1", "r2", "r3")
+        requests.claim("echo", "task-9", 3, T0 + 1)
+        requests.finish("echo", "r2", RequestStatus.COMPLETED, T0 + 2, result_uri="file:///r2")  # ended before it died
+        assert sorted(requests.reclaim("echo", "task-9", T0 + 3)) == [("r1", 2), ("r3", 2)]
+        assert requests.reclaim("echo", "task-8", T0 + 3) == []  # another delivery holds none of them
+        requests.release("echo", "task-9")
+        assert requests.reclaim("echo", "task-9", T0 + 4) == []
+
+    # -- retention ------------------------------------------------------------------------------
+    def test_a_request_expires_retention_after_its_last_change_and_is_removed(
+            self, requests: AsyncRequestStore) -> None:
+        requests.create(request("r1"), T0)
+        requests.create(request("r2"), T0 + 5)
+        requests.finish("echo", "r1", RequestStatus.COMPLETED, T0 + 10, result_uri="file:///r1")
+        assert requests.expired(T0 + RETENTION_S + 4) == []
+        assert requests.expired(T0 + RETENTION_S + 5) == [("echo", "r2")]
+        assert requests.expired(T0 + RETENTION_S + 10) == [("echo", "r2"), ("echo", "r1")]
+        assert requests.expired(T0 + RETENTION_S + 10, limit=1) == [("echo", "r2")]
+        requests.remove("echo", "r2")
+        assert requests.get("echo", "r2") is None
+        assert requests.expired(T0 + RETENTION_S + 10) == [("echo", "r1")]
