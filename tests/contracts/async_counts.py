@@ -46,3 +46,17 @@ class AsyncCountsContract:
         assert requests.counts(API, 1004.0 + SLOT_S) == AsyncCounts(completed_per_minute=1, failed_per_minute=2)
         assert requests.counts(API, 1004.0 + 8 * SLOT_S) == AsyncCounts()  # out of the window
         assert requests.counts("another", 1004.0 + SLOT_S) == AsyncCounts()
+
+    def test_requests_claimed_into_a_batch_are_counted_in_progress_once(self, requests: AsyncRequestStore) -> None:
+        for n in range(3):
+            assert requests.create(queued(f"b{n}", 1000.0), now=1000.0)
+            requests.queue(API, f"b{n}")
+        requests.begin(API, "b0", now=1001.0, owner="task-1")  # the delivery that gathers the batch
+        claimed = requests.claim(API, "task-1", limit=2, now=1001.0)
+        assert {request_id for request_id, _ in claimed} == {"b1", "b2"}
+        assert requests.counts(API, 1001.0) == AsyncCounts(in_progress=3)
+        assert requests.reclaim(API, "task-1", now=1002.0)  # taken again after a kill: still in progress
+        assert requests.counts(API, 1002.0) == AsyncCounts(in_progress=3)
+        for n in range(3):
+            assert requests.finish(API, f"b{n}", RequestStatus.COMPLETED, now=1003.0)
+        assert requests.counts(API, 1003.0) == AsyncCounts()
