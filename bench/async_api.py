@@ -8,12 +8,14 @@
 - plain Celery: `task.delay(row)` with the same model (a session per process), 2 worker processes,
   results in the same Redis, then `AsyncResult.get()` for each; from the client's clock at `delay`
   to the worker's clock when the row was done.
-Models: iris (4 features) and the ~1.1M-parameter MLP of `bench/onnx_batch.py`. Figures:
+Models: iris (4 features) and the ~1.1M-parameter MLP of `bench/onnx_batch.py`; `mlp+batching` is
+the MLP's AsyncAPI with `server_side_batching` (up to 32 queued requests in one `predict`) against
+the same one-row Celery task. Figures:
 completed requests/s (requests / (last outcome - first submission)), p50 and p99 seconds from
 submission to outcome, and Sluice/Celery ratios (throughput: above 1 Sluice is faster; latency:
 below 1 Sluice is faster). Ray Serve's asynchronous inference is measured only where it installs
 (it is not in bench/requirements.txt: a note says so). Median of `--repeat` runs.
-Run: `python bench/async_api.py [--requests N] [--models iris,mlp] [--repeat R]`.
+Run: `python bench/async_api.py [--requests N] [--models iris,mlp,mlp+batching] [--repeat R]`.
 """
 
 from __future__ import annotations
@@ -59,25 +61,45 @@ class ONNXPredictor:
         [out, *_] = self.client.predict(np.array([[payload[n] for n in self.names]], dtype=np.float32))
         return out[0].tolist()
 '''
-CORTEX_YAML = ("- name: {name}-async\n  kind: AsyncAPI\n  predictor:\n    type: onnx\n    path: predictor.py\n"
-               "    models: {{path: models/{name}/}}\n    config: {{features: {features}}}\n")
+# With server_side_batching, predict gets the lists of the requests a node gathered into one run.
+BATCHED_PREDICTOR = '''import numpy as np
+
+
+class ONNXPredictor:
+    def __init__(self, onnx_client, config):
+        self.client, self.names = onnx_client, [f"f{i}" for i in range(config["features"])]
+
+    def predict(self, payload, request_id):
+        rows = np.array([[p[n] for n in self.names] for p in payload], dtype=np.float32)
+        [out, *_] = self.client.predict(rows)
+        return out.tolist()
+'''
+CORTEX_YAML = ("- name: {api}\n  kind: AsyncAPI\n  predictor:\n    type: onnx\n    path: predictor.py\n"
+               "    models: {{path: models/{model}/}}\n    config: {{features: {features}}}\n{batching}")
+BATCHING = "    server_side_batching: {max_batch_size: 32, batch_interval: 0.01}\n"
 
 
 def prepare(tmp: Path, name: str, rng: np.random.Generator, count: int) -> dict:
-    """The model's AsyncAPI project and `count` rows as JSON objects ({"f0": 5.1, ...})."""
-    if name == "iris":
+    """The model's AsyncAPI project and `count` rows as JSON objects ({"f0": 5.1, ...}); a name ending
+    in "+batching" deploys the model with server_side_batching (the plain Celery baseline stays one row
+    a task)."""
+    model_name = name.removesuffix("+batching")
+    batched = model_name != name
+    if model_name == "iris":
         model_bytes, iris_x = iris_model()
         features, values = 4, iris_x[rng.integers(0, len(iris_x), count)].round(1)
     else:
         model_bytes, features, values = mlp_model(), 32, rng.standard_normal((count, 32)).round(4)
-    project = tmp / f"{name}-async-project"
-    model_path = project / "models" / name / "1" / "model.onnx"
+    api = f"{model_name}-async" + ("-batched" if batched else "")
+    project = tmp / f"{api}-project"
+    model_path = project / "models" / model_name / "1" / "model.onnx"
     model_path.parent.mkdir(parents=True)
     model_path.write_bytes(model_bytes)
-    (project / "predictor.py").write_text(PREDICTOR)
-    (project / "cortex.yaml").write_text(CORTEX_YAML.format(name=name, features=features))
+    (project / "predictor.py").write_text(BATCHED_PREDICTOR if batched else PREDICTOR)
+    (project / "cortex.yaml").write_text(CORTEX_YAML.format(api=api, model=model_name, features=features,
+                                                            batching=BATCHING if batched else ""))
     rows = [{f"f{i}": v for i, v in enumerate(row)} for row in values.tolist()]
-    return {"api": f"{name}-async", "project": project, "model": str(model_path), "features": features, "rows": rows}
+    return {"api": api, "project": project, "model": str(model_path), "features": features, "rows": rows}
 
 
 def figures(spans: list[tuple[float, float]]) -> tuple[float, float, float]:
@@ -149,7 +171,8 @@ def ray_serve_note() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--models", default="iris,mlp")
+    parser.add_argument("--models", default="iris,mlp,mlp+batching",
+                        help="+batching: the same model with server_side_batching")
     parser.add_argument("--clients", type=int, default=8, help="submitting threads, for each system")
     parser.add_argument("--repeat", type=int, default=1, help="runs per figure; the median is shown")
     args = parser.parse_args()
@@ -184,7 +207,7 @@ def main() -> None:
               f"{PROCESSES} worker processes per system; median of {args.repeat}")
         print("req/s: completed requests per second, first submission to last outcome; p50/p99: seconds "
               "from submission to outcome (server timestamps)\n")
-        print(f"{'model':>5} {'sluice req/s':>13} {'p50':>7} {'p99':>7} {'celery req/s':>13} {'p50':>7} "
+        print(f"{'model':>12} {'sluice req/s':>13} {'p50':>7} {'p99':>7} {'celery req/s':>13} {'p50':>7} "
               f"{'p99':>7} {'req/s ratio':>12} {'p50 ratio':>10} {'p99 ratio':>10}")
         for name, m in models.items():
             sluice_runs, celery_runs = [], []
@@ -195,7 +218,7 @@ def main() -> None:
                 celery_runs.append(figures(run_celery(m, m["rows"], args.clients)))
             s_rate, s_p50, s_p99 = (statistics.median(r) for r in zip(*sluice_runs, strict=True))
             c_rate, c_p50, c_p99 = (statistics.median(r) for r in zip(*celery_runs, strict=True))
-            print(f"{name:>5} {s_rate:>13,.0f} {s_p50:>7.3f} {s_p99:>7.3f} {c_rate:>13,.0f} {c_p50:>7.3f} "
+            print(f"{name:>12} {s_rate:>13,.0f} {s_p50:>7.3f} {s_p99:>7.3f} {c_rate:>13,.0f} {c_p50:>7.3f} "
                   f"{c_p99:>7.3f} {s_rate / c_rate:>12.2f} {s_p50 / c_p50:>10.2f} {s_p99 / c_p99:>10.2f}")
         print(f"\n{ray_serve_note()}")
     finally:
