@@ -185,7 +185,8 @@ class TaskJobStatusAnswer(Body):
 
     job_status: TaskJobStatusView
     endpoint: str = Field(description="the API's endpoint, <address>/<api>, where tasks are submitted and read")
-    api_spec: ApiConfig
+    api_spec: dict[str, Any] = Field(description="the API as deployed, its code section under `definition` as in "
+                                                 "Cortex's cortex.yaml")
 
 
 class TaskJobList(Body):

@@ -18,6 +18,7 @@ from jobs.enqueue import stop_job
 from jobs.job import TASK_KIND
 from jobs.status import task_status_view
 from jobs.task_jobs import parse_task_request, submit_task
+from predictors_runtime.config import cortex_api_spec
 
 from .batch import endpoint_url
 from .context import registry, services
@@ -67,7 +68,8 @@ def get_jobs(api_name: str):
     if query.jobID is not None:
         state = store.state(query.jobID, api_name=api.name)
         return TaskJobStatusAnswer.model_validate(
-            {"job_status": task_status_view(state), "endpoint": endpoint_url(api.name), "api_spec": api.spec}
+            {"job_status": task_status_view(state), "endpoint": endpoint_url(api.name),
+             "api_spec": cortex_api_spec(api.spec)}
         ).response()
     views = []
     for job_id in store.list_ids(api.name, limit=query.limit):

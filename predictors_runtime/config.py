@@ -712,3 +712,13 @@ def merge_config(base: dict[str, Any], override: dict[str, Any]) -> dict[str, An
         else:
             merged[key] = copy.deepcopy(value)
     return merged
+
+
+def cortex_api_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A stored API spec (`ApiConfig.to_dict()`) as Cortex showed it: a TaskAPI's code section under
+    `definition`, with only the fields a definition takes; any other kind's as stored."""
+    if spec.get("kind") != TASK_KIND or "predictor" not in spec:
+        return spec
+    shown = {key: value for key, value in spec.items() if key != "predictor"}
+    shown["definition"] = {key: value for key, value in spec["predictor"].items() if key in TASK_DEFINITION_FIELDS}
+    return shown

@@ -95,6 +95,7 @@ def test_a_task_runs_once_with_the_merged_config_and_its_lines_go_to_the_jobs_st
     assert ran["secret"] == "from-dotenv"
     read = requests.get(f"{stack.url}/{task_api}", params={"jobID": job_id}, timeout=30).json()
     assert read["job_status"]["status"] == "status_succeeded" and read["api_spec"]["kind"] == "TaskAPI"
+    assert read["api_spec"]["definition"]["path"] == "task.py" and "predictor" not in read["api_spec"]
     assert read["endpoint"].endswith(f"/{task_api}")
 
     lines = wait_for(lambda: [line for line in client.get_logs(task_api, job_id)["lines"]

@@ -242,6 +242,7 @@ def test_a_task_runs_with_the_merged_config_and_its_job_succeeds(
         "status_succeeded", "TaskAPI", None)
     assert status["end_time"] is not None and status["start_time"] == status["created_time"]
     assert read["endpoint"] == "http://localhost/train" and read["api_spec"]["kind"] == "TaskAPI"
+    assert "predictor" not in read["api_spec"] and read["api_spec"]["definition"]["path"] == "task.py"
     assert client.get(f"/tasks/train?jobID={job_id}").get_json() == read
 
 
