@@ -67,8 +67,16 @@ def on_hardware(hardware: str | None) -> SelectApi:
     return lambda api: (api.queue == "gpu") == wants_gpu
 
 
+def _probe_socket() -> socket.socket:
+    """A socket that binds as gunicorn's listeners do: with SO_REUSEADDR, so a port whose last
+    connections linger in TIME_WAIT counts as free (a replica's gunicorn binds it all the same)."""
+    probe = socket.socket()
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return probe
+
+
 def _bindable(port: int) -> bool:
-    with socket.socket() as s:
+    with _probe_socket() as s:
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -79,7 +87,7 @@ def _bindable(port: int) -> bool:
 def free_port_pair(taken: set[int] | frozenset[int] = frozenset(), tries: int = 100) -> int:
     """A port P such that P and P+1 are both free now (and neither in `taken`)."""
     for _ in range(tries):
-        with socket.socket() as s:
+        with _probe_socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         if port + 1 <= 65535 and not {port, port + 1} & set(taken) and _bindable(port + 1):
