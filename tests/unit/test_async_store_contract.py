@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
 from jobs.memory_async import MemoryAsyncRequests
 from tests.contracts.async_store import RETENTION_S, AsyncRequestStoreContract
 
@@ -16,3 +17,11 @@ class TestTheMemoryAsyncRequestStore(AsyncRequestStoreContract):
     @pytest.fixture
     def requests(self) -> MemoryAsyncRequests:
         return MemoryAsyncRequests(retention_s=RETENTION_S)
+
+
+def test_each_in_memory_request_store_keeps_its_own_requests_and_counts() -> None:
+    first, second = MemoryAsyncRequests(retention_s=RETENTION_S), MemoryAsyncRequests(retention_s=RETENTION_S)
+    request = AsyncRequest("echo", "r1", RequestStatus.IN_QUEUE, PayloadKind.JSON, 1000.0, payload=b"{}")
+    assert first.create(request, now=1000.0)
+    assert first.get("echo", "r1") == request and second.get("echo", "r1") is None
+    assert first.counts("echo", 1000.0).in_queue == 1 and second.counts("echo", 1000.0).in_queue == 0
