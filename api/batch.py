@@ -7,6 +7,7 @@ name is a BatchAPI's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from flask import Blueprint, request
@@ -15,6 +16,7 @@ from foundation.api_registry import DeployedApi
 from foundation.errors import ApiNotFound, BadRequest, Conflict, JobNotFound
 from jobs.enqueue import plan_job, stop_job, submit_job
 from jobs.status import job_status_view
+from jobs.store import JobState
 from jobs.submission import parse_job_request
 
 from .context import registry, services
@@ -81,24 +83,33 @@ def get_jobs(api_name: str):
         return JobStatusAnswer.model_validate(
             {"job_status": job_status_view(state), "endpoint": endpoint_url(api.name), "api_spec": api.spec}
         ).response()
-    limit = query.limit
+    return JobList.model_validate({"jobs": listed_jobs(api.name, query.limit, job_status_view)}).response()
+
+
+def listed_jobs(api_name: str, limit: int, view: Callable[[JobState], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The API's newest `limit` jobs, each as `view` shows it; one that expired since it was listed is left out."""
+    store = services().store
     views = []
-    for job_id in store.list_ids(api.name, limit=limit):
+    for job_id in store.list_ids(api_name, limit=limit):
         try:
-            views.append(job_status_view(store.state(job_id)))
+            views.append(view(store.state(job_id)))
         except JobNotFound:  # expired since it was listed
             continue
-    return JobList.model_validate({"jobs": views}).response()
+    return views
 
 
-@blueprint.delete("/batch/<api_name>")
-def stop(api_name: str):
-    api = batch_api(api_name)
+def stop_job_of(api: DeployedApi) -> Any:
+    """`DELETE ...?jobID=` of a batch or task API: the job stopped, or a 409 if it has already ended."""
     state = services().store.state(parse_query(JobQuery).jobID, api_name=api.name)
     if not stop_job(services(), state.job):
         current = services().store.state(state.job.job_id)
         raise Conflict(f"job {state.job.job_id} has already ended ({current.status.value})")
     return Stopped(message=f"stopped job {state.job.job_id}").response()
+
+
+@blueprint.delete("/batch/<api_name>")
+def stop(api_name: str):
+    return stop_job_of(batch_api(api_name))
 
 
 @blueprint.get("/batch/<api_name>/failed")

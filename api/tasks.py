@@ -13,21 +13,18 @@ from typing import Any
 from flask import Blueprint, request
 
 from foundation.api_registry import DeployedApi
-from foundation.errors import ApiNotFound, Conflict, JobNotFound
-from jobs.enqueue import stop_job
+from foundation.errors import ApiNotFound
 from jobs.job import TASK_KIND
 from jobs.status import task_status_view
 from jobs.task_jobs import parse_task_request, submit_task
 from predictors_runtime.config import cortex_api_spec
 
-from .batch import endpoint_url
+from .batch import endpoint_url, listed_jobs, stop_job_of
 from .context import registry, services
 from .json_body import parse_json_body
 from .metrics import JOBS_SUBMITTED
 from .schemas import (
-    JobQuery,
     JobsQuery,
-    Stopped,
     TaskJobList,
     TaskJobSpec,
     TaskJobStatusAnswer,
@@ -71,23 +68,12 @@ def get_jobs(api_name: str):
             {"job_status": task_status_view(state), "endpoint": endpoint_url(api.name),
              "api_spec": cortex_api_spec(api.spec)}
         ).response()
-    views = []
-    for job_id in store.list_ids(api.name, limit=query.limit):
-        try:
-            views.append(task_status_view(store.state(job_id)))
-        except JobNotFound:  # expired since it was listed
-            continue
-    return TaskJobList.model_validate({"jobs": views}).response()
+    return TaskJobList.model_validate({"jobs": listed_jobs(api.name, query.limit, task_status_view)}).response()
 
 
 @blueprint.delete("/tasks/<api_name>")
 def stop(api_name: str):
-    api = task_api(api_name)
-    state = services().store.state(parse_query(JobQuery).jobID, api_name=api.name)
-    if not stop_job(services(), state.job):
-        current = services().store.state(state.job.job_id)
-        raise Conflict(f"job {state.job.job_id} has already ended ({current.status.value})")
-    return Stopped(message=f"stopped job {state.job.job_id}").response()
+    return stop_job_of(task_api(api_name))
 
 
 # Cortex's endpoint, `/<api_name>`, as the fallback dispatches it (after checking the API key).
