@@ -56,7 +56,8 @@ def get_request(api_name: str, request_id: str) -> Any:
         raise RequestNotFound(f"api {api_name} has no request {request_id} (never submitted, or expired)")
     answer: dict[str, Any] = {"id": request_id, "status": record.status.value}
     if record.status is RequestStatus.COMPLETED:
-        answer["result"] = json.loads(svc.request_objects.read(record.result_uri))
+        encoded = record.result if record.result is not None else svc.request_objects.read(record.result_uri)
+        answer["result"] = json.loads(encoded)
         answer["timestamp"] = record.timestamp
     elif record.status is RequestStatus.FAILED:
         answer["message"] = record.message

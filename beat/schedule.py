@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from foundation.api_registry import RedisApiRegistry
 from foundation.settings import Settings
+from jobs.async_submit import send_queued_task
 from jobs.publish import completion_sender
 from jobs.services import Services
 
@@ -49,6 +51,11 @@ def maintenance_steps(settings: Settings) -> list[Step]:
     def sweep_async(services: Services, now: float) -> object:
         return steps.sweep_async_requests(services.async_requests, services.request_objects, now)
 
+    def wake_queued(services: Services, now: float) -> object:
+        return steps.wake_queued_requests(
+            RedisApiRegistry(services.redis), services.async_requests,
+            lambda api_name, queue: send_queued_task(services.celery, api_name, queue))
+
     return [
         Step("check-timeouts", check_timeouts, every),
         Step("fail-stalled-enqueues", fail_stalled_enqueues, every),
@@ -56,4 +63,5 @@ def maintenance_steps(settings: Settings) -> list[Step]:
         Step("resend-completions", resend, every),
         Step("recover-lost-batches", LostBatchWatch(lost_grace_s(settings)), every),
         Step("sweep-async-requests", sweep_async, every),
+        Step("wake-queued-async-requests", wake_queued, every),
     ]

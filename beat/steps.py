@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from foundation.api_registry import ApiRegistry
 from foundation.errors import JobNotFound, SluiceError
 from jobs.async_objects import RequestObjects
+from jobs.async_request import ASYNC_KIND
 from jobs.async_store import AsyncRequestStore
 from jobs.job import BAD_RECORD_ERRORS, JobStatus
 from jobs.placement import JobPlacement
@@ -94,3 +96,17 @@ def sweep_async_requests(requests: AsyncRequestStore, objects: RequestObjects, n
         requests.remove(api_name, request_id)
         removed.append(f"{api_name}/{request_id}")
     return removed
+
+
+def wake_queued_requests(registry: ApiRegistry, requests: AsyncRequestStore,
+                         wake: Callable[[str, str], object]) -> list[str]:
+    """Send a task for each AsyncAPI whose queued requests (`server_side_batching`) have none on its
+    way: the process that queued them died before sending it, or it waited in its queue past the
+    wake key's expiry (then two tasks share the work, which claiming keeps apart). Returns the APIs."""
+    woken = []
+    for api in registry.all():
+        if api.kind == ASYNC_KIND and requests.rearm(api.name):
+            log.info("async api %s has queued requests and no task on its way for them: one is sent", api.name)
+            wake(api.name, api.queue)
+            woken.append(api.name)
+    return woken

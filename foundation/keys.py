@@ -92,6 +92,12 @@ def async_queued(api_name: str) -> str:
     return f"{PREFIX}:async-queued:{api_name}"
 
 
+def async_wake(api_name: str) -> str:
+    """Set (with a short expiry) while a task that runs an AsyncAPI's queued requests is on its way:
+    a submission that finds it set sends none, so a burst is one task per batch, not per request."""
+    return f"{PREFIX}:async-wake:{api_name}"
+
+
 def async_claims(api_name: str, owner: str) -> str:
     """Set of the requests of an API claimed into the batch of one delivery (`owner`: its task id):
     that delivery, if its node dies and its message comes back, takes them again."""

@@ -20,5 +20,8 @@ DEFAULT_BUNDLE_CACHE_BYTES = 5 * 1024**3
 
 # An AsyncAPI request's payload up to this size sits in its Redis record; a larger one goes to storage.
 ASYNC_INLINE_PAYLOAD_BYTES = 16 * 1024
+# The same for a completed request's result (its JSON): small ones are read with the record, in one
+# round trip, and no object is written per request; a larger one goes to storage.
+ASYNC_INLINE_RESULT_BYTES = 16 * 1024
 # Cortex kept an AsyncAPI's results 7 days (`SLUICE_ASYNC_RETENTION_S`).
 DEFAULT_ASYNC_RETENTION_S = 7 * 24 * 3600.0

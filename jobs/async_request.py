@@ -93,7 +93,8 @@ class AsyncRequest:
     created: float
     payload: bytes | None = None  # inline when small
     payload_uri: str = ""  # else where it is stored
-    result_uri: str = ""  # where a completed request's result (JSON) is stored
+    result: bytes | None = None  # a completed request's result (JSON), inline when small
+    result_uri: str = ""  # else where it is stored
     message: str = ""  # a failed request's reason
     timestamp: float | None = None  # when it completed or failed
     deliveries: int = 0  # times a node took it (more than one: a node died running it)
@@ -106,6 +107,8 @@ class AsyncRequest:
         }
         if self.payload is not None:
             fields["payload"] = self.payload
+        if self.result is not None:
+            fields["result"] = self.result
         for name in ("payload_uri", "result_uri", "message"):
             value = getattr(self, name)
             if value:
@@ -128,7 +131,8 @@ class AsyncRequest:
         return cls(
             api_name=api_name, request_id=request_id, status=RequestStatus(str_of("status")),
             kind=PayloadKind(str_of("kind") or PayloadKind.BYTES.value), created=float(str_of("created") or 0),
-            payload=text.get("payload"), payload_uri=str_of("payload_uri"), result_uri=str_of("result_uri"),
+            payload=text.get("payload"), payload_uri=str_of("payload_uri"), result=text.get("result"),
+            result_uri=str_of("result_uri"),
             message=str_of("message"), timestamp=float(timestamp) if timestamp else None,
             deliveries=int(str_of("deliveries") or 0),
         )

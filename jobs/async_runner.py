@@ -15,8 +15,9 @@
    node's process ends, as for a hung batch (`jobs/time_limit.py`); its supervisor starts it again.
    A predictor holding the GIL starves that watchdog: the kernel's hard stop ends the process
    `SLUICE_HARD_STOP_GRACE_S` later, and the requests' next delivery counts it as lost (2.).
-6. The result goes to storage, then the request is recorded `completed`, exactly once; a request
-   whose `predict` raises (or returns what JSON cannot hold) is `failed`, never retried.
+6. A small result goes in the request's record, a large one to storage first; the request is
+   recorded `completed` exactly once. A request whose `predict` raises (or returns what JSON cannot
+   hold) is `failed`, never retried.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ from typing import Any, Protocol
 from foundation.api_registry import ApiRegistry, DeployedApi
 from foundation.errors import ApiNotFound, PredictorError, SluiceError
 from foundation.json_logs import labelled
+from foundation.limits import ASYNC_INLINE_RESULT_BYTES
 from foundation.settings import Settings
 from predictors_runtime.async_predictor import AsyncPredictor
 from predictors_runtime.bundles import BundleStore
-from predictors_runtime.config import ApiConfig, ServerSideBatching
+from predictors_runtime.config import ApiConfig
 
 from .async_objects import RequestObjects
 from .async_request import ASYNC_KIND, AsyncRequest, RequestStatus, decode_payload, one_line
@@ -53,6 +55,13 @@ log = logging.getLogger(__name__)
 LOST_REQUEST_ALLOWANCE = 1
 # How often a delivery gathering a batch looks for more queued requests within `batch_interval`.
 CLAIM_POLL_S = 0.01
+# The in-flight entry's request id of a task for an API's queued requests (no request id is this: ids are hex or
+# the client's, and a client's may not hold '/'; the entry only needs to say it is an AsyncAPI's).
+QUEUED_ENTRY = "queued-requests"
+# Requests a task for queued requests takes when the API was redeployed without batching (each runs alone),
+# or fails when the API is gone; what is left is the next task's.
+UNBATCHED_PER_TASK = 8
+ORPHANS_PER_TASK = 100
 
 
 class RequestPredictor(Protocol):
@@ -148,11 +157,11 @@ class AsyncRuntime:
         self, requests: AsyncRequestStore, objects: RequestObjects, registry: ApiRegistry, nodes: NodeRegistry,
         predictors: AsyncPredictors, *, end_process: Callable[[int], Any] = os._exit,
         clock: Callable[[], float] = time.time, sleep: Callable[[float], Any] = time.sleep,
-        hard_stop_grace_s: float | None = None,
+        hard_stop_grace_s: float | None = None, wake: Callable[[str, str], Any] = lambda api_name, queue: None,
     ) -> None:
         """`clock` and `sleep` (gathering a batch) and `end_process` (the time limit) are given by
         fast tests; `hard_stop_grace_s`: seconds past `request_timeout` the kernel ends the process
-        (None: never)."""
+        (None: never); `wake(api_name, queue)` sends a task for an API's queued requests."""
         self.requests = requests
         self.objects = objects
         self.registry = registry
@@ -162,6 +171,7 @@ class AsyncRuntime:
         self._clock = clock
         self._sleep = sleep
         self._hard_stop_grace_s = hard_stop_grace_s
+        self._wake = wake
 
     def run_request(self, api_name: str, request_id: str, delivery: Delivery | None = None) -> None:
         """Run one delivery of a request (and its batch) and record each outcome once (see the module's steps)."""
@@ -172,6 +182,53 @@ class AsyncRuntime:
             self._run(api_name, request_id, owner)
         if delivery is not None:  # left in place by a process that died: settling gives it back
             self.nodes.end_delivery(delivery)
+
+    def run_queued(self, api_name: str, delivery: Delivery | None = None) -> None:
+        """Run one delivery of the task a submission sent for an API's queued requests (with
+        `server_side_batching`, a burst sends one such task per batch rather than one per request):
+        up to `max_batch_size` of them claimed into one `predict`, then another task sent if some
+        are still queued (`wake`)."""
+        if delivery is not None:
+            self.nodes.begin_delivery(delivery, request_entry(api_name, QUEUED_ENTRY))
+        owner = delivery.task_id if delivery is not None else ""
+        with labelled(api_name=api_name):
+            queue = self._run_queued(api_name, owner)
+        if delivery is not None:
+            self.nodes.end_delivery(delivery)
+        if queue is not None and self.requests.rearm(api_name):
+            self._wake(api_name, queue)
+
+    def _run_queued(self, api_name: str, owner: str) -> str | None:
+        """The batch; the API's hardware queue (where to send the next task), None when it is gone."""
+        self.requests.woken(api_name)  # a request queued from now on sends the next task
+        taking = self.requests.reclaim(api_name, owner, self._clock()) if owner else []
+        try:
+            deployed = self.registry.get(api_name)
+        except ApiNotFound:
+            deployed = None
+        if deployed is None or deployed.kind != ASYNC_KIND:
+            why = (f"api {api_name} is not deployed any more" if deployed is None
+                   else f"api {api_name} is now a {deployed.kind}, not an {ASYNC_KIND}")
+            for request_id, _ in taking + self.requests.claim(api_name, owner, ORPHANS_PER_TASK, self._clock()):
+                self._fail(api_name, request_id, why)
+            self.requests.release(api_name, owner)
+            return deployed.queue if deployed is not None else None
+        config = ApiConfig.from_dict(deployed.spec)
+        batching = config.predictor.server_side_batching
+        limit = config.predictor.request_timeout
+        members = self._members(api_name, taking, limit, {})
+        if batching is None:  # redeployed without batching: a few of them, each run alone
+            gathered = self._gather(api_name, owner, UNBATCHED_PER_TASK, 0.0, len(members))
+        else:
+            gathered = self._gather(api_name, owner, batching.max_batch_size, batching.batch_interval, len(members))
+        members += self._members(api_name, gathered, limit, {})
+        if batching is None:
+            for member in members:
+                self._predict(deployed, [member], limit, batched=False)
+        elif members:
+            self._predict(deployed, members, limit, batched=True)
+        self.requests.release(api_name, owner)
+        return deployed.queue
 
     def _fail(self, api_name: str, request_id: str, message: str) -> None:
         message = one_line(message)
@@ -209,33 +266,38 @@ class AsyncRuntime:
                      taken.status.value if taken.status else "unknown (expired)")
             return
         limit = config.predictor.request_timeout
-        members = self._members(api_name, taking, limit)
+        known = {request_id: taken.request} if taken.runs and taken.request is not None else {}
+        members = self._members(api_name, taking, limit, known)
         if batching is None:
             for member in members:
                 self._predict(deployed, [member], limit, batched=False)
         else:
             if owner and members:
-                members += self._members(api_name, self._gather(api_name, owner, batching, len(members)), limit)
+                gathered = self._gather(api_name, owner, batching.max_batch_size, batching.batch_interval, len(members))
+                members += self._members(api_name, gathered, limit, {})
             if members:
                 self._predict(deployed, members, limit, batched=True)
         if reclaiming:
             self.requests.release(api_name, owner)
 
-    def _gather(self, api_name: str, owner: str, batching: ServerSideBatching, have: int) -> list[tuple[str, int]]:
-        """Queued requests claimed into this delivery's batch: up to `max_batch_size` in all, waiting
-        at most `batch_interval` for them."""
-        deadline = self._clock() + batching.batch_interval
+    def _gather(self, api_name: str, owner: str, max_size: int, interval: float, have: int) -> list[tuple[str, int]]:
+        """Queued requests claimed into this delivery's batch: up to `max_size` in all, waiting
+        at most `interval` seconds for them."""
+        deadline = self._clock() + interval
         claimed: list[tuple[str, int]] = []
         while True:
-            claimed += self.requests.claim(api_name, owner, batching.max_batch_size - have - len(claimed),
-                                           self._clock())
+            claimed += self.requests.claim(api_name, owner, max_size - have - len(claimed), self._clock())
             left = deadline - self._clock()
-            if have + len(claimed) >= batching.max_batch_size or left <= 0:
+            if have + len(claimed) >= max_size or left <= 0:
                 return claimed
             self._sleep(min(CLAIM_POLL_S, left))
 
-    def _members(self, api_name: str, taking: list[tuple[str, int]], limit: float | None) -> list[Member]:
-        """The requests taken, with their payloads; those that cannot run are failed here, each alone."""
+    def _members(self, api_name: str, taking: list[tuple[str, int]], limit: float | None,
+                 known: dict[str, AsyncRequest]) -> list[Member]:
+        """The requests taken, with their payloads (records not `known` yet read in one round trip);
+        those that cannot run are failed here, each alone."""
+        missing = [request_id for request_id, _ in taking if request_id not in known]
+        records = {**known, **(self.requests.get_many(api_name, missing) if missing else {})}
         members = []
         for request_id, deliveries in taking:
             lost = deliveries - 1
@@ -245,7 +307,7 @@ class AsyncRuntime:
             if lost > 0:
                 log.warning("async request %s of api %s is delivered again (delivery %d): a node died running it",
                             request_id, api_name, deliveries)
-            request = self.requests.get(api_name, request_id)
+            request = records.get(request_id)
             if request is None:  # expired between the two reads
                 continue
             try:
@@ -306,8 +368,14 @@ class AsyncRuntime:
             self._fail(api_name, request_id,
                        f"predict returned a {type(result).__name__}, which is not JSON-serialisable ({e})")
             return
-        uri = self.objects.put_result(api_name, request_id, encoded, member.deliveries)
-        if not self.requests.finish(api_name, request_id, RequestStatus.COMPLETED, self._clock(), result_uri=uri):
+        if len(encoded) <= ASYNC_INLINE_RESULT_BYTES:
+            recorded = self.requests.finish(api_name, request_id, RequestStatus.COMPLETED, self._clock(),
+                                            result=encoded)
+        else:
+            uri = self.objects.put_result(api_name, request_id, encoded, member.deliveries)
+            recorded = self.requests.finish(api_name, request_id, RequestStatus.COMPLETED, self._clock(),
+                                            result_uri=uri)
+        if not recorded:
             log.info("async request %s of api %s had ended already; this result is not recorded", request_id, api_name)
 
 

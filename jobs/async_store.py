@@ -18,6 +18,7 @@ so that if its node dies, its message comes back and takes them again (`reclaim`
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +29,10 @@ from foundation.figures import ASYNC_REQUESTS, ASYNC_SECONDS, label_field, le_la
 
 from .async_counts import SLOT_TTL_S, AsyncCounts, counts_from, slot_of, window_slots
 from .async_request import AsyncRequest, RequestStatus
+
+# A task for an API's queued requests that never started (the submitting process died before sending
+# it) holds back the next one at most this long; beat's sweep also re-arms what it finds queued.
+WAKE_TTL_S = 30
 
 # Every script that moves a request moves its API's counts (`keys.async_counts`) with it.
 
@@ -42,7 +47,8 @@ return 1
 """
 
 # A delivery (ARGV[2], its owner) takes the request: counted, and in progress unless it has ended or
-# another owner holds it in progress (status, deliveries, held: 1 for that).
+# another owner holds it in progress (status, deliveries, held: 1 for that); a request taken comes
+# with its record's fields (the node needs its payload: one round trip instead of two).
 _BEGIN = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'', 0, 0} end
@@ -54,7 +60,9 @@ if status == 'in_queue' then
   redis.call('HINCRBY', KEYS[2], 'in_queue', -1)
   redis.call('HINCRBY', KEYS[2], 'in_progress', 1)
 end
-return {status, redis.call('HINCRBY', KEYS[1], 'deliveries', 1), 0}
+local taken = {status, redis.call('HINCRBY', KEYS[1], 'deliveries', 1), 0}
+for _, value in ipairs(redis.call('HGETALL', KEYS[1])) do taken[#taken + 1] = value end
+return taken
 """
 
 # Up to ARGV[3] queued requests of the API (KEYS[1] its queued list, KEYS[2] the owner's claims,
@@ -79,6 +87,22 @@ while #claimed < 2 * wanted do
 end
 if #claimed > 0 then redis.call('EXPIRE', KEYS[2], ARGV[5]) end
 return claimed
+"""
+
+# A request offered to batches (KEYS[1] the API's queued list, KEYS[2] its wake key): 1 when no task
+# for the queued requests is on its way (the caller sends one: the wake key is now set for it).
+_QUEUE = """
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[3]) then return 1 end
+return 0
+"""
+
+# After a batch: 1 when requests are still queued and no task for them is on its way (the caller sends one).
+_REARM = """
+if redis.call('LLEN', KEYS[1]) == 0 then return 0 end
+if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[1]) then return 1 end
+return 0
 """
 
 # The owner's claimed requests still in progress under it, taken again: {id, deliveries, ...}.
@@ -160,6 +184,7 @@ class Taken:
     status: RequestStatus | None  # None: no such request (never stored, or expired)
     deliveries: int
     held: bool = False  # in progress under another delivery (claimed into its batch)
+    request: AsyncRequest | None = None  # its record as taken, when it `runs`
 
     @property
     def runs(self) -> bool:
@@ -175,11 +200,21 @@ class AsyncRequestStore(Protocol):
     def create(self, request: AsyncRequest, now: float) -> bool:
         """Store a new request; False (and nothing changed) when one of that id exists already."""
 
-    def queue(self, api_name: str, request_id: str) -> None:
-        """Offer a stored request (its payload stored too) to `claim` (`server_side_batching`)."""
+    def queue(self, api_name: str, request_id: str) -> bool:
+        """Offer a stored request (its payload stored too) to `claim` (`server_side_batching`); True
+        when no task for the API's queued requests is on its way: the caller sends one (`wake`)."""
+
+    def woken(self, api_name: str) -> None:
+        """A task for the API's queued requests has started: the next request queued sends another."""
+
+    def rearm(self, api_name: str) -> bool:
+        """True when requests are still queued and no task for them is on its way: the caller sends one."""
 
     def get(self, api_name: str, request_id: str) -> AsyncRequest | None:
         """The request's record; None when unknown or expired."""
+
+    def get_many(self, api_name: str, request_ids: Sequence[str]) -> dict[str, AsyncRequest]:
+        """The records of those requests still kept, by id (one round trip for a batch)."""
 
     def begin(self, api_name: str, request_id: str, now: float, owner: str = "") -> Taken:
         """The delivery `owner` takes the request: in progress unless it has ended or another owner
@@ -196,8 +231,9 @@ class AsyncRequestStore(Protocol):
         """`owner`'s batch has ended: forget what it claimed."""
 
     def finish(self, api_name: str, request_id: str, status: RequestStatus, now: float, *,
-               result_uri: str = "", message: str = "") -> bool:
-        """Record the outcome; True for the one call that did, False once it has ended."""
+               result: bytes | None = None, result_uri: str = "", message: str = "") -> bool:
+        """Record the outcome (a small result inline, a large one by where it is stored); True for the
+        one call that did, False once it has ended."""
 
     def expired(self, now: float, limit: int = 500) -> list[tuple[str, str]]:
         """(api name, request id) of requests whose retention has passed, oldest first."""
@@ -231,6 +267,8 @@ class RedisAsyncRequests:
         self._remove = client.register_script(_REMOVE)
         self._claim = client.register_script(_CLAIM)
         self._reclaim = client.register_script(_RECLAIM)
+        self._queue = client.register_script(_QUEUE)
+        self._rearm = client.register_script(_REARM)
 
     def _expiry_args(self, api_name: str, request_id: str, now: float) -> list[str]:
         return [str(_expire_seconds(self.retention_s)), repr(now + self.retention_s),
@@ -245,11 +283,15 @@ class RedisAsyncRequests:
                                      keys.async_counts(request.api_name)], args=args)
         return bool(created)
 
-    def queue(self, api_name: str, request_id: str) -> None:
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.lpush(keys.async_queued(api_name), request_id)
-        pipe.expire(keys.async_queued(api_name), _expire_seconds(self.retention_s))
-        pipe.execute()
+    def queue(self, api_name: str, request_id: str) -> bool:
+        return bool(self._queue(keys=[keys.async_queued(api_name), keys.async_wake(api_name)],
+                                args=[request_id, _expire_seconds(self.retention_s), WAKE_TTL_S]))
+
+    def woken(self, api_name: str) -> None:
+        self._redis.delete(keys.async_wake(api_name))
+
+    def rearm(self, api_name: str) -> bool:
+        return bool(self._rearm(keys=[keys.async_queued(api_name), keys.async_wake(api_name)], args=[WAKE_TTL_S]))
 
     def get(self, api_name: str, request_id: str) -> AsyncRequest | None:
         raw = self._redis.hgetall(keys.async_request(api_name, request_id))
@@ -257,11 +299,21 @@ class RedisAsyncRequests:
             return None
         return AsyncRequest.from_fields(api_name, request_id, raw)
 
+    def get_many(self, api_name: str, request_ids: Sequence[str]) -> dict[str, AsyncRequest]:
+        pipe = self._redis.pipeline(transaction=False)
+        for request_id in request_ids:
+            pipe.hgetall(keys.async_request(api_name, request_id))
+        return {request_id: AsyncRequest.from_fields(api_name, request_id, raw)
+                for request_id, raw in zip(request_ids, pipe.execute(), strict=True) if raw and b"status" in raw}
+
     def begin(self, api_name: str, request_id: str, now: float, owner: str = "") -> Taken:
-        status, deliveries, held = self._begin(
+        status, deliveries, held, *fields = self._begin(
             keys=[keys.async_request(api_name, request_id), keys.async_counts(api_name)], args=[repr(now), owner])
         text = status.decode() if isinstance(status, bytes) else str(status)
-        return Taken(RequestStatus(text) if text else None, int(deliveries), held=bool(held))
+        record = None
+        if fields:
+            record = AsyncRequest.from_fields(api_name, request_id, dict(zip(fields[0::2], fields[1::2], strict=True)))
+        return Taken(RequestStatus(text) if text else None, int(deliveries), held=bool(held), request=record)
 
     def _record_prefix(self, api_name: str) -> str:
         return keys.async_request(api_name, "")
@@ -284,8 +336,10 @@ class RedisAsyncRequests:
         self._redis.delete(keys.async_claims(api_name, owner))
 
     def finish(self, api_name: str, request_id: str, status: RequestStatus, now: float, *,
-               result_uri: str = "", message: str = "") -> bool:
-        fields = ["status", status.value, "timestamp", repr(now)]
+               result: bytes | None = None, result_uri: str = "", message: str = "") -> bool:
+        fields: list[str | bytes] = ["status", status.value, "timestamp", repr(now)]
+        if result is not None:
+            fields += ["result", result]
         if result_uri:
             fields += ["result_uri", result_uri]
         if message:

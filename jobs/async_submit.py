@@ -1,4 +1,9 @@
-"""Submitting an AsyncAPI request: store it, then queue one task for it on its API's hardware queue.
+"""Submitting an AsyncAPI request: store it, then queue a task for it on its API's hardware queue.
+
+Without `server_side_batching`, one task per request. With it, the request's id joins the API's
+queued list and a task is sent only when none is on its way already (`AsyncRequestStore.queue`):
+the node running it claims up to `max_batch_size` of the queued requests and sends the next task
+when some are left, so a burst costs one task per batch instead of one per request.
 
 The task carries only the API's name and the request's id; the payload sits in the request's
 record when small, else in storage (`jobs/async_objects.py`). A client that sends the same
@@ -18,7 +23,7 @@ from foundation.limits import ASYNC_INLINE_PAYLOAD_BYTES
 from .async_objects import PAYLOAD, RequestObjects
 from .async_request import AsyncRequest, RequestStatus, check_payload, payload_kind, valid_request_id
 from .async_store import AsyncRequestStore
-from .tasks import RUN_ASYNC
+from .tasks import RUN_ASYNC, RUN_ASYNC_QUEUED
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,11 @@ class Submission:
 def send_request(celery: Celery, api_name: str, request_id: str, queue: str) -> None:
     """Queue the task that runs the request on a node of `queue`."""
     celery.send_task(RUN_ASYNC, args=(api_name, request_id), queue=queue, ignore_result=True, add_to_parent=False)
+
+
+def send_queued_task(celery: Celery, api_name: str, queue: str) -> None:
+    """Queue a task that runs a batch of the API's queued requests (`server_side_batching`) on a node of `queue`."""
+    celery.send_task(RUN_ASYNC_QUEUED, args=(api_name,), queue=queue, ignore_result=True, add_to_parent=False)
 
 
 def submit_request(store: AsyncRequestStore, objects: RequestObjects, celery: Celery, submission: Submission,
@@ -60,11 +70,14 @@ def submit_request(store: AsyncRequestStore, objects: RequestObjects, celery: Ce
     try:
         if not small:  # written only for the request it belongs to: a duplicate id never overwrites it
             objects.put_payload(api_name, request_id, submission.body)
-        if submission.batched:  # offered to batches once its payload is where nodes read it
-            store.queue(api_name, request_id)
-        send_request(celery, api_name, request_id, submission.queue)
+        if not submission.batched:
+            send_request(celery, api_name, request_id, submission.queue)
+        elif store.queue(api_name, request_id):  # offered to batches once its payload is where nodes read it
+            send_queued_task(celery, api_name, submission.queue)
     except Exception as e:
         message = f"storing or queueing the request failed: {e}"
         store.finish(api_name, request_id, RequestStatus.FAILED, now, message=message)
+        if submission.batched:  # no task went out for the queue: the next request sends one
+            store.woken(api_name)
         raise
     return request_id

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import deque
+from collections.abc import Sequence
 
 from .async_counts import AsyncCounts, slot_of, window_slots
 from .async_request import AsyncRequest, RequestStatus
@@ -24,6 +25,7 @@ class MemoryAsyncRequests:
         self._owners: dict[tuple[str, str], str] = {}
         self._queued: dict[str, deque[str]] = {}
         self._claims: dict[tuple[str, str], set[str]] = {}
+        self._woken: set[str] = set()  # APIs a task for whose queued requests is on its way (no expiry here)
 
     def _move(self, api_name: str, before: RequestStatus | None, after: RequestStatus | None) -> None:
         for status, step in ((before, -1), (after, 1)):
@@ -40,13 +42,33 @@ class MemoryAsyncRequests:
             self._move(request.api_name, None, RequestStatus.IN_QUEUE)
             return True
 
-    def queue(self, api_name: str, request_id: str) -> None:
+    def queue(self, api_name: str, request_id: str) -> bool:
         with self._lock:
             self._queued.setdefault(api_name, deque()).appendleft(request_id)
+            return self._arm(api_name)
+
+    def _arm(self, api_name: str) -> bool:
+        if api_name in self._woken:
+            return False
+        self._woken.add(api_name)
+        return True
+
+    def woken(self, api_name: str) -> None:
+        with self._lock:
+            self._woken.discard(api_name)
+
+    def rearm(self, api_name: str) -> bool:
+        with self._lock:
+            return bool(self._queued.get(api_name)) and self._arm(api_name)
 
     def get(self, api_name: str, request_id: str) -> AsyncRequest | None:
         with self._lock:
             return self._records.get((api_name, request_id))
+
+    def get_many(self, api_name: str, request_ids: Sequence[str]) -> dict[str, AsyncRequest]:
+        with self._lock:
+            found = {request_id: self._records.get((api_name, request_id)) for request_id in request_ids}
+        return {request_id: record for request_id, record in found.items() if record is not None}
 
     def begin(self, api_name: str, request_id: str, now: float, owner: str = "") -> Taken:
         key = (api_name, request_id)
@@ -59,7 +81,8 @@ class MemoryAsyncRequests:
             held_by = self._owners.get(key, "")
             if record.status is RequestStatus.IN_PROGRESS and held_by and held_by != owner:
                 return Taken(record.status, 0, held=True)
-            return Taken(record.status, self._take(key, record, owner))
+            deliveries = self._take(key, record, owner)
+            return Taken(record.status, deliveries, request=self._records[key])
 
     def _take(self, key: tuple[str, str], record: AsyncRequest, owner: str) -> int:
         self._records[key] = dataclasses.replace(record, status=RequestStatus.IN_PROGRESS,
@@ -97,14 +120,15 @@ class MemoryAsyncRequests:
             self._claims.pop((api_name, owner), None)
 
     def finish(self, api_name: str, request_id: str, status: RequestStatus, now: float, *,
-               result_uri: str = "", message: str = "") -> bool:
+               result: bytes | None = None, result_uri: str = "", message: str = "") -> bool:
         key = (api_name, request_id)
         with self._lock:
             record = self._records.get(key)
             if record is None or record.status.is_terminal:
                 return False
             self._records[key] = dataclasses.replace(record, status=status, timestamp=now,
-                                                     result_uri=result_uri or record.result_uri, message=message)
+                                                     result=result, result_uri=result_uri or record.result_uri,
+                                                     message=message)
             self._expires[key] = now + self.retention_s
             self._move(api_name, record.status, None)
             ended = (api_name, slot_of(now), status)

@@ -26,6 +26,7 @@ from foundation.json_logs import labelled
 from foundation.log_streams import install_job_log_handler
 
 from .async_runner import AsyncPredictors, AsyncRuntime, BundleAsyncBuilder
+from .async_submit import send_queued_task
 from .batch_steps import LOST_DELIVERY_ALLOWANCE, BatchRun, JobLogs, batch_id_of, batch_pipeline
 from .completion import JobCompletion
 from .delivery import Delivery
@@ -75,6 +76,7 @@ class WorkerRuntime:
             services.async_requests, services.request_objects, RedisApiRegistry(services.redis), services.nodes,
             AsyncPredictors(BundleAsyncBuilder(services.bundles, settings)), end_process=end_process,
             hard_stop_grace_s=settings.hard_stop_grace_s,
+            wake=lambda api_name, queue: send_queued_task(services.celery, api_name, queue),
         )
 
     @classmethod
@@ -102,6 +104,10 @@ class WorkerRuntime:
         logged meanwhile (the predictor's included) go to the request's log stream too."""
         with self.logs.capturing_request(api_name, request_id):
             self.requests.run_request(api_name, request_id, delivery)
+
+    def run_queued_requests(self, api_name: str, delivery: Delivery | None = None) -> None:
+        """Run a batch of an AsyncAPI's queued requests (`server_side_batching`; `jobs/async_runner.py`)."""
+        self.requests.run_queued(api_name, delivery)
 
     def finish_job(self, job_id: str, delivery: Delivery | None = None) -> None:
         """The completion task: run `on_job_complete` once, then settle the job's final status

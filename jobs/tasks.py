@@ -20,6 +20,7 @@ from .delivery import Delivery
 RUN_BATCH = "sluice.run_batch"
 FINISH_JOB = "sluice.finish_job"
 RUN_ASYNC = "sluice.run_async"
+RUN_ASYNC_QUEUED = "sluice.run_async_queued"
 
 
 class BatchWorker(Protocol):
@@ -31,6 +32,8 @@ class BatchWorker(Protocol):
     def finish_job(self, job_id: str, delivery: Delivery | None = None) -> None: ...
 
     def run_request(self, api_name: str, request_id: str, delivery: Delivery | None = None) -> None: ...
+
+    def run_queued_requests(self, api_name: str, delivery: Delivery | None = None) -> None: ...
 
 
 def register_tasks(app: Celery, runtime_factory: Callable[[], BatchWorker]) -> None:
@@ -64,7 +67,16 @@ def register_tasks(app: Celery, runtime_factory: Callable[[], BatchWorker]) -> N
         except TRANSIENT_ERRORS as e:  # as for a batch: back to its queue, or settled when Redis is back
             raise Reject(f"Redis failed while the async request ran: {e}", requeue=True) from e
 
+    def run_async_queued(task: Task, api_name: str) -> None:
+        request = task.request
+        delivery = Delivery(request.hostname, request.id) if request.hostname and request.id else None
+        try:
+            runtime_factory().run_queued_requests(api_name, delivery)
+        except TRANSIENT_ERRORS as e:
+            raise Reject(f"Redis failed while the async requests ran: {e}", requeue=True) from e
+
     # Registered by call, not as decorators: Celery's are untyped, and would make these functions so.
     app.task(name=RUN_BATCH, ignore_result=True, acks_late=True, bind=True, shared=False)(run_batch)
     app.task(name=FINISH_JOB, ignore_result=True, acks_late=True, bind=True, shared=False)(finish_job)
     app.task(name=RUN_ASYNC, ignore_result=True, acks_late=True, bind=True, shared=False)(run_async)
+    app.task(name=RUN_ASYNC_QUEUED, ignore_result=True, acks_late=True, bind=True, shared=False)(run_async_queued)

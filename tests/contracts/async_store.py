@@ -53,6 +53,38 @@ class AsyncRequestStoreContract:
         assert (again.status, again.deliveries, again.runs) == (RequestStatus.IN_PROGRESS, 2, True)
         assert requests.get("echo", "r1").deliveries == 2  # type: ignore[union-attr]
 
+    def test_a_delivery_that_takes_a_request_gets_its_record_as_taken(self, requests: AsyncRequestStore) -> None:
+        requests.create(request("r1", payload=b'{"n": 7}'), T0)
+        taken = requests.begin("echo", "r1", T0 + 1, owner="task-1")
+        assert taken.request is not None and taken.request == requests.get("echo", "r1")
+        assert (taken.request.payload, taken.request.status, taken.request.deliveries) == (
+            b'{"n": 7}', RequestStatus.IN_PROGRESS, 1)
+        assert requests.begin("echo", "r1", T0 + 2, owner="task-2").request is None  # held: not handed over
+
+    def test_many_records_are_read_at_once_leaving_out_unknown_ones(self, requests: AsyncRequestStore) -> None:
+        for request_id in ("r1", "r2"):
+            requests.create(request(request_id), T0)
+        found = requests.get_many("echo", ["r2", "nope", "r1"])
+        assert found == {"r1": requests.get("echo", "r1"), "r2": requests.get("echo", "r2")}
+        assert requests.get_many("echo", []) == {}
+
+    def test_queued_requests_send_one_task_until_it_starts_and_the_next_only_while_some_are_left(
+            self, requests: AsyncRequestStore) -> None:
+        for request_id in ("r1", "r2", "r3"):
+            assert requests.create(request(request_id), T0)
+        assert requests.queue("echo", "r1")  # no task on its way: the caller sends one
+        assert not requests.queue("echo", "r2")  # that one will take this too
+        assert not requests.rearm("echo")  # still on its way
+        requests.woken("echo")  # it started
+        assert requests.queue("echo", "r3")  # queued after it started: another task
+        requests.woken("echo")
+        assert [r for r, _ in requests.claim("echo", "task-1", 3, T0 + 1)] == ["r1", "r2", "r3"]
+        assert not requests.rearm("echo")  # nothing left queued: no task needed
+        assert requests.create(request("r4"), T0)
+        assert requests.queue("echo", "r4")  # nothing on its way: the caller sends a task
+        requests.woken("echo")  # it started, but say its node died before claiming r4
+        assert requests.rearm("echo") and not requests.rearm("echo")  # one task for what is left, not two
+
     def test_an_unknown_request_is_not_taken(self, requests: AsyncRequestStore) -> None:
         taken = requests.begin("echo", "nope", T0, owner="task-1")
         assert taken.status is None and not taken.runs
@@ -70,6 +102,14 @@ class AsyncRequestStoreContract:
             RequestStatus.COMPLETED, "file:///r/result-1.json", "", T0 + 2)
         taken = requests.begin("echo", "r1", T0 + 4, owner="task-1")
         assert taken.status is RequestStatus.COMPLETED and not taken.runs
+
+    def test_a_small_result_is_kept_in_the_record_it_completes(self, requests: AsyncRequestStore) -> None:
+        requests.create(request("r1"), T0)
+        requests.begin("echo", "r1", T0 + 1, owner="task-1")
+        assert requests.finish("echo", "r1", RequestStatus.COMPLETED, T0 + 2, result=b'{"label": "setosa"}')
+        assert not requests.finish("echo", "r1", RequestStatus.COMPLETED, T0 + 3, result=b'{"label": "late"}')
+        record = requests.get("echo", "r1")
+        assert record is not None and (record.result, record.result_uri) == (b'{"label": "setosa"}', "")
 
     def test_a_queued_request_can_fail_before_any_node_takes_it(self, requests: AsyncRequestStore) -> None:
         requests.create(request("r1"), T0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 
 from foundation.api_registry import DeployedApi
 from foundation.errors import BadRequest, PredictorError
+from foundation.limits import ASYNC_INLINE_RESULT_BYTES
 from foundation.memory import MemoryApiRegistry
 from jobs.async_objects import RequestObjects
 from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus, check_payload, payload_kind
@@ -89,16 +91,26 @@ class Harness:
         return record
 
 
-def test_a_request_runs_once_per_delivery_and_its_result_is_stored(tmp_path: Path) -> None:
+def test_a_request_runs_once_per_delivery_and_its_small_result_is_kept_in_its_record(tmp_path: Path) -> None:
     seen: list[tuple[Any, str]] = []
     h = Harness(tmp_path, lambda payload, request_id: seen.append((payload, request_id)) or {"ok": payload})
     h.submit("r1", b'{"a": 1}')
     h.runtime.run_request("echo", "r1", Delivery("node-a", "task-1"))
     record = h.record("r1")
     assert record.status is RequestStatus.COMPLETED and record.timestamp == 50.0
-    assert h.objects.read(record.result_uri) == b'{"ok": {"a": 1}}'
+    assert (record.result, record.result_uri) == (b'{"ok": {"a": 1}}', "")  # no object written for it
     assert seen == [({"a": 1}, "r1")]
     assert h.nodes.inflight("node-a") == {}  # the delivery left the node's in-flight hash
+
+
+def test_a_result_over_the_inline_limit_goes_to_storage_not_to_the_record(tmp_path: Path) -> None:
+    big = "x" * ASYNC_INLINE_RESULT_BYTES
+    h = Harness(tmp_path, lambda payload, request_id: {"text": big})
+    h.submit("r1", b'{"a": 1}')
+    h.runtime.run_request("echo", "r1", Delivery("node-a", "task-1"))
+    record = h.record("r1")
+    assert record.status is RequestStatus.COMPLETED and record.result is None
+    assert json.loads(h.objects.read(record.result_uri)) == {"text": big}
 
 
 def test_a_second_delivery_of_an_ended_request_runs_nothing_and_records_nothing(tmp_path: Path) -> None:
@@ -242,7 +254,7 @@ def test_a_batching_delivery_takes_up_to_max_batch_size_queued_requests_into_one
     for request_id in ("r1", "r2", "r3"):  # each request its own element
         record = h.record(request_id)
         assert record.status is RequestStatus.COMPLETED
-        assert h.objects.read(record.result_uri) == f'{{"got": "{request_id}", "id": "{request_id}"}}'.encode()
+        assert record.result == f'{{"got": "{request_id}", "id": "{request_id}"}}'.encode()
     assert h.record("r4").status is RequestStatus.IN_QUEUE and h.record("r5").status is RequestStatus.IN_QUEUE
     h.runtime.run_request("echo", "r3", Delivery("node-b", "task-3"))  # ended in r2's batch: nothing runs
     assert len(calls) == 1
@@ -380,3 +392,82 @@ def test_a_batch_claimed_before_a_redeploy_without_batching_is_run_one_request_a
     h.runtime.run_request("echo", "r1", Delivery("node-b", "task-1"))
     assert calls == ["r1", "r2"]
     assert [h.record(r).status for r in ("r1", "r2")] == [RequestStatus.COMPLETED] * 2
+
+
+# -- a task per batch of queued requests (server_side_batching) --------------------------------------
+def queued_harness(tmp_path: Path, predict: Any) -> tuple[Harness, list[tuple[str, str]]]:
+    """A batching harness whose runtime records the tasks it sends for the API's queued requests."""
+    h, _ = batching_harness(tmp_path, predict)
+    woken: list[tuple[str, str]] = []
+    h.runtime._wake = lambda api_name, queue: woken.append((api_name, queue))
+    return h, woken
+
+
+def test_a_burst_sends_one_task_and_each_task_runs_a_batch_then_sends_the_next_while_some_are_queued(
+        tmp_path: Path) -> None:
+    calls: list[Any] = []
+    h, woken = queued_harness(tmp_path, lambda payload, request_id: calls.append(request_id) or list(payload))
+    sends = []
+    for request_id in ("r1", "r2", "r3", "r4", "r5"):
+        h.submit(request_id, f'{{"n": "{request_id}"}}'.encode())
+        sends.append(h.requests.queue("echo", request_id))
+    assert sends == [True, False, False, False, False]  # one task on its way for the whole burst
+    h.runtime.run_queued("echo", Delivery("node-a", "task-1"))
+    assert calls == [["r1", "r2", "r3"]]  # oldest first, max_batch_size of them
+    assert woken == [("echo", "cpu")]  # two still queued: the next task is sent
+    assert h.nodes.inflight("node-a") == {}
+    h.runtime.run_queued("echo", Delivery("node-a", "task-2"))
+    assert calls == [["r1", "r2", "r3"], ["r4", "r5"]] and woken == [("echo", "cpu")]  # none left: no more tasks
+    assert all(h.record(r).status is RequestStatus.COMPLETED for r in ("r1", "r2", "r3", "r4", "r5"))
+    h.submit("r6", b'{"n": "r6"}')
+    assert h.requests.queue("echo", "r6")  # the next burst sends a task again
+
+
+def test_a_request_queued_while_a_task_gathers_sends_another_task(tmp_path: Path) -> None:
+    h, _ = queued_harness(tmp_path, lambda payload, request_id: list(payload))
+    queue(h, "r1")
+    sent: list[bool] = []
+    fake_sleep = h.runtime._sleep
+
+    def sleep(seconds: float) -> None:  # while the task waits for more: a request comes in
+        if not sent:
+            h.submit("r9", b'{"n": "r9"}')
+            sent.append(h.requests.queue("echo", "r9"))
+        fake_sleep(seconds)
+
+    h.runtime._sleep = sleep
+    h.runtime.run_queued("echo", Delivery("node-a", "task-1"))
+    assert sent == [True]  # the running task had started: the request sent a task of its own
+
+
+def test_the_queued_task_of_a_node_that_died_takes_its_batch_again_and_records_it_once(tmp_path: Path) -> None:
+    calls: list[Any] = []
+    h, woken = queued_harness(tmp_path, lambda payload, request_id: calls.append(request_id) or list(payload))
+    queue(h, "r1", "r2", "r3", "r4")
+    assert [r for r, _ in h.requests.claim("echo", "task-1", 3, 1.0)] == ["r1", "r2", "r3"]  # then its node died
+    h.runtime.run_queued("echo", Delivery("node-b", "task-1"))  # its message, given back
+    assert calls == [["r1", "r2", "r3"]]
+    assert all(h.record(r).deliveries == 2 and h.record(r).status is RequestStatus.COMPLETED
+               for r in ("r1", "r2", "r3"))
+    assert h.record("r4").status is RequestStatus.IN_QUEUE and woken == [("echo", "cpu")]
+
+
+def test_queued_requests_of_an_api_deleted_since_are_failed_saying_so(tmp_path: Path) -> None:
+    h, woken = queued_harness(tmp_path, lambda payload, request_id: list(payload))
+    queue(h, "r1", "r2")
+    h.registry.delete("echo")
+    h.runtime.run_queued("echo", Delivery("node-a", "task-1"))
+    for request_id in ("r1", "r2"):
+        record = h.record(request_id)
+        assert (record.status, record.message) == (RequestStatus.FAILED, "api echo is not deployed any more")
+    assert woken == []
+
+
+def test_queued_requests_of_an_api_redeployed_without_batching_run_one_at_a_time(tmp_path: Path) -> None:
+    calls: list[Any] = []
+    h, _ = queued_harness(tmp_path, lambda payload, request_id: calls.append(request_id) or {"one": payload})
+    queue(h, "r1", "r2")
+    h.registry.put(api_config(), "bundle-1", now=2.0)  # no server_side_batching any more
+    h.runtime.run_queued("echo", Delivery("node-a", "task-1"))
+    assert calls == ["r1", "r2"]
+    assert h.record("r2").result == b'{"one": {"n": "r2"}}'

@@ -62,5 +62,5 @@ def test_no_periodic_task_goes_to_the_worker_nodes() -> None:
     assert app.conf.beat_schedule == {}
     assert app.conf.beat_scheduler == "beat.scheduler:MaintenanceScheduler"
     assert sorted(name for name in app.tasks if name.startswith("sluice.")) == [
-        "sluice.finish_job", "sluice.run_async", "sluice.run_batch"]
+        "sluice.finish_job", "sluice.run_async", "sluice.run_async_queued", "sluice.run_batch"]
     assert MaintenanceScheduler(app).schedule == {}  # not even Celery's backend_cleanup

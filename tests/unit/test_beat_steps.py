@@ -10,13 +10,17 @@ from dataclasses import dataclass
 
 import pytest
 
-from beat.steps import check_timeouts, fail_stalled_enqueues
+from beat.steps import check_timeouts, fail_stalled_enqueues, wake_queued_requests
+from foundation.memory import MemoryApiRegistry
+from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
 from jobs.job import Job, JobStatus
+from jobs.memory_async import MemoryAsyncRequests
 from jobs.memory_nodes import MemoryNodes
 from jobs.memory_queues import MemoryJobQueues
 from jobs.placement import Placement
 from jobs.store import JobField
 from jobs.store.memory import MemoryJobStore
+from predictors_runtime.config import ApiConfig
 
 T0 = 1_700_000_000.0
 
@@ -233,3 +237,21 @@ def test_a_stalled_enqueue_is_failed_even_beside_a_corrupt_record(services: Beat
     services.store.hash_of("a-corrupt")[JobField.ENQUEUE_SEEN] = "not a time"
 
     assert services.fail_stalled_enqueues(now=T0 + 2 * STALE_S, stale_after_s=STALE_S) == ["b-orphan"]
+
+
+def test_beat_sends_a_task_for_queued_async_requests_that_have_none_on_its_way() -> None:
+    registry = MemoryApiRegistry()
+    for name in ("summarise", "idle"):
+        registry.put(ApiConfig.model_validate({"name": name, "kind": "AsyncAPI", "predictor": {
+            "path": "p.py", "server_side_batching": {"max_batch_size": 4, "batch_interval": 0.1}}}), "b1", now=1.0)
+    requests = MemoryAsyncRequests()
+    requests.create(AsyncRequest("summarise", "r1", RequestStatus.IN_QUEUE, PayloadKind.JSON, 1.0, payload=b"1"), 1.0)
+    assert requests.queue("summarise", "r1")  # its submitter died before sending the task
+    sent: list[tuple[str, str]] = []
+
+    assert wake_queued_requests(registry, requests, lambda api, queue: sent.append((api, queue))) == []
+    requests.woken("summarise")  # the key set for the lost task is gone (its expiry, in Redis)
+    assert wake_queued_requests(registry, requests, lambda api, queue: sent.append((api, queue))) == [
+        "summarise"]
+    assert sent == [("summarise", "cpu")]
+    assert wake_queued_requests(registry, requests, lambda api, queue: sent.append((api, queue))) == []
