@@ -2,10 +2,11 @@
 
 An existing Cortex project should deploy unchanged, so the reader accepts Cortex's spellings
 (`handler:` for `predictor:`, `multi_model_reloading:` for `models:`) and Cortex fields that
-mean nothing on Celery (autoscaling, networking, ...), which it lists in `ignored_fields` so the
-deploy can report them once. Anything else it does not know is an error: a typo should fail at
-deploy time, not be silently dropped. Every error names the file, the API and the field path,
-because the user has to find the line to fix.
+mean nothing on Celery (networking, monitoring, ..., and `autoscaling` outside a RealtimeAPI or
+AsyncAPI), which it lists in `ignored_fields` so the deploy can report them once. A RealtimeAPI's
+or AsyncAPI's `autoscaling` is validated (`autoscaling_config.py`). Anything else it does not
+know is an error: a typo should fail at deploy time, not be silently dropped. Every error names
+the file, the API and the field path, because the user has to find the line to fix.
 """
 
 from __future__ import annotations
@@ -17,22 +18,30 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from foundation.errors import ConfigError
 from foundation.limits import MAX_BATCH_TIMEOUT_S
+from predictors_runtime.autoscaling_config import MAX_REPLICA_CONCURRENCY, AutoscalingConfig, count_or
+from predictors_runtime.config_base import ConfigModel as _Model
+from predictors_runtime.config_base import FieldProblem as _Problem
 from predictors_runtime.predictor_types import DEFAULT_TYPE, PREDICTOR_TYPES, PredictorTypeName
 
 KINDS = ("BatchAPI", "RealtimeAPI", "TaskAPI", "AsyncAPI")
 TASK_KIND = "TaskAPI"
 ASYNC_KIND = "AsyncAPI"
+REALTIME_KIND = "RealtimeAPI"
+# Kinds whose replicas follow an `autoscaling` section (an AsyncAPI may scale to zero); the
+# others accept the section as Cortex files carry it, and list it in `ignored_fields`.
+SCALED_KINDS = (REALTIME_KIND, ASYNC_KIND)
 # Predictor types an AsyncAPI's `server_side_batching` hands lists to (`predict(payload=[...])`).
 ASYNC_BATCHING_TYPES = ("python", "onnx")
 RESERVED_NAMES = frozenset({"apis", "batch", "healthz", "metrics", "openapi.json", "tasks"})
 # A TaskAPI's `definition:` (Cortex's name for its code section) takes these fields, and is held
 # as the API's `predictor` section (type python) so that one builder makes tasks and predictors.
 TASK_DEFINITION_FIELDS = ("path", "config", "env", "python_path", "log_level")
-# Cortex fields accepted for compatibility but without effect here, by section.
+# Cortex fields accepted for compatibility but without effect here, by section (`autoscaling`
+# only for the kinds outside SCALED_KINDS).
 IGNORED_API_FIELDS = ("autoscaling", "networking", "update_strategy", "monitoring")
 IGNORED_PREDICTOR_FIELDS = ("image", "tensorflow_serving_image", "shm_size", "dependencies")
 # Bounds of the realtime fields: generous, but finite so no value can overflow a timer or a proxy setting.
@@ -47,14 +56,6 @@ _CPU_RE = re.compile(r"^(\d+(\.\d*)?|\.\d+)(m?)$")
 _MEM_RE = re.compile(r"^(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?$")
 
 
-class _Problem(ValueError):
-    """A validator's complaint about a sub-field, so the error path can name that field."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
 def _relative_path(value: str) -> str:
     """Reject paths that would reach outside the project folder the predictor runs in."""
     if not value:
@@ -65,12 +66,6 @@ def _relative_path(value: str) -> str:
     if normal == ".." or normal.startswith("../"):
         raise ValueError(f"must not leave the project folder (got {value!r})")
     return value
-
-
-class _Model(BaseModel):
-    """Shared settings: unknown fields are errors and parsed configs are not edited in place."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _path_text(value: str | None) -> str | None:
@@ -305,6 +300,8 @@ class ApiConfig(_Model):
     kind: Literal["BatchAPI", "RealtimeAPI", "TaskAPI", "AsyncAPI"]
     predictor: PredictorConfig
     compute: ComputeConfig = Field(default_factory=ComputeConfig)
+    # Set for the SCALED_KINDS (Cortex's defaults when the file has no such section), else None.
+    autoscaling: AutoscalingConfig | None = None
     ignored_fields: list[str] = Field(default_factory=list)
 
     @field_validator("name")
@@ -335,6 +332,41 @@ class ApiConfig(_Model):
     @classmethod
     def _empty_compute(cls, value: Any) -> Any:
         return {} if value is None else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _autoscaling_defaults(cls, data: Any) -> Any:
+        """A scaled kind always has an autoscaling section, whose target defaults, as on Cortex, to
+        the requests one replica runs at once: the predictor's processes x threads."""
+        if not isinstance(data, dict) or data.get("kind") not in SCALED_KINDS:
+            return data
+        section = data.get("autoscaling")
+        section = {} if section is None else section
+        if isinstance(section, dict) and not {"target_replica_concurrency", "target_in_flight"} & section.keys():
+            predictor = data.get("predictor")
+            predictor = predictor if isinstance(predictor, dict) else {}
+            processes = count_or(predictor.get("processes_per_replica", 1), 1)
+            threads = count_or(predictor.get("threads_per_process", 1), 1)
+            # Clamped to the target's bounds: a processes or threads figure out of its own is
+            # reported on its own field, not again as a target the user did not write.
+            target = min(max(1, processes * threads), MAX_REPLICA_CONCURRENCY)
+            section = {**section, "target_replica_concurrency": target}
+        return {**data, "autoscaling": section}
+
+    @model_validator(mode="after")
+    def _autoscaling_fits_kind(self) -> ApiConfig:
+        """Only an AsyncAPI can wait at zero replicas: its requests queue until a node serves them,
+        while a realtime request needs a replica to answer it."""
+        scaling = self.autoscaling
+        if scaling is None:
+            return self
+        if self.kind not in SCALED_KINDS:
+            raise _Problem("autoscaling",
+                           f"only a {' or '.join(SCALED_KINDS)} has replicas to scale (kind is {self.kind})")
+        if self.kind == REALTIME_KIND and scaling.min_replicas == 0:
+            raise _Problem("autoscaling.min_replicas",
+                           "must be at least 1 for a RealtimeAPI (only an AsyncAPI scales to zero)")
+        return self
 
     @model_validator(mode="after")
     def _batching_fits_kind(self) -> ApiConfig:
@@ -579,8 +611,9 @@ def _parse_one(raw: Any, index: int, source: str) -> tuple[ApiConfig | None, lis
     name = raw.get("name")
     prefix = f"{source}: API #{index}" + (f" ({name})" if isinstance(name, str) and name else "")
     problems: list[str] = []
-    ignored = [k for k in IGNORED_API_FIELDS if k in raw]
-    data = {k: v for k, v in raw.items() if k not in IGNORED_API_FIELDS}
+    ignored_here = [k for k in IGNORED_API_FIELDS if not (k == "autoscaling" and raw.get("kind") in SCALED_KINDS)]
+    ignored = [k for k in ignored_here if k in raw]
+    data = {k: v for k, v in raw.items() if k not in ignored_here}
     if "ignored_fields" in data:
         problems.append(f"{prefix}: ignored_fields: unknown field")
         data.pop("ignored_fields")

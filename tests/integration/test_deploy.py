@@ -83,6 +83,23 @@ def test_an_invalid_cortex_yaml_is_refused_naming_the_file_and_field(client, tmp
     assert "predictor.colour" in refused.value.server_message
 
 
+def test_an_autoscaling_figure_that_cannot_work_is_refused_naming_the_field(client, tmp_path):
+    folder = tmp_path / "badly-scaled"
+    folder.mkdir()
+    (folder / "predictor.py").write_text("class PythonPredictor:\n    pass\n")
+    (folder / "cortex.yaml").write_text(
+        "- name: badly-scaled\n  kind: RealtimeAPI\n  predictor: {path: predictor.py}\n"
+        "  autoscaling: {min_replicas: 3, max_replicas: 2}\n"
+    )
+
+    with pytest.raises(ClientError) as refused:
+        client.deploy(folder / "cortex.yaml")
+
+    assert refused.value.http_status == 400
+    assert "autoscaling.min_replicas: must be <= max_replicas (3 > 2)" in refused.value.server_message
+    assert "badly-scaled" not in [a["name"] for a in client.apis()]
+
+
 def test_a_predictor_path_missing_from_the_project_is_refused(client, tmp_path):
     folder = tmp_path / "missing"
     folder.mkdir()

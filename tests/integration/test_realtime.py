@@ -163,7 +163,9 @@ def test_a_deployed_realtime_api_answers_json_at_the_public_url(rt_stack, rt_cli
     assert rt_client.predict(name, [1, 2])["echo"] == [1, 2]
 
     described = rt_client.api(name)
-    assert described["kind"] == "RealtimeAPI" and described["ignored_fields"] == ["autoscaling"]
+    assert described["kind"] == "RealtimeAPI" and described["ignored_fields"] == []
+    assert described["spec"]["autoscaling"]["min_replicas"] == 1  # read, with Cortex's defaults for the rest
+    assert described["spec"]["autoscaling"]["target_replica_concurrency"] == 1
     (replica,) = described["replicas"]
     assert replica["ready"] and not replica["draining"] and replica["bundle"] == described["bundle"]
     assert replica["id"] == body["replica"]
