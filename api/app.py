@@ -42,7 +42,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.extensions[context.FIGURE_STORE] = RedisFigureStore(services.redis)
     # This process's figures (jobs submitted, responses) go to Redis in the background; /metrics
     # shows the sums of every process (api/metrics.py).
-    app.extensions["sluice.figures"] = recorder = (recorder or Recorder.for_url(settings.redis_url)).start()
+    app.extensions["sluice.figures"] = recorder = (recorder or Recorder.for_url(settings.redis_address)).start()
     process_figures.install(recorder)
 
     # API keys first: an unauthenticated request gets no further (a no-op without keys).

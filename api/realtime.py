@@ -293,7 +293,7 @@ def create_replica_app(settings: ReplicaSettings | None = None, build: Build | N
         install_api_log_handler(settings.sluice, api.name, log_streams)  # `sluice logs API` shows its lines
     # Requests, rejections, batch sizes and model loads of this process, summed with every other's
     # in Redis by a background thread: the request path only adds in memory (foundation/figures.py).
-    recorder = recorder or Recorder.for_url(settings.sluice.redis_url).start()
+    recorder = recorder or Recorder.for_url(settings.sluice.redis_address).start()
     process_figures.install(recorder)
     meter = RealtimeFigures(recorder, api.name)
     replica = _Replica(settings, api, build or build_from_project)

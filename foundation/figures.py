@@ -43,6 +43,7 @@ import redis
 from . import keys
 from .figure_store import FigureStore, Increment, RedisFigureStore
 from .redis_clients import BACKGROUND, client
+from .settings import RedisAddress
 
 log = logging.getLogger(__name__)
 
@@ -203,10 +204,10 @@ class Recorder:
             _fork_hook_registered = True
 
     @classmethod
-    def for_url(cls, url: str, interval_s: float = FLUSH_INTERVAL_S) -> Recorder:
-        """A recorder adding to the Redis at `url` with a background client of its own: no retries
-        inside a flush (a failed flush is kept and sent with the next), short timeouts so that exit
-        is never held up for long (`foundation.redis_clients.BACKGROUND`)."""
+    def for_url(cls, url: str | RedisAddress, interval_s: float = FLUSH_INTERVAL_S) -> Recorder:
+        """A recorder adding to the Redis at `url` (or `Settings.redis_address`) with a background
+        client of its own: no retries inside a flush (a failed flush is kept and sent with the
+        next), short timeouts so that exit is never held up for long (`foundation.redis_clients.BACKGROUND`)."""
         return cls(RedisFigureStore(client(url, BACKGROUND)), interval_s)
 
     # series

@@ -1,9 +1,16 @@
 """Every Redis client a Sluice process uses, built in one place, by named policy.
 
 A policy says how long a client waits for Redis and what it does when Redis does not answer;
-`client(url, policy)` is the one function that builds a `redis.Redis` (a later Sentinel setup
-plugs in here). Every connection gets a socket timeout, a connect timeout and TCP keepalive, so
-that a Redis that went away (a dead host, a dropped NAT entry) is noticed instead of waited on.
+`client(where, policy)` is the one function that builds a `redis.Redis`, for a URL or for the
+primary that Redis Sentinel names (`Settings.redis_address`). Every connection gets a socket
+timeout, a connect timeout and TCP keepalive, so that a Redis that went away (a dead host, a
+dropped NAT entry) is noticed instead of waited on.
+
+With sentinels, a client is redis-py's `Sentinel.master_for`: each new connection asks the
+sentinels for the primary, and a connection to a server that is no longer the primary (it died,
+or was demoted and answers READONLY) is dropped, so the store's retry below sends the command
+again to whichever server the sentinels promoted. The job store's Lua scripts are redis-py
+`Script`s, which load themselves again on the promoted server's NOSCRIPT.
 
 - `STORE` (`store_client`): the job store and the API's services. Rides out Redis stalls and
   restarts: a command is sent again, with backoff, for up to `Settings.redis_retry_s`
@@ -42,8 +49,10 @@ import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import AuthorizationError
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from foundation.errors import NotReady, SluiceError
+from foundation.settings import RedisAddress
 
 if TYPE_CHECKING:
     from foundation.settings import Settings
@@ -53,8 +62,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Errors after which a command may succeed if sent again: the connection broke, or no reply came
-# in time, or Redis is still loading its data after a restart (BusyLoadingError is a ConnectionError).
-TRANSIENT_ERRORS: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError, TimeoutError)
+# in time, or Redis is still loading its data after a restart (BusyLoadingError is a ConnectionError),
+# or the server was the primary and is a replica now (READONLY: a failover demoted it; through
+# sentinels redis-py turns that into a ConnectionError, through a plain URL an address that moves to
+# the new primary answers again once it has).
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError, redis.TimeoutError, TimeoutError, redis.ReadOnlyError,
+)
 # ConnectionErrors that sending again cannot cure.
 _PERMANENT_ERRORS: tuple[type[Exception], ...] = (redis.AuthenticationError, AuthorizationError)
 
@@ -168,40 +182,59 @@ HEARTBEAT = ClientPolicy("heartbeat", socket_timeout_s=5.0, connect_timeout_s=5.
 BACKGROUND = ClientPolicy("background", socket_timeout_s=2.0, connect_timeout_s=2.0)
 
 
-def client(url: str, policy: ClientPolicy, **options: Any) -> redis.Redis:
-    """A client for `url` that behaves as `policy` says: the one place a Sluice process builds one.
-
-    `options` are redis-py's own, over the policy's (a test's shorter socket timeout, say).
-    Nothing connects until the first command.
-    """
-    settings: dict[str, Any] = {
+def socket_options(policy: ClientPolicy) -> dict[str, Any]:
+    """The socket timeouts and keepalive of `policy`, as redis-py's keyword arguments."""
+    return {
         "socket_timeout": policy.socket_timeout_s,
         "socket_connect_timeout": policy.connect_timeout_s,
         "socket_keepalive": True,
         "socket_keepalive_options": KEEPALIVE_OPTIONS,
+    }
+
+
+def client(where: str | RedisAddress, policy: ClientPolicy, **options: Any) -> redis.Redis:
+    """A client for `where` (a URL, or `Settings.redis_address`) that behaves as `policy` says: the
+    one place a Sluice process builds one.
+
+    `options` are redis-py's own, over the policy's (a test's shorter socket timeout, say).
+    Nothing connects until the first command.
+    """
+    address = RedisAddress(url=where) if isinstance(where, str) else where
+    settings: dict[str, Any] = {
+        **socket_options(policy),
         "health_check_interval": policy.health_check_interval_s,
         "retry": RideOut(policy.retry_s) if policy.retry_s > 0 else Retry(NoBackoff(), 0),
     }
+    if address.password is not None:
+        settings["password"] = address.password  # a password in the URL wins over this one
     settings.update(options)
-    return redis.Redis.from_url(url, **settings)
+    if not address.sentinels:
+        return redis.Redis.from_url(address.url, **settings)
+    # The sentinels are asked with the same timeouts and keepalive (a vanished sentinel is skipped
+    # for the next), without retries: redis-py asks each in turn, and the command's retry asks again.
+    sentinel_settings: dict[str, Any] = {**socket_options(policy), "password": address.sentinel_password}
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]  # redis-py's Sentinel is untyped
+        list(address.sentinels), sentinel_kwargs=sentinel_settings, **settings)
+    primary: redis.Redis = sentinels.master_for(address.master)  # type: ignore[no-untyped-call]
+    return primary
 
 
 def store_client(settings: Settings) -> redis.Redis:
     """The job store's client (and the API's): rides out stalls for `settings.redis_retry_s`."""
-    return client(settings.redis_url, STORE.riding_out(settings.redis_retry_s))
+    return client(settings.redis_address, STORE.riding_out(settings.redis_retry_s))
 
 
 def heartbeat_client(settings: Settings) -> redis.Redis:
     """A looping process's client for registries and heartbeats: short timeouts, no retries."""
-    return client(settings.redis_url, HEARTBEAT)
+    return client(settings.redis_address, HEARTBEAT)
 
 
 def background_client(settings: Settings) -> redis.Redis:
     """A flusher thread's client (figures, log lines): shorter timeouts still, no retries."""
-    return client(settings.redis_url, BACKGROUND)
+    return client(settings.redis_address, BACKGROUND)
 
 
-def connect(url: str, retry_s: float, **options: Any) -> redis.Redis:
-    """The store's client for `url` whose every command rides out Redis failures for up to `retry_s`
+def connect(where: str | RedisAddress, retry_s: float, **options: Any) -> redis.Redis:
+    """The store's client for `where` whose every command rides out Redis failures for up to `retry_s`
     seconds (`store_client` builds the same from settings)."""
-    return client(url, STORE.riding_out(retry_s), **options)
+    return client(where, STORE.riding_out(retry_s), **options)

@@ -22,6 +22,66 @@ from .limits import (
 )
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+SENTINELS_VARIABLE = "SLUICE_REDIS_SENTINELS"
+
+
+@dataclass(frozen=True)
+class RedisAddress:
+    """Where a process finds Redis: a URL, or the primary that Redis Sentinel names.
+
+    With `sentinels` set, every client asks them which server is the primary of `master` (and
+    asks again after a failover) and `url` is unused; `foundation/redis_clients.py` builds both
+    kinds, `jobs/broker.py` the broker's URL. The passwords are kept out of repr and logs.
+    """
+
+    url: str = DEFAULT_REDIS_URL
+    sentinels: tuple[tuple[str, int], ...] = ()
+    master: str = ""
+    password: str | None = field(default=None, repr=False)
+    sentinel_password: str | None = field(default=None, repr=False)
+
+    def __str__(self) -> str:
+        """For messages: the sentinels and master, or the URL without its password."""
+        if self.sentinels:
+            return f"the primary {self.master!r} of the sentinels " + ",".join(f"{h}:{p}" for h, p in self.sentinels)
+        return _without_password(self.url)
+
+
+def _without_password(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    credentials, at, location = rest.rpartition("@")
+    return f"{scheme}{sep}{'***@' if credentials else ''}{location}" if at else url
+
+
+def _sentinels(env: Mapping[str, str]) -> tuple[tuple[str, int], ...]:
+    """`host:port,host:port,...` (an IPv6 host in brackets), each port 1-65535."""
+    raw = env.get(SENTINELS_VARIABLE) or ""
+    found: list[tuple[str, int]] = []
+    for entry in filter(None, (part.strip() for part in raw.split(","))):
+        host, colon, port = entry.rpartition(":")
+        host = host.strip("[]")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{SENTINELS_VARIABLE}: expected host:port[,host:port...], got {entry!r} in {raw!r}")
+        found.append((host, int(port)))
+    return tuple(found)
+
+
+def redis_address_from_env(env: Mapping[str, str]) -> RedisAddress:
+    """The Redis settings, checked together: sentinels want a master name, and exclude a URL."""
+    sentinels = _sentinels(env)
+    master = (env.get("SLUICE_REDIS_MASTER") or "").strip()
+    url = env.get("SLUICE_REDIS_URL") or ""
+    sentinel_password = env.get("SLUICE_REDIS_SENTINEL_PASSWORD") or None
+    if sentinels and not master:
+        raise ConfigError(f"{SENTINELS_VARIABLE} is set: SLUICE_REDIS_MASTER must name the primary the sentinels watch")
+    if sentinels and url:
+        raise ConfigError(f"SLUICE_REDIS_URL and {SENTINELS_VARIABLE} are both set: set one (the sentinels "
+                          "find the primary)")
+    if not sentinels and (master or sentinel_password):
+        unused = "SLUICE_REDIS_MASTER" if master else "SLUICE_REDIS_SENTINEL_PASSWORD"
+        raise ConfigError(f"{unused} is set but {SENTINELS_VARIABLE} is not: list the sentinels as host:port,...")
+    return RedisAddress(url=url or DEFAULT_REDIS_URL, sentinels=sentinels, master=master,
+                        password=env.get("SLUICE_REDIS_PASSWORD") or None, sentinel_password=sentinel_password)
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:
@@ -52,6 +112,12 @@ class Settings:
     """What every Sluice process needs to find Redis, storage and its timings."""
 
     redis_url: str = DEFAULT_REDIS_URL
+    # Redis Sentinel (`SLUICE_REDIS_SENTINELS`, `SLUICE_REDIS_MASTER`) and the passwords: with
+    # sentinels set, `redis_url` is unused (see `redis_address`).
+    redis_sentinels: tuple[tuple[str, int], ...] = ()
+    redis_master: str = ""
+    redis_password: str | None = field(default=None, repr=False)
+    redis_sentinel_password: str | None = field(default=None, repr=False)
     storage: str = str(Path.home() / ".sluice" / "storage")
     cache_dir: str = str(Path.home() / ".sluice" / "cache")
     # Longest time a single batch may run before Redis hands its message to another worker.
@@ -75,6 +141,9 @@ class Settings:
     # How long a Redis call is repeated (with backoff) while Redis stalls or restarts, before the
     # caller gives up (foundation/redis_clients.py).
     redis_retry_s: float = 30.0
+    # A worker node that has taken nothing for this long while its queues held messages ends
+    # itself, to be restarted on a fresh connection (jobs/stall_watch.py).
+    worker_stall_s: float = 60.0
     # How often live reloading looks for changed models.
     model_poll_interval_s: float = 10.0
     # Seconds one try of a batch may run when neither the job nor its API says (None: no limit).
@@ -101,13 +170,24 @@ class Settings:
     # How long an AsyncAPI request (its record, payload and result) is kept after its last change.
     async_retention_s: float = DEFAULT_ASYNC_RETENTION_S
 
+    @property
+    def redis_address(self) -> RedisAddress:
+        """Where this deployment's Redis is: what every client and the broker are built from."""
+        return RedisAddress(self.redis_url, self.redis_sentinels, self.redis_master, self.redis_password,
+                            self.redis_sentinel_password)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read `SLUICE_*` variables; anything unset keeps its default."""
         env = os.environ if env is None else env
         defaults = cls()
+        redis_address = redis_address_from_env(env)
         return cls(
-            redis_url=env.get("SLUICE_REDIS_URL") or defaults.redis_url,
+            redis_url=redis_address.url,
+            redis_sentinels=redis_address.sentinels,
+            redis_master=redis_address.master,
+            redis_password=redis_address.password,
+            redis_sentinel_password=redis_address.sentinel_password,
             storage=env.get("SLUICE_STORAGE") or defaults.storage,
             cache_dir=env.get("SLUICE_CACHE_DIR") or defaults.cache_dir,
             visibility_timeout_s=_number(env, "SLUICE_VISIBILITY_TIMEOUT", defaults.visibility_timeout_s),
@@ -121,6 +201,7 @@ class Settings:
             enqueue_stale_s=_number(env, "SLUICE_ENQUEUE_STALE_AFTER", defaults.enqueue_stale_s),
             model_poll_interval_s=_number(env, "SLUICE_MODEL_POLL_INTERVAL", defaults.model_poll_interval_s),
             redis_retry_s=_number(env, "SLUICE_REDIS_RETRY_S", defaults.redis_retry_s),
+            worker_stall_s=_number(env, "SLUICE_WORKER_STALL_S", defaults.worker_stall_s),
             batch_timeout_s=_time_limit(env, "SLUICE_BATCH_TIMEOUT"),
             hard_stop_grace_s=_number(env, "SLUICE_HARD_STOP_GRACE_S", defaults.hard_stop_grace_s),
             local_input_roots=tuple(

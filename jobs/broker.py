@@ -11,8 +11,13 @@ a `redis.Redis` on a pool is safe to share between threads.
 It also reads and acknowledges unacknowledged messages by task id, for a node settling the
 deliveries it held when its connection broke (`jobs/settle.py`).
 
-Only plain `redis://` URLs use it; other schemes (`rediss://`, whose TLS defaults kombu derives
-from the scheme name, `redis+socket://`, `sentinel://`) keep kombu's own transport.
+Plain `redis://` URLs use it, and Redis Sentinel (kombu's `sentinel://` transport, the same
+channel on a pool that asks the sentinels for the primary); other schemes (`rediss://`, whose TLS
+defaults kombu derives from the scheme name, `redis+socket://`) keep kombu's own transport.
+
+`broker_url` and `transport_options` turn `Settings.redis_address` into what kombu wants: the
+sentinels as `sentinel://h1:p1;sentinel://h2:p2` with the master's name and the sentinels'
+password in the transport options.
 """
 
 from __future__ import annotations
@@ -21,15 +26,76 @@ import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from kombu.transport import redis as kombu_redis
 
+from foundation.redis_clients import HEARTBEAT, KEEPALIVE_OPTIONS
+from foundation.settings import RedisAddress, Settings
+
 TRANSPORT_PATH = "jobs.broker:Transport"
+SENTINEL_TRANSPORT_PATH = "jobs.broker:SentinelTransport"
+# kombu's checks of its long-lived connections (a PING on the pub/sub one, an overdue BRPOP
+# dropped) every this many seconds: a node's dead BRPOP connection is replaced within about
+# twice this after its last reply.
+BROKER_HEALTH_CHECK_S = 10
 
 
-class Channel(kombu_redis.Channel):
-    """A kombu Redis channel that reuses one client for its own commands."""
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def broker_url(address: RedisAddress) -> str:
+    """kombu's URL for `address`: the sentinels, each as `sentinel://host:port` joined by `;`, the
+    primary's password on the first; or the Redis URL, given `SLUICE_REDIS_PASSWORD` if it has none."""
+    password = f":{quote(address.password, safe='')}@" if address.password else ""
+    if address.sentinels:
+        first, *others = (_netloc(host, port) for host, port in address.sentinels)
+        return ";".join([f"sentinel://{password}{first}/0", *(f"sentinel://{netloc}" for netloc in others)])
+    parsed = urlparse(address.url)
+    if password and parsed.scheme.startswith("redis") and "@" not in parsed.netloc:
+        return parsed._replace(netloc=password + parsed.netloc).geturl()
+    return address.url
+
+
+def transport_options(settings: Settings) -> dict[str, Any]:
+    """kombu's transport options: Sluice's queue timings, and sockets that notice a vanished Redis.
+
+    - `socket_timeout` is the store's retry window (`SLUICE_REDIS_RETRY_S`), not the store's
+      5 s: kombu sends a publish once, so a Redis that stalls for less than the window (a slow
+      fork, a paused VM) must be waited for, while a connection that died silently (a failover
+      to another host, a dropped NAT entry) is given up after it rather than never.
+    - `socket_keepalive` (with Sluice's probe timings) and `health_check_interval`: a dead peer is
+      noticed on an idle connection, and kombu drops a BRPOP whose reply is overdue by that long
+      (kombu 5.7).
+    - No `retry_on_timeout`: kombu would then no longer pipeline a job's publishes (a pipeline
+      sent again could queue a batch twice).
+    """
+    options: dict[str, Any] = {
+        "visibility_timeout": int(settings.visibility_timeout_s),
+        "polling_interval": settings.broker_poll_interval_s,
+        "queue_order_strategy": "round_robin",
+        "socket_timeout": settings.redis_retry_s,
+        "socket_connect_timeout": HEARTBEAT.connect_timeout_s,
+        "socket_keepalive": True,
+        "socket_keepalive_options": KEEPALIVE_OPTIONS,
+        "health_check_interval": BROKER_HEALTH_CHECK_S,
+    }
+    address = settings.redis_address
+    if address.sentinels:
+        options["master_name"] = address.master
+        options["sentinel_kwargs"] = {
+            "socket_timeout": HEARTBEAT.socket_timeout_s,
+            "socket_connect_timeout": HEARTBEAT.connect_timeout_s,
+            "socket_keepalive": True,
+            "socket_keepalive_options": KEEPALIVE_OPTIONS,
+            "password": address.sentinel_password,
+        }
+    return options
+
+
+class _OwnClient:
+    """Reuses one client for a kombu Redis channel's own commands."""
 
     _own_client: Any = None
 
@@ -39,17 +105,31 @@ class Channel(kombu_redis.Channel):
             yield client
             return
         if self._own_client is None:
-            self._own_client = self._create_client()  # type: ignore[no-untyped-call]  # kombu's, untyped
+            self._own_client = self._create_client()  # type: ignore[attr-defined]  # kombu's Channel's
         yield self._own_client
+
+
+class Channel(_OwnClient, kombu_redis.Channel):
+    """A kombu Redis channel that reuses one client for its own commands."""
+
+
+class SentinelChannel(_OwnClient, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel, reusing one client likewise (its pool asks the sentinels)."""
 
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
 def transport_for(broker_url: str) -> str | None:
-    """The transport to configure for `broker_url`: Sluice's for redis://, else kombu's choice (None)."""
-    return TRANSPORT_PATH if urlparse(broker_url).scheme == "redis" else None
+    """The transport to configure for `broker_url`: Sluice's for redis:// and sentinel://, else
+    kombu's choice (None)."""
+    scheme = urlparse(broker_url).scheme
+    return {"redis": TRANSPORT_PATH, "sentinel": SENTINEL_TRANSPORT_PATH}.get(scheme)
 
 
 def unacked_tags(channel: Any, task_ids: Iterable[str]) -> dict[str, str]:

@@ -20,7 +20,9 @@
 - `polling_interval` bounds kombu's BRPOP: a node told to consume a new job queue (see
   `jobs/placement.py`) only starts on it when its current wait ends (1 s by kombu's default,
   half a second of every job's start on average).
-- The transport is kombu's Redis one with a reused client (`jobs/broker.py`).
+- The transport is kombu's Redis one with a reused client (`jobs/broker.py`), or its Sentinel
+  one when `SLUICE_REDIS_SENTINELS` is set (the broker then follows a failover as the store
+  does); its sockets time out and are kept alive (`jobs.broker.transport_options`).
 - `beat_scheduler`: `celery -A jobs beat` runs Sluice's maintenance steps (timeouts, placement)
   in its own process (`beat/scheduler.py`); no periodic task goes to the nodes, whose predictors
   may hang. Named, not imported: only beat's process loads it.
@@ -42,20 +44,16 @@ MAINTENANCE_SCHEDULER = "beat.scheduler:MaintenanceScheduler"
 
 def create_celery(settings: Settings) -> Celery:
     """A configured app with Sluice's tasks, beat scheduler and worker-node hooks registered."""
-    from .broker import transport_for
+    from .broker import broker_url, transport_for, transport_options
     from .tasks import register_tasks
     from .wiring import init_services, worker_runtime
     from .worker_node import install_worker_hooks
 
     # No result backend: tasks report to the job store, which also does the fan-in (jobs/publish.py).
-    app = Celery("sluice", broker=settings.redis_url, set_as_current=False)
-    transport = {
-        "visibility_timeout": int(settings.visibility_timeout_s),
-        "polling_interval": settings.broker_poll_interval_s,
-        "queue_order_strategy": "round_robin",
-    }
+    broker = broker_url(settings.redis_address)
+    app = Celery("sluice", broker=broker, set_as_current=False)
     app.conf.update(
-        broker_transport=transport_for(settings.redis_url),
+        broker_transport=transport_for(broker),
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=settings.prefetch_multiplier,
@@ -65,7 +63,7 @@ def create_celery(settings: Settings) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         task_ignore_result=True,
-        broker_transport_options=transport,
+        broker_transport_options=transport_options(settings),
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         worker_send_task_events=False,

@@ -83,7 +83,7 @@ class WorkerRuntime:
     def start(cls, services: Services) -> WorkerRuntime:
         """This process's runtime: its batches, items and model loads counted in Redis with every other
         process's, and a job's log lines shipped to the job's log stream too."""
-        figures = Recorder.for_url(services.settings.redis_url).start()
+        figures = Recorder.for_url(services.settings.redis_address).start()
         process_figures.install(figures)
         return cls(services, figures=figures, logs=install_job_log_handler(services.settings))
 

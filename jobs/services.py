@@ -56,7 +56,7 @@ class Services:
     @classmethod
     def connect(cls, settings: Settings, celery: Celery) -> Services:
         """Build the Redis clients and the parts over them; Redis is contacted lazily, on first use."""
-        client = connect(settings.redis_url, settings.redis_retry_s, health_check_interval=30)  # rides out stalls
+        client = connect(settings.redis_address, settings.redis_retry_s, health_check_interval=30)  # rides out stalls
         store = JobStore(client, job_ttl_s=settings.job_ttl_s)
         nodes = Nodes(client, node_ttl_s=settings.node_ttl_s)
         queues = CeleryJobQueues(celery)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -28,8 +30,14 @@ from .broker import keep_visible
 from .nodes import NodeRegistry, Nodes
 from .services import Services
 from .settle import settle_deliveries
+from .stall_watch import StallWatch
 
 log = logging.getLogger(__name__)
+
+# How long a node that ended itself for taking nothing (`jobs/stall_watch.py`) waits for Celery's
+# warm shutdown before it exits hard, and the status it exits with then.
+STALL_EXIT_GRACE_S = 30.0
+EXIT_STALLED = 75
 
 ServicesOf = Callable[[], Services]
 """This process's services (`jobs.wiring.init_services` for the node's app)."""
@@ -44,6 +52,7 @@ class Heartbeat:
         self.node = node
         self._stop = threading.Event()
         self._visible_until = 0.0  # kept visible up to here by the last restart of the clock
+        self.watch = StallWatch(settings.worker_stall_s)
         self._thread = threading.Thread(target=self._run, name="sluice-heartbeat", daemon=True)
 
     def _queues(self) -> list[str]:
@@ -58,6 +67,33 @@ class Heartbeat:
         if now >= self._visible_until - 0.75 * self._settings.visibility_timeout_s:
             keep_visible(client, list(nodes.inflight(self.node)), now)
             self._visible_until = now + self._settings.visibility_timeout_s
+
+    def stalled(self, client: redis.Redis) -> bool:
+        """Whether the node has taken nothing for `SLUICE_WORKER_STALL_S` while its queues held
+        messages (`jobs/stall_watch.py`); one look, one round trip."""
+        from celery.worker import state as worker_state
+
+        busy = bool(worker_state.active_requests or worker_state.reserved_requests)
+        if busy:
+            return self.watch.stalled(busy=True, waiting=0)
+        pipe = client.pipeline(transaction=False)
+        for queue in self._queues():
+            pipe.llen(queue)
+        try:
+            waiting = sum(pipe.execute())
+        except redis.RedisError:
+            self.watch.restart()
+            return False
+        return self.watch.stalled(busy=False, waiting=waiting)
+
+    def _end_stalled_node(self) -> None:
+        """Warm shutdown (SIGTERM to this process), or a hard exit if that hangs: the supervisor
+        starts the node again, on a fresh connection."""
+        log.error("node %s has taken nothing for %g s while its queues hold messages; ending it "
+                  "so that it is started again", self.node, self._settings.worker_stall_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        if not self._stop.wait(STALL_EXIT_GRACE_S):
+            os._exit(EXIT_STALLED)
 
     def _run(self) -> None:
         # A client of its own, without retries: a beat that cannot be written is skipped, the next one is due soon.
@@ -74,6 +110,8 @@ class Heartbeat:
                 if not failing:
                     log.warning("heartbeat of %s failed: %s: %s", self.node, type(e).__name__, e)
                 failing = True
+            if self.stalled(client):
+                self._end_stalled_node()
             self._stop.wait(self._settings.heartbeat_interval_s)
         with contextlib.suppress(redis.RedisError):
             nodes.forget(self.node)
@@ -163,6 +201,11 @@ def install_worker_hooks(app: Celery, settings: Settings, services: ServicesOf) 
         heartbeat.start()
         log.info("sluice node %s serving %s", sender.hostname, heartbeat._queues())
 
+    def _took_a_message(sender: Any = None, **_: object) -> None:
+        heartbeat = state.get("heartbeat")
+        if heartbeat is not None:
+            heartbeat.watch.restart()
+
     def _stop_heartbeat(sender: Any, **_: object) -> None:
         heartbeat = state.pop("heartbeat", None)
         if heartbeat is not None:
@@ -172,4 +215,5 @@ def install_worker_hooks(app: Celery, settings: Settings, services: ServicesOf) 
     signals.setup_logging.connect(_json_lines, weak=False)
     signals.celeryd_after_setup.connect(_consume_assigned_queues, weak=False)
     signals.worker_ready.connect(_start_heartbeat, weak=False)
+    signals.task_received.connect(_took_a_message, weak=False)
     signals.worker_shutdown.connect(_stop_heartbeat, weak=False)

@@ -788,8 +788,8 @@ def apis(ctx: click.Context, output: str) -> None:
 @click.option("--port", default=8888, show_default=True)
 @click.option("--workers", default=1, show_default=True, help="Worker nodes (one predictor process each).")
 def up(port: int, workers: int) -> None:
-    """Start Redis (private, unless SLUICE_REDIS_URL is set), workers, beat, the API, the proxy and a
-    replica of each deployed realtime API; Ctrl-C stops all."""
+    """Start Redis (private, unless SLUICE_REDIS_URL or SLUICE_REDIS_SENTINELS is set), workers, beat,
+    the API, the proxy and a replica of each deployed realtime API; Ctrl-C stops all."""
     import os
 
     with needs_extra("server", "`sluice up`"):
@@ -907,7 +907,7 @@ def proxy(port: int, bind: str, management: str, state_dir: Path | None) -> None
     except KeyboardInterrupt:
         pass
     except redis.RedisError as e:
-        raise click.ClickException(f"cannot reach Redis at {settings.redis_url}: {e}") from e
+        raise click.ClickException(f"cannot reach Redis at {settings.redis_address}: {e}") from e
     finally:
         controller.stop(grace=5.0)
 

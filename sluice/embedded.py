@@ -1,5 +1,5 @@
-"""The embedded stack: a private redis-server, worker nodes, beat, the API, the proxy and the
-realtime replicas as child processes.
+"""The embedded stack: a private redis-server (unless given a Redis or sentinels), worker nodes,
+beat, the API, the proxy and the realtime replicas as child processes.
 
 `sluice up` runs one; the integration tests and benchmarks run the same class, so what they
 check is what users run. The public port is the proxy's (haproxy, `sluice proxy`): it sends a
@@ -31,6 +31,7 @@ from foundation.api_registry import RedisApiRegistry
 from foundation.errors import NotReady
 from foundation.redis_clients import HEARTBEAT
 from foundation.redis_clients import client as redis_client
+from foundation.settings import RedisAddress, redis_address_from_env
 
 from .replica_manager import ReplicaManager
 from .replica_process import no_control_socket
@@ -108,6 +109,12 @@ class Stack:
     _supervisor: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop_supervising: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def redis_address(self) -> RedisAddress:
+        """Where the stack's processes find Redis: `redis_url`, or the sentinels its environment
+        names (`SLUICE_REDIS_SENTINELS`, `SLUICE_REDIS_MASTER`; then no private Redis is started)."""
+        return redis_address_from_env({**os.environ, **self.env, "SLUICE_REDIS_URL": self.redis_url or ""})
 
     @property
     def url(self) -> str:
@@ -191,7 +198,9 @@ class Stack:
         redis_dir.mkdir(parents=True, exist_ok=True)
         self._spawn("redis", [
             "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(redis_dir),
-            "--save", "", "--appendonly", "no", "--protected-mode", "yes",
+            # An append-only file, fsynced every second: a restarted redis-server loses at most a
+            # second of what it acknowledged (RDB snapshots are off: the AOF is enough).
+            "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "yes",
         ])
         self.redis_url = f"redis://127.0.0.1:{port}/0"
         client = redis_client(self.redis_url, HEARTBEAT)
@@ -219,7 +228,7 @@ class Stack:
         that exits first fails the start at once, with its log."""
         if not started:
             return
-        client = redis_client(self.redis_url or "", HEARTBEAT)
+        client = redis_client(self.redis_address, HEARTBEAT)
         pending = list(started)
 
         def all_registered() -> bool:
@@ -288,7 +297,7 @@ class Stack:
             self._own_data_dir = True
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            if not self.redis_url:
+            if not self.redis_url and not self.redis_address.sentinels:
                 self._start_redis()
             # Every part needs only Redis, so all start at once (each is a Python process that spends
             # seconds importing); then each one's own readiness is awaited.
@@ -302,7 +311,7 @@ class Stack:
                 self._wait_for_proxy(proxy)
             self._wait_for_workers(workers)
             if self.realtime:
-                self.replicas = ReplicaManager(RedisApiRegistry(redis_client(self.redis_url or "", HEARTBEAT)),
+                self.replicas = ReplicaManager(RedisApiRegistry(redis_client(self.redis_address, HEARTBEAT)),
                                                self._spawn_launcher)
                 self.replicas.step(time.time())
         except BaseException:

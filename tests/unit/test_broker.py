@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.broker import TRANSPORT_PATH, transport_for
+from jobs.broker import SENTINEL_TRANSPORT_PATH, TRANSPORT_PATH, transport_for
 
 
 @pytest.mark.parametrize(
@@ -17,8 +17,8 @@ from jobs.broker import TRANSPORT_PATH, transport_for
         ("redis://127.0.0.1:6379/0", TRANSPORT_PATH),
         ("rediss://cache.example:6380/0", None),
         ("redis+socket:///run/redis.sock", None),
-        ("sentinel://10.0.0.1:26379", None),
+        ("sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26379", SENTINEL_TRANSPORT_PATH),
     ],
 )
-def test_only_plain_redis_urls_get_the_sluice_transport(url, expected):
+def test_plain_redis_and_sentinel_urls_get_the_sluice_transport(url, expected):
     assert transport_for(url) == expected

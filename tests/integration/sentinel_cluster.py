@@ -1,0 +1,144 @@
+"""A Redis Sentinel deployment of a test's own, on loopback: a primary, a replica and three
+sentinels, each a real redis-server process on a free port, whose primary the test kills.
+
+Sentinels judge a server down after 1 s without an answer (`down-after-milliseconds 1000`) and
+two of them must agree (quorum 2) before one is elected to promote the replica.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from contextlib import suppress
+from pathlib import Path
+
+import redis
+
+from foundation.settings import RedisAddress
+from sluice.embedded import free_port
+
+from .waiting import wait_for
+
+MASTER = "sluice"
+
+
+class SentinelCluster:
+    """Two data servers (one primary, one replica) and three sentinels watching them."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.servers: dict[int, subprocess.Popen[bytes]] = {}
+        self.sentinels: dict[int, subprocess.Popen[bytes]] = {}
+
+    # -- processes --------------------------------------------------------------------------------
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        folder = self.folder / name
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "log", "ab") as log:
+            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=folder)
+
+    def start_server(self, port: int, replica_of: int | None = None) -> None:
+        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.folder / f"redis-{port}"),
+                "--save", "", "--appendonly", "yes", "--appendfsync", "everysec"]
+        if replica_of is not None:
+            argv += ["--replicaof", "127.0.0.1", str(replica_of)]
+        (self.folder / f"redis-{port}").mkdir(parents=True, exist_ok=True)
+        self.servers[port] = self._spawn(f"redis-{port}", argv)
+        wait_for(lambda: _answers(port), 15, f"redis-server on {port}")
+
+    def start(self) -> SentinelCluster:
+        primary, replica = free_port(), free_port()
+        self.start_server(primary)
+        self.start_server(replica, replica_of=primary)
+        for _ in range(3):
+            port = free_port()
+            conf = self.folder / f"sentinel-{port}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.folder}\n"
+                f"sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n"
+                f"sentinel down-after-milliseconds {MASTER} 1000\n"
+                f"sentinel failover-timeout {MASTER} 5000\n"
+            )
+            self.sentinels[port] = self._spawn(f"sentinel-{port}", ["redis-server", str(conf), "--sentinel"])
+        self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        """Each sentinel knows the other two and a connected replica: a failover can then happen."""
+
+        def ready() -> bool:
+            for port in self.sentinels:
+                try:
+                    master = redis.Redis(port=port, socket_timeout=1, decode_responses=True).sentinel_master(MASTER)
+                    replicas = redis.Redis(port=port, socket_timeout=1, decode_responses=True).sentinel_slaves(MASTER)
+                except redis.RedisError:
+                    return False
+                if master["num-other-sentinels"] < 2 or not any(r["master-link-status"] == "ok" for r in replicas):
+                    return False
+            return True
+
+        wait_for(ready, 30, "sentinels that know each other and the replica", interval=0.1)
+
+    def close(self) -> None:
+        for process in [*self.sentinels.values(), *self.servers.values()]:
+            if process.poll() is None:
+                process.terminate()
+        for process in [*self.sentinels.values(), *self.servers.values()]:
+            with suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+    # -- what a test sees and does --------------------------------------------------------------------
+    def address(self) -> RedisAddress:
+        return RedisAddress(sentinels=tuple(("127.0.0.1", port) for port in self.sentinels), master=MASTER)
+
+    def env(self) -> dict[str, str]:
+        """The settings of a Sluice process of this deployment."""
+        return {"SLUICE_REDIS_SENTINELS": ",".join(f"127.0.0.1:{port}" for port in self.sentinels),
+                "SLUICE_REDIS_MASTER": MASTER}
+
+    def primary_port(self) -> int:
+        """The primary as a majority of sentinels names it."""
+        named: list[int] = []
+        for port in self.sentinels:
+            with suppress(redis.RedisError):
+                named.append(int(redis.Redis(port=port, socket_timeout=1).sentinel_get_master_addr_by_name(MASTER)[1]))
+        return max(set(named), key=named.count)
+
+    def kill_primary(self) -> int:
+        """SIGKILL the primary (no shutdown, no goodbye to its replica); its port."""
+        port = self.primary_port()
+        self.servers[port].kill()
+        self.servers[port].wait()
+        return port
+
+    def wait_failover(self, old: int, timeout: float = 30) -> int:
+        """Every sentinel names another primary, which answers as one; its port."""
+
+        def promoted() -> int | None:
+            ports = set()
+            for port in self.sentinels:
+                with suppress(redis.RedisError):
+                    ports.add(int(redis.Redis(port=port, socket_timeout=1).sentinel_get_master_addr_by_name(MASTER)[1]))
+            if len(ports) != 1 or old in ports:
+                return None
+            [new] = ports
+            with suppress(redis.RedisError):
+                if redis.Redis(port=new, socket_timeout=1).info("replication")["role"] == "master":
+                    return new
+            return None
+
+        return int(wait_for(promoted, timeout, "the sentinels' failover", interval=0.1))
+
+    def rejoin(self, old: int) -> None:
+        """The killed server back, as a replica of the new primary, and sentinels that know it again."""
+        self.start_server(old, replica_of=self.primary_port())
+        self.wait_ready()
+
+
+def _answers(port: int) -> bool:
+    try:
+        return bool(redis.Redis(port=port, socket_timeout=1).ping())
+    except redis.RedisError:
+        return False
