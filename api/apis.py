@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import redis
 from flask import Blueprint, request
 
 from foundation.api_registry import DeployedApi
 from foundation.errors import AccessDenied, BadRequest, ConfigError, Conflict, NotFound, SluiceError
-from jobs.async_counts import serving_nodes
 from jobs.async_request import ASYNC_KIND
 from jobs.enqueue import stop_job
 from jobs.job import ACTIVE_STATUSES
@@ -22,6 +23,8 @@ from predictors_runtime.storage import split_uri
 from .batch import endpoint_url
 from .context import registry, replica_directory, services
 from .schemas import Api, ApiList, DeleteApiQuery, Deleted, parse_query
+
+log = logging.getLogger(__name__)
 
 blueprint = Blueprint("apis", __name__)
 
@@ -88,7 +91,19 @@ def deploy():
             _validate_models(api, Path(tmp), source)
     bundle = services().bundles.put(project)
     deployed = [registry().put(api, bundle) for api in apis]
+    now = time.time()
+    for one in deployed:
+        if one.kind == ASYNC_KIND:  # on its nodes now, so that its first request does not wait for beat
+            place_async_api(one, now)
     return ApiList.model_validate({"apis": [d.summary() for d in deployed]}).response(201)
+
+
+def place_async_api(api: DeployedApi, now: float) -> None:
+    """Place a deployed AsyncAPI on its nodes; a Redis or broker error leaves it to beat's next step."""
+    try:
+        services().async_placement.place(api, now)
+    except (SluiceError, redis.RedisError) as e:
+        log.warning("placing async api %s failed (beat places it): %s", api.name, e)
 
 
 @blueprint.get("/apis")
@@ -120,7 +135,8 @@ def get_api(name: str):
     elif api.kind == ASYNC_KIND:
         svc = services()
         body["requests"] = svc.async_requests.counts(api.name, now).to_dict()
-        body["nodes"] = serving_nodes(svc.nodes.live(now), api.queue)
+        placed = svc.async_placement.assignments.all().get(api.name, [])
+        body["nodes"] = sorted(node for node in svc.nodes.live(now) if node in placed)
     return Api.model_validate(body).response()
 
 

@@ -30,11 +30,11 @@ class RequestNotFound(NotFound):
     kind = "request_not_found"
 
 
-def submit(api_name: str, queue: str, batched: bool = False) -> Any:
+def submit(api_name: str, batched: bool = False) -> Any:
     """`POST /<name>` of an AsyncAPI (`api/fallback.py` hands it here); `batched`: it has `server_side_batching`."""
     svc = services()
     submission = Submission(
-        api_name=api_name, queue=queue, body=request.get_data(cache=False),
+        api_name=api_name, body=request.get_data(cache=False),
         content_type=request.headers.get("Content-Type"), client_request_id=request.headers.get("X-Request-ID"),
         batched=batched,
     )

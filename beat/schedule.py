@@ -54,12 +54,18 @@ def maintenance_steps(settings: Settings) -> list[Step]:
     def wake_queued(services: Services, now: float) -> object:
         return steps.wake_queued_requests(
             RedisApiRegistry(services.redis), services.async_requests,
-            lambda api_name, queue: send_queued_task(services.celery, api_name, queue))
+            lambda api_name: send_queued_task(services.celery, api_name))
+
+    def place_async(services: Services, now: float) -> object:
+        """Every AsyncAPI on its nodes (`jobs/async_placement.py`), after the jobs are placed."""
+        services.async_placement.reconcile(now)
+        return None
 
     return [
         Step("check-timeouts", check_timeouts, every),
         Step("fail-stalled-enqueues", fail_stalled_enqueues, every),
         Step("reconcile-placement", reconcile_placement, every),
+        Step("place-async-apis", place_async, every),
         Step("resend-completions", resend, every),
         Step("recover-lost-batches", LostBatchWatch(lost_grace_s(settings)), every),
         Step("sweep-async-requests", sweep_async, every),

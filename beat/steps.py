@@ -99,7 +99,7 @@ def sweep_async_requests(requests: AsyncRequestStore, objects: RequestObjects, n
 
 
 def wake_queued_requests(registry: ApiRegistry, requests: AsyncRequestStore,
-                         wake: Callable[[str, str], object]) -> list[str]:
+                         wake: Callable[[str], object]) -> list[str]:
     """Send a task for each AsyncAPI whose queued requests (`server_side_batching`) have none on its
     way: the process that queued them died before sending it, or it waited in its queue past the
     wake key's expiry (then two tasks share the work, which claiming keeps apart). Returns the APIs."""
@@ -107,6 +107,6 @@ def wake_queued_requests(registry: ApiRegistry, requests: AsyncRequestStore,
     for api in registry.all():
         if api.kind == ASYNC_KIND and requests.rearm(api.name):
             log.info("async api %s has queued requests and no task on its way for them: one is sent", api.name)
-            wake(api.name, api.queue)
+            wake(api.name)
             woken.append(api.name)
     return woken

@@ -74,8 +74,10 @@ class ONNXPredictor:
         [out, *_] = self.client.predict(rows)
         return out.tolist()
 '''
-CORTEX_YAML = ("- name: {api}\n  kind: AsyncAPI\n  predictor:\n    type: onnx\n    path: predictor.py\n"
-               "    models: {{path: models/{model}/}}\n    config: {{features: {features}}}\n{batching}")
+# Both worker nodes serve it (`min_replicas`), as both plain Celery processes serve the baseline.
+CORTEX_YAML = ("- name: {api}\n  kind: AsyncAPI\n  autoscaling: {{min_replicas: 2}}\n  predictor:\n    type: onnx\n"
+               "    path: predictor.py\n    models: {{path: models/{model}/}}\n    config: {{features: {features}}}\n"
+               "{batching}")
 BATCHING = "    server_side_batching: {max_batch_size: 32, batch_interval: 0.01}\n"
 
 

@@ -108,6 +108,9 @@ def async_claims(api_name: str, owner: str) -> str:
 NODES = f"{PREFIX}:nodes"
 """Hash of worker nodes' heartbeats: node name -> {queues, seen} (JSON)."""
 
+ASYNC_NODES = f"{PREFIX}:async-nodes"
+"""Hash of the nodes placed on each AsyncAPI: API name -> JSON list of node names (jobs/async_placement.py)."""
+
 INFLIGHT_PATTERN = f"{PREFIX}:inflight:*"
 
 

@@ -64,8 +64,3 @@ def counts_from(now_counts: Mapping[bytes | str, bytes | str],
         completed_per_minute=sum(_int(slot, "completed") for slot in ended_slots),
         failed_per_minute=sum(_int(slot, "failed") for slot in ended_slots),
     )
-
-
-def serving_nodes(live: Mapping[str, list[str]], queue: str) -> list[str]:
-    """The live worker nodes that take requests from an AsyncAPI's hardware queue."""
-    return sorted(node for node, queues in live.items() if queue in queues)

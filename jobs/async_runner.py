@@ -157,11 +157,11 @@ class AsyncRuntime:
         self, requests: AsyncRequestStore, objects: RequestObjects, registry: ApiRegistry, nodes: NodeRegistry,
         predictors: AsyncPredictors, *, end_process: Callable[[int], Any] = os._exit,
         clock: Callable[[], float] = time.time, sleep: Callable[[float], Any] = time.sleep,
-        hard_stop_grace_s: float | None = None, wake: Callable[[str, str], Any] = lambda api_name, queue: None,
+        hard_stop_grace_s: float | None = None, wake: Callable[[str], Any] = lambda api_name: None,
     ) -> None:
         """`clock` and `sleep` (gathering a batch) and `end_process` (the time limit) are given by
         fast tests; `hard_stop_grace_s`: seconds past `request_timeout` the kernel ends the process
-        (None: never); `wake(api_name, queue)` sends a task for an API's queued requests."""
+        (None: never); `wake(api_name)` sends a task for an API's queued requests."""
         self.requests = requests
         self.objects = objects
         self.registry = registry
@@ -192,14 +192,14 @@ class AsyncRuntime:
             self.nodes.begin_delivery(delivery, request_entry(api_name, QUEUED_ENTRY))
         owner = delivery.task_id if delivery is not None else ""
         with labelled(api_name=api_name):
-            queue = self._run_queued(api_name, owner)
+            still_deployed = self._run_queued(api_name, owner)
         if delivery is not None:
             self.nodes.end_delivery(delivery)
-        if queue is not None and self.requests.rearm(api_name):
-            self._wake(api_name, queue)
+        if still_deployed and self.requests.rearm(api_name):
+            self._wake(api_name)
 
-    def _run_queued(self, api_name: str, owner: str) -> str | None:
-        """The batch; the API's hardware queue (where to send the next task), None when it is gone."""
+    def _run_queued(self, api_name: str, owner: str) -> bool:
+        """The batch; whether the API is still deployed (else no next task: beat's placement retires it)."""
         self.requests.woken(api_name)  # a request queued from now on sends the next task
         taking = self.requests.reclaim(api_name, owner, self._clock()) if owner else []
         try:
@@ -212,7 +212,7 @@ class AsyncRuntime:
             for request_id, _ in taking + self.requests.claim(api_name, owner, ORPHANS_PER_TASK, self._clock()):
                 self._fail(api_name, request_id, why)
             self.requests.release(api_name, owner)
-            return deployed.queue if deployed is not None else None
+            return deployed is not None
         config = ApiConfig.from_dict(deployed.spec)
         batching = config.predictor.server_side_batching
         limit = config.predictor.request_timeout
@@ -228,7 +228,7 @@ class AsyncRuntime:
         elif members:
             self._predict(deployed, members, limit, batched=True)
         self.requests.release(api_name, owner)
-        return deployed.queue
+        return True
 
     def _fail(self, api_name: str, request_id: str, message: str) -> None:
         message = one_line(message)

@@ -1,4 +1,5 @@
-"""Submitting an AsyncAPI request: store it, then queue a task for it on its API's hardware queue.
+"""Submitting an AsyncAPI request: store it, then queue a task for it on the API's own queue, which
+the nodes placed on the API consume (`jobs/async_placement.py`).
 
 Without `server_side_batching`, one task per request. With it, the request's id joins the API's
 queued list and a task is sent only when none is on its way already (`AsyncRequestStore.queue`):
@@ -21,6 +22,7 @@ from celery import Celery
 from foundation.limits import ASYNC_INLINE_PAYLOAD_BYTES
 
 from .async_objects import PAYLOAD, RequestObjects
+from .async_placement import async_queue
 from .async_request import AsyncRequest, RequestStatus, check_payload, payload_kind, valid_request_id
 from .async_store import AsyncRequestStore
 from .tasks import RUN_ASYNC, RUN_ASYNC_QUEUED
@@ -33,21 +35,22 @@ class Submission:
     """One request as the API received it."""
 
     api_name: str
-    queue: str  # the API's hardware queue (cpu, gpu, inf)
     body: bytes
     content_type: str | None
     client_request_id: str | None = None
     batched: bool = False  # the API has `server_side_batching`: its id is queued for nodes to claim
 
 
-def send_request(celery: Celery, api_name: str, request_id: str, queue: str) -> None:
-    """Queue the task that runs the request on a node of `queue`."""
-    celery.send_task(RUN_ASYNC, args=(api_name, request_id), queue=queue, ignore_result=True, add_to_parent=False)
+def send_request(celery: Celery, api_name: str, request_id: str) -> None:
+    """Queue the task that runs the request, on the API's own queue (`jobs/async_placement.py`)."""
+    celery.send_task(RUN_ASYNC, args=(api_name, request_id), queue=async_queue(api_name), ignore_result=True,
+                     add_to_parent=False)
 
 
-def send_queued_task(celery: Celery, api_name: str, queue: str) -> None:
-    """Queue a task that runs a batch of the API's queued requests (`server_side_batching`) on a node of `queue`."""
-    celery.send_task(RUN_ASYNC_QUEUED, args=(api_name,), queue=queue, ignore_result=True, add_to_parent=False)
+def send_queued_task(celery: Celery, api_name: str) -> None:
+    """Queue a task that runs a batch of the API's queued requests (`server_side_batching`), on its own queue."""
+    celery.send_task(RUN_ASYNC_QUEUED, args=(api_name,), queue=async_queue(api_name), ignore_result=True,
+                     add_to_parent=False)
 
 
 def submit_request(store: AsyncRequestStore, objects: RequestObjects, celery: Celery, submission: Submission,
@@ -71,9 +74,9 @@ def submit_request(store: AsyncRequestStore, objects: RequestObjects, celery: Ce
         if not small:  # written only for the request it belongs to: a duplicate id never overwrites it
             objects.put_payload(api_name, request_id, submission.body)
         if not submission.batched:
-            send_request(celery, api_name, request_id, submission.queue)
+            send_request(celery, api_name, request_id)
         elif store.queue(api_name, request_id):  # offered to batches once its payload is where nodes read it
-            send_queued_task(celery, api_name, submission.queue)
+            send_queued_task(celery, api_name)
     except Exception as e:
         message = f"storing or queueing the request failed: {e}"
         store.finish(api_name, request_id, RequestStatus.FAILED, now, message=message)

@@ -157,3 +157,19 @@ class MemoryAsyncRequests:
                 completed_per_minute=sum(self._ended.get((api_name, s, RequestStatus.COMPLETED), 0) for s in slots),
                 failed_per_minute=sum(self._ended.get((api_name, s, RequestStatus.FAILED), 0) for s in slots),
             )
+
+
+class MemoryAsyncAssignments:
+    """`AsyncAssignments` (`jobs/async_placement.py`) in a dict, for fast tests of AsyncAPI placement."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, list[str]] = {}
+
+    def all(self) -> dict[str, list[str]]:
+        return {api: list(nodes) for api, nodes in self._nodes.items()}
+
+    def set(self, api_name: str, nodes: list[str]) -> None:
+        self._nodes[api_name] = list(nodes)
+
+    def forget(self, api_name: str) -> None:
+        self._nodes.pop(api_name, None)

@@ -41,7 +41,7 @@ __all__ = [
     "NodeRegistry",
     "Nodes",
     "inflight_entry",
-    "is_job_queue",
+    "is_placed_queue",
     "is_request_entry",
     "job_of_entry",
     "live_and_dead",
@@ -65,13 +65,15 @@ def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
-def is_job_queue(name: str) -> bool:
-    return name.startswith("job.")
+def is_placed_queue(name: str) -> bool:
+    """A job's queue (`job.<id>`) or an AsyncAPI's (`async.<api>`, `jobs/async_placement.py`): placed
+    work a node consumes, not a hardware queue it serves."""
+    return name.startswith(("job.", "async."))
 
 
 def heartbeat_record(queues: list[str], now: float) -> dict[str, Any]:
     """What a heartbeat holds: the node's hardware queues (job queues left out) and the time."""
-    return {"queues": sorted(q for q in queues if not is_job_queue(q)), "seen": now}
+    return {"queues": sorted(q for q in queues if not is_placed_queue(q)), "seen": now}
 
 
 def live_and_dead(heartbeats: Heartbeats, now: float, node_ttl_s: float) -> tuple[dict[str, list[str]], list[str]]:

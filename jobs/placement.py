@@ -58,6 +58,9 @@ class JobPlacement(Protocol):
     def assigned_queues(self, node: str) -> list[str]:
         """Queues of the active jobs placed on `node`."""
 
+    def load(self) -> Counter[str]:
+        """How many active jobs each node serves."""
+
 
 class Placement:
     """Assigns job queues to worker nodes and takes them back."""
@@ -110,6 +113,9 @@ class Placement:
         ]
         eligible.sort(key=lambda n: (load[n], n))
         return kept + eligible[: max(job.workers - len(kept), 0)]
+
+    def load(self) -> Counter[str]:
+        return self._load()
 
     def _load(self, exclude: str | None = None) -> Counter[str]:
         load: Counter[str] = Counter()

@@ -76,7 +76,7 @@ class WorkerRuntime:
             services.async_requests, services.request_objects, RedisApiRegistry(services.redis), services.nodes,
             AsyncPredictors(BundleAsyncBuilder(services.bundles, settings)), end_process=end_process,
             hard_stop_grace_s=settings.hard_stop_grace_s,
-            wake=lambda api_name, queue: send_queued_task(services.celery, api_name, queue),
+            wake=lambda api_name: send_queued_task(services.celery, api_name),
         )
 
     @classmethod

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 import redis
 from celery import Celery
 
+from foundation.api_registry import RedisApiRegistry
 from foundation.redis_clients import connect
 from foundation.settings import Settings
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.project import BundleLimits
 
 from .async_objects import RequestObjects
+from .async_placement import AsyncPlacement, RedisAsyncAssignments
 from .async_store import AsyncRequestStore, RedisAsyncRequests
 from .nodes import NodeRegistry, Nodes
 from .placement import JobPlacement, Placement
@@ -47,6 +49,12 @@ class Services:
         if self.requests is None:
             self.requests = RedisAsyncRequests(self.redis, self.settings.async_retention_s)
         return self.requests
+
+    @property
+    def async_placement(self) -> AsyncPlacement:
+        """Which nodes serve each AsyncAPI (`jobs/async_placement.py`)."""
+        return AsyncPlacement(RedisApiRegistry(self.redis), self.async_requests, RedisAsyncAssignments(self.redis),
+                              self.queues, self.nodes, self.placement.load)
 
     @property
     def request_objects(self) -> RequestObjects:

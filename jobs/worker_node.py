@@ -158,14 +158,15 @@ class SettleOnConnect(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery'
 
 
 def resume_assigned_queues(app: Celery, services: Services, node: str) -> list[str]:
-    """A node starting (or restarting under the same name) consumes its jobs' queues from the start.
+    """A node starting (or restarting under the same name) consumes its jobs' and AsyncAPIs' queues
+    from the start.
 
     The `add_consumer` commands sent while it was down (restarting after its watchdog ended a hung
     batch, say) reached nobody; beat's reconcile would send them again, but only up to a beat
     interval later. Returns the queues added.
     """
     try:
-        queues = services.placement.assigned_queues(node)
+        queues = services.placement.assigned_queues(node) + services.async_placement.assigned_queues(node)
     except redis.RedisError as e:  # beat's reconcile sends them again
         log.warning("reading the jobs placed on %s failed: %s", node, e)
         return []

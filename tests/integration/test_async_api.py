@@ -186,6 +186,15 @@ def test_many_concurrent_submissions_each_complete_once_with_their_own_result(cl
     assert sorted(done) == sorted(ids)  # each predicted to the end exactly once
 
 
+def test_min_replicas_nodes_serve_an_async_api_on_its_own_queue(client, echo_api):
+    """The stack has two nodes on queue cpu; the API's default `min_replicas: 1` places it on one."""
+    name, _ = echo_api
+    ids = [client.submit_async(name, {"n": i}) for i in range(8)]
+    pids = {client.wait_async(name, request_id, timeout=120)["result"]["pid"] for request_id in ids}
+    serving = client.api(name)["nodes"]
+    assert len(serving) == 1 and len(pids) == 1  # every request ran in the one node placed on it
+
+
 def test_a_request_past_its_request_timeout_fails_and_its_node_serves_again(client, tmp_path):
     events = tmp_path / "events.jsonl"
     name = _deploy(client, tmp_path / "slow", f"async-t-{uuid.uuid4().hex[:8]}", PREDICTOR,
@@ -394,3 +403,4 @@ def test_a_request_holding_the_gil_past_its_timeout_is_ended_by_the_kernel_and_f
     assert len(starts) == 2 and starts[0]["pid"] != starts[1]["pid"]  # each try's process ended by the kernel
     quick = client.submit_async(name, {"gil": False})
     assert client.wait_async(name, quick, timeout=120)["status"] == "completed"  # the node serves again
+

@@ -61,11 +61,11 @@ def test_the_one_call_that_ends_a_request_counts_its_outcome_and_duration(redis_
     assert (buckets["0.25"], buckets["0.5"], buckets["2.5"], buckets["5.0"]) == (0, 1, 1, 3)
 
 
-def _deploy(client: Any, folder: Path, name: str) -> str:
+def _deploy(client: Any, folder: Path, name: str, min_replicas: int = 1) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "predictor.py").write_text(PREDICTOR)
     api = {"name": name, "kind": "AsyncAPI", "predictor": {"type": "python", "path": "predictor.py"},
-           "compute": {"cpu": 1}}
+           "compute": {"cpu": 1}, "autoscaling": {"min_replicas": min_replicas}}
     (folder / "cortex.yaml").write_text(yaml.safe_dump([api], sort_keys=False))
     client.deploy(folder / "cortex.yaml")
     return name
@@ -78,7 +78,7 @@ def _cli(stack: Any, *args: str) -> str:
 
 
 def test_an_async_apis_counts_nodes_metrics_and_request_logs_are_shown(stack, client, tmp_path):
-    name = _deploy(client, tmp_path / "project", f"gauge-{uuid.uuid4().hex[:8]}")
+    name = _deploy(client, tmp_path / "project", f"gauge-{uuid.uuid4().hex[:8]}", min_replicas=2)
     release = tmp_path / "release"
     held = client.submit_async(name, {"say": "held", "hold": str(release)})
 
@@ -88,7 +88,7 @@ def test_an_async_apis_counts_nodes_metrics_and_request_logs_are_shown(stack, cl
 
     shown = wait_for(running, 120, "the held request in progress")
     assert shown["requests"]["in_queue"] == 0
-    assert len(shown["nodes"]) == 2  # the stack's two worker nodes, both on queue cpu
+    assert len(shown["nodes"]) == 2  # min_replicas: the stack's two worker nodes (both on queue cpu) serve it
     assert value(scrape(stack.url), "sluice_async_requests_in_progress", api=name) == 1
     table = _cli(stack, "get", name)
     assert "1 in progress" in table and all(node in table for node in shown["nodes"])

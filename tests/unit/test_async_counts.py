@@ -12,7 +12,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from api.metrics import FiguresCollector
 from foundation.memory import MemoryFigureStore
-from jobs.async_counts import AsyncCounts, serving_nodes, window_slots
+from jobs.async_counts import AsyncCounts, window_slots
 from jobs.memory_async import MemoryAsyncRequests
 from tests.contracts.async_counts import AsyncCountsContract
 from tests.unit.test_async_runner import Harness
@@ -27,12 +27,6 @@ class TestMemoryRequestCounts(AsyncCountsContract):
 def test_the_minute_is_the_six_whole_slots_before_the_current_one():
     assert window_slots(1065.0) == [100, 101, 102, 103, 104, 105]
     assert window_slots(1069.9) == window_slots(1060.0)
-
-
-def test_the_serving_nodes_are_the_live_ones_of_the_apis_queue():
-    live = {"celery@b": ["cpu", "job.1"], "celery@a": ["cpu"], "celery@g": ["gpu"]}
-    assert serving_nodes(live, "cpu") == ["celery@a", "celery@b"]
-    assert serving_nodes(live, "inf") == []
 
 
 def test_metrics_show_each_async_apis_queued_and_running_requests():

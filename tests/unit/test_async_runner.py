@@ -395,11 +395,11 @@ def test_a_batch_claimed_before_a_redeploy_without_batching_is_run_one_request_a
 
 
 # -- a task per batch of queued requests (server_side_batching) --------------------------------------
-def queued_harness(tmp_path: Path, predict: Any) -> tuple[Harness, list[tuple[str, str]]]:
+def queued_harness(tmp_path: Path, predict: Any) -> tuple[Harness, list[str]]:
     """A batching harness whose runtime records the tasks it sends for the API's queued requests."""
     h, _ = batching_harness(tmp_path, predict)
-    woken: list[tuple[str, str]] = []
-    h.runtime._wake = lambda api_name, queue: woken.append((api_name, queue))
+    woken: list[str] = []
+    h.runtime._wake = woken.append
     return h, woken
 
 
@@ -414,10 +414,10 @@ def test_a_burst_sends_one_task_and_each_task_runs_a_batch_then_sends_the_next_w
     assert sends == [True, False, False, False, False]  # one task on its way for the whole burst
     h.runtime.run_queued("echo", Delivery("node-a", "task-1"))
     assert calls == [["r1", "r2", "r3"]]  # oldest first, max_batch_size of them
-    assert woken == [("echo", "cpu")]  # two still queued: the next task is sent
+    assert woken == ["echo"]  # two still queued: the next task is sent
     assert h.nodes.inflight("node-a") == {}
     h.runtime.run_queued("echo", Delivery("node-a", "task-2"))
-    assert calls == [["r1", "r2", "r3"], ["r4", "r5"]] and woken == [("echo", "cpu")]  # none left: no more tasks
+    assert calls == [["r1", "r2", "r3"], ["r4", "r5"]] and woken == ["echo"]  # none left: no more tasks
     assert all(h.record(r).status is RequestStatus.COMPLETED for r in ("r1", "r2", "r3", "r4", "r5"))
     h.submit("r6", b'{"n": "r6"}')
     assert h.requests.queue("echo", "r6")  # the next burst sends a task again
@@ -449,7 +449,7 @@ def test_the_queued_task_of_a_node_that_died_takes_its_batch_again_and_records_i
     assert calls == [["r1", "r2", "r3"]]
     assert all(h.record(r).deliveries == 2 and h.record(r).status is RequestStatus.COMPLETED
                for r in ("r1", "r2", "r3"))
-    assert h.record("r4").status is RequestStatus.IN_QUEUE and woken == [("echo", "cpu")]
+    assert h.record("r4").status is RequestStatus.IN_QUEUE and woken == ["echo"]
 
 
 def test_queued_requests_of_an_api_deleted_since_are_failed_saying_so(tmp_path: Path) -> None:

@@ -247,11 +247,11 @@ def test_beat_sends_a_task_for_queued_async_requests_that_have_none_on_its_way()
     requests = MemoryAsyncRequests()
     requests.create(AsyncRequest("summarise", "r1", RequestStatus.IN_QUEUE, PayloadKind.JSON, 1.0, payload=b"1"), 1.0)
     assert requests.queue("summarise", "r1")  # its submitter died before sending the task
-    sent: list[tuple[str, str]] = []
+    sent: list[str] = []
 
-    assert wake_queued_requests(registry, requests, lambda api, queue: sent.append((api, queue))) == []
+    assert wake_queued_requests(registry, requests, sent.append) == []
     requests.woken("summarise")  # the key set for the lost task is gone (its expiry, in Redis)
-    assert wake_queued_requests(registry, requests, lambda api, queue: sent.append((api, queue))) == [
+    assert wake_queued_requests(registry, requests, sent.append) == [
         "summarise"]
-    assert sent == [("summarise", "cpu")]
-    assert wake_queued_requests(registry, requests, lambda api, queue: sent.append((api, queue))) == []
+    assert sent == ["summarise"]
+    assert wake_queued_requests(registry, requests, sent.append) == []
