@@ -21,7 +21,7 @@ from predictors_runtime.config import ApiConfig, parse_api_configs
 from predictors_runtime.storage import split_uri
 
 from .batch import endpoint_url
-from .context import registry, replica_directory, services
+from .context import forget_route, registry, replica_directory, services
 from .schemas import Api, ApiList, DeleteApiQuery, Deleted, parse_query
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ def deploy():
     deployed = [registry().put(api, bundle) for api in apis]
     now = time.time()
     for one in deployed:
+        forget_route(one.name)
         if one.kind == ASYNC_KIND:  # on its nodes now, so that its first request does not wait for beat
             place_async_api(one, now)
     return ApiList.model_validate({"apis": [d.summary() for d in deployed]}).response(201)
@@ -155,4 +156,5 @@ def delete_api(name: str):
     for job_id, _ in active:
         stop_job(services(), store.get(job_id))
     registry().delete(name)
+    forget_route(name)
     return Deleted(message=f"deleted api {name}", stopped_jobs=[job_id for job_id, _ in active]).response()

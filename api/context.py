@@ -6,11 +6,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import cast
 
 from flask import current_app
 
-from foundation.api_registry import ApiRegistry
+from foundation.api_registry import ApiRegistry, DeployedApi
 from foundation.figure_store import FigureStore
 from foundation.log_streams import LogStreams
 from foundation.replica_directory import ReplicaDirectory
@@ -21,6 +22,13 @@ REGISTRY = "sluice.registry"
 REPLICAS = "sluice.replicas"
 LOG_STREAMS = "sluice.log_streams"
 FIGURE_STORE = "sluice.figure_store"
+ROUTES = "sluice.routes"
+# How old this process's view of an API may be when it routes a request to `/<name>`: one registry
+# read a second per API instead of one per request. A deploy or delete in this process is seen at
+# once; one in another process within the second. A request that view sends to an AsyncAPI deleted
+# meanwhile is refused by its store's check (`jobs/async_store.py` `submit`); one sent there although
+# the API is now of another kind is failed by its node, saying so.
+ROUTE_TTL_S = 1.0
 
 
 def services() -> Services:
@@ -44,3 +52,21 @@ def log_streams() -> LogStreams:
 def figure_store() -> FigureStore:
     """Where every process's figures are summed (what `/metrics` reads)."""
     return cast(FigureStore, current_app.extensions[FIGURE_STORE])
+
+
+def routed_api(name: str) -> DeployedApi:
+    """The API a request to `/<name>` goes to, read from the registry at most once a `ROUTE_TTL_S` per
+    process (`ApiNotFound` is never kept: a new deploy is routed at once)."""
+    routes: dict[str, tuple[float, DeployedApi]] = current_app.extensions.setdefault(ROUTES, {})
+    now = time.monotonic()
+    kept = routes.get(name)
+    if kept is not None and now - kept[0] < ROUTE_TTL_S:
+        return kept[1]
+    api = registry().get(name)
+    routes[name] = (now, api)
+    return api
+
+
+def forget_route(name: str) -> None:
+    """An API deployed or deleted by this process: its next request reads the registry."""
+    current_app.extensions.get(ROUTES, {}).pop(name, None)

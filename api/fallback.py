@@ -26,7 +26,7 @@ from predictors_runtime.config import RESERVED_NAMES
 
 from . import async_api, auth, batch, tasks
 from .apis import REALTIME_KIND
-from .context import registry, replica_directory, services
+from .context import replica_directory, routed_api, services
 from .schemas import RealtimeError
 
 blueprint = Blueprint("fallback", __name__)
@@ -60,7 +60,7 @@ REALTIME_METHODS = ("GET", "POST")
 def unrouted_api(api_name: str) -> Response:
     name = api_name
     try:
-        api = registry().get(name)
+        api = routed_api(name)
     except ApiNotFound:
         return _answer(404, ApiNotFound.kind, f"api {name} is not deployed")
     job_endpoints = {batch.BATCH_KIND: batch.AT_API_PATH, tasks.TASK_KIND: tasks.AT_API_PATH}.get(api.kind)

@@ -25,6 +25,7 @@ from typing import Protocol
 import redis
 
 from foundation import keys
+from foundation.api_registry import not_deployed
 from foundation.figures import ASYNC_REQUESTS, ASYNC_SECONDS, label_field, le_label
 
 from .async_counts import SLOT_TTL_S, AsyncCounts, counts_from, slot_of, window_slots
@@ -87,6 +88,26 @@ while #claimed < 2 * wanted do
 end
 if #claimed > 0 then redis.call('EXPIRE', KEYS[2], ARGV[5]) end
 return claimed
+"""
+
+# A request submitted: refused (-1) unless its API is registered (KEYS[4], field ARGV[4]; the API
+# routed it by a view of the registry up to a second old), 0 when one of its id exists already, else
+# created (`_CREATE`) and, when ARGV[6] is '1' (`server_side_batching`, payload inline), offered to
+# batches at once (`_QUEUE`: 2 when the caller sends the task for the queued requests, else 1).
+# KEYS: record, expiry set, counts, registry, queued list, wake key.
+# ARGV: expire seconds, expiry score, expiry member, api name, request id, queued, wake ttl, fields.
+_SUBMIT = """
+if redis.call('HEXISTS', KEYS[4], ARGV[4]) == 0 then return -1 end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 8))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+redis.call('HINCRBY', KEYS[3], 'in_queue', 1)
+if ARGV[6] ~= '1' then return 1 end
+redis.call('LPUSH', KEYS[5], ARGV[5])
+redis.call('EXPIRE', KEYS[5], ARGV[1])
+if redis.call('SET', KEYS[6], '1', 'NX', 'EX', ARGV[7]) then return 2 end
+return 1
 """
 
 # A request offered to batches (KEYS[1] the API's queued list, KEYS[2] its wake key): 1 when no task
@@ -192,6 +213,15 @@ class Taken:
         return self.status is not None and not self.status.is_terminal and not self.held
 
 
+@dataclass(frozen=True)
+class Submitted:
+    """What `submit` did: stored the request (False: one of that id was there already), and whether the
+    caller is to send the task for the API's queued requests (none is on its way)."""
+
+    created: bool
+    wake: bool = False
+
+
 class AsyncRequestStore(Protocol):
     """Where AsyncAPI requests are recorded."""
 
@@ -199,6 +229,10 @@ class AsyncRequestStore(Protocol):
 
     def create(self, request: AsyncRequest, now: float) -> bool:
         """Store a new request; False (and nothing changed) when one of that id exists already."""
+
+    def submit(self, request: AsyncRequest, now: float, *, queued: bool = False) -> Submitted:
+        """`create` for a request its API's route sent, refused with `ApiNotFound` unless the API is
+        still registered; `queued`: also offer it to batches at once (as `queue`), in the same step."""
 
     def queue(self, api_name: str, request_id: str) -> bool:
         """Offer a stored request (its payload stored too) to `claim` (`server_side_batching`); True
@@ -268,6 +302,7 @@ class RedisAsyncRequests:
         self._claim = client.register_script(_CLAIM)
         self._reclaim = client.register_script(_RECLAIM)
         self._queue = client.register_script(_QUEUE)
+        self._submit = client.register_script(_SUBMIT)
         self._rearm = client.register_script(_REARM)
 
     def _expiry_args(self, api_name: str, request_id: str, now: float) -> list[str]:
@@ -282,6 +317,20 @@ class RedisAsyncRequests:
         created = self._create(keys=[keys.async_request(request.api_name, request.request_id), keys.ASYNC_EXPIRY,
                                      keys.async_counts(request.api_name)], args=args)
         return bool(created)
+
+    def submit(self, request: AsyncRequest, now: float, *, queued: bool = False) -> Submitted:
+        api_name, request_id = request.api_name, request.request_id
+        fields: list[str | bytes] = []
+        for name, value in request.to_dict().items():
+            fields.extend((name, value))
+        args = [*self._expiry_args(api_name, request_id, now), api_name, request_id, "1" if queued else "0",
+                WAKE_TTL_S, *fields]
+        done = int(self._submit(keys=[keys.async_request(api_name, request_id), keys.ASYNC_EXPIRY,
+                                      keys.async_counts(api_name), keys.APIS, keys.async_queued(api_name),
+                                      keys.async_wake(api_name)], args=args))
+        if done < 0:
+            raise not_deployed(api_name)
+        return Submitted(created=done > 0, wake=done == 2)
 
     def queue(self, api_name: str, request_id: str) -> bool:
         return bool(self._queue(keys=[keys.async_queued(api_name), keys.async_wake(api_name)],

@@ -67,7 +67,9 @@ def submit_request(store: AsyncRequestStore, objects: RequestObjects, celery: Ce
         api_name=api_name, request_id=request_id, status=RequestStatus.IN_QUEUE, kind=kind, created=now,
         payload=submission.body if small else None, payload_uri=payload_uri,
     )
-    if not store.create(request, now):
+    # With its payload inline, a batched request is offered to batches in the same step it is stored.
+    submitted = store.submit(request, now, queued=submission.batched and small)
+    if not submitted.created:
         log.info("async request %s of api %s exists already; not queued again", request_id, api_name)
         return request_id
     try:
@@ -75,7 +77,7 @@ def submit_request(store: AsyncRequestStore, objects: RequestObjects, celery: Ce
             objects.put_payload(api_name, request_id, submission.body)
         if not submission.batched:
             send_request(celery, api_name, request_id)
-        elif store.queue(api_name, request_id):  # offered to batches once its payload is where nodes read it
+        elif submitted.wake or (not small and store.queue(api_name, request_id)):  # offered once its payload is stored
             send_queued_task(celery, api_name)
     except Exception as e:
         message = f"storing or queueing the request failed: {e}"

@@ -5,18 +5,22 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+from foundation.api_registry import not_deployed
 
 from .async_counts import AsyncCounts, slot_of, window_slots
 from .async_request import AsyncRequest, RequestStatus
-from .async_store import Taken
+from .async_store import Submitted, Taken
 
 
 class MemoryAsyncRequests:
     """Records in a dict; the same contract as `RedisAsyncRequests` (expiry by the `now` given)."""
 
-    def __init__(self, retention_s: float = 3600.0) -> None:
+    def __init__(self, retention_s: float = 3600.0, registered: Callable[[str], bool] = lambda api_name: True) -> None:
+        """`registered(api_name)`: whether the API is deployed (`submit` refuses one that is not)."""
         self.retention_s = retention_s
+        self._registered = registered
         self._lock = threading.Lock()
         self._records: dict[tuple[str, str], AsyncRequest] = {}
         self._expires: dict[tuple[str, str], float] = {}
@@ -41,6 +45,13 @@ class MemoryAsyncRequests:
             self._expires[key] = now + self.retention_s
             self._move(request.api_name, None, RequestStatus.IN_QUEUE)
             return True
+
+    def submit(self, request: AsyncRequest, now: float, *, queued: bool = False) -> Submitted:
+        if not self._registered(request.api_name):
+            raise not_deployed(request.api_name)
+        if not self.create(request, now):
+            return Submitted(created=False)
+        return Submitted(created=True, wake=self.queue(request.api_name, request.request_id) if queued else False)
 
     def queue(self, api_name: str, request_id: str) -> bool:
         with self._lock:

@@ -9,10 +9,15 @@ import pytest
 import redis
 
 from foundation import keys
+from foundation.api_registry import RedisApiRegistry
+from foundation.errors import ApiNotFound
+from foundation.memory import MemoryApiRegistry
 from jobs.async_placement import AsyncAssignments, RedisAsyncAssignments
-from jobs.async_store import WAKE_TTL_S, AsyncRequestStore, RedisAsyncRequests
+from jobs.async_store import WAKE_TTL_S, AsyncRequestStore, RedisAsyncRequests, Submitted
 from jobs.memory_async import MemoryAsyncAssignments, MemoryAsyncRequests
+from predictors_runtime.config import ApiConfig
 from tests.contracts.async_store import RETENTION_S, T0, AsyncRequestStoreContract, queued
+from tests.contracts.async_store import request as contract_request
 
 
 class TestTheAsyncRequestStoreInRedisAndInMemory(AsyncRequestStoreContract):
@@ -52,3 +57,31 @@ def test_the_wake_key_of_a_task_lost_before_it_started_expires_on_its_own(redis_
     requests = RedisAsyncRequests(redis_client, retention_s=RETENTION_S)
     queued(requests, "r1")  # the first queued request set it (its task was lost)
     assert 0 < redis_client.ttl(keys.async_wake("echo")) <= WAKE_TTL_S
+
+
+@pytest.mark.parametrize("backend", ["redis", "memory"])
+def test_a_submitted_request_is_stored_and_offered_in_one_step_only_while_its_api_is_deployed(
+        backend: str, request: pytest.FixtureRequest) -> None:
+    registry = MemoryApiRegistry()
+    store: AsyncRequestStore
+    if backend == "redis":
+        client = request.getfixturevalue("redis_client")
+        registry = RedisApiRegistry(client)  # type: ignore[assignment]
+        store = RedisAsyncRequests(client, retention_s=RETENTION_S)
+    else:
+        store = MemoryAsyncRequests(retention_s=RETENTION_S,
+                                    registered=lambda name: any(a.name == name for a in registry.all()))
+    with pytest.raises(ApiNotFound):  # never deployed
+        store.submit(contract_request("r0"), T0)
+    registry.put(ApiConfig.model_validate({"name": "echo", "kind": "AsyncAPI", "predictor": {"path": "p.py"}}),
+                 "bundle-1", now=T0)
+    assert store.submit(contract_request("r1"), T0, queued=True) == Submitted(created=True, wake=True)
+    assert store.submit(contract_request("r2"), T0, queued=True) == Submitted(created=True, wake=False)
+    assert store.submit(contract_request("r1"), T0, queued=True) == Submitted(created=False)  # the same id
+    assert store.submit(contract_request("r3"), T0) == Submitted(created=True)  # not offered to batches
+    assert [r for r, _ in store.claim("echo", "task-1", 5, T0 + 1)] == ["r1", "r2"]
+    assert store.counts("echo", T0 + 1).in_queue == 1  # r3
+    registry.delete("echo")
+    with pytest.raises(ApiNotFound):  # deleted since its route was read
+        store.submit(contract_request("r4"), T0)
+    assert store.get("echo", "r4") is None
