@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 LOST_REQUEST_ALLOWANCE = 1
 # How often a delivery gathering a batch looks for more queued requests within `batch_interval`.
 CLAIM_POLL_S = 0.01
+# How old a node's view of an API's deployment may be when it runs a request: one registry read a
+# second per API and process, not one per request; a redeploy (or delete) reaches requests within it.
+DEPLOYMENT_TTL_S = 1.0
 # The in-flight entry's request id of a task for an API's queued requests (no request id is this: ids are hex or
 # the client's, and a client's may not hold '/'; the entry only needs to say it is an AsyncAPI's).
 QUEUED_ENTRY = "queued-requests"
@@ -158,10 +161,12 @@ class AsyncRuntime:
         predictors: AsyncPredictors, *, end_process: Callable[[int], Any] = os._exit,
         clock: Callable[[], float] = time.time, sleep: Callable[[float], Any] = time.sleep,
         hard_stop_grace_s: float | None = None, wake: Callable[[str], Any] = lambda api_name: None,
+        deployment_ttl_s: float = DEPLOYMENT_TTL_S,
     ) -> None:
         """`clock` and `sleep` (gathering a batch) and `end_process` (the time limit) are given by
         fast tests; `hard_stop_grace_s`: seconds past `request_timeout` the kernel ends the process
-        (None: never); `wake(api_name)` sends a task for an API's queued requests."""
+        (None: never); `wake(api_name)` sends a task for an API's queued requests; `deployment_ttl_s`: how
+        old its view of an API's deployment may be (0: read for every request)."""
         self.requests = requests
         self.objects = objects
         self.registry = registry
@@ -172,6 +177,9 @@ class AsyncRuntime:
         self._sleep = sleep
         self._hard_stop_grace_s = hard_stop_grace_s
         self._wake = wake
+        self._deployment_ttl_s = deployment_ttl_s
+        self._deployments: dict[str, tuple[float, DeployedApi]] = {}
+        self._configs: dict[tuple[str, str, float], ApiConfig] = {}
 
     def run_request(self, api_name: str, request_id: str, delivery: Delivery | None = None) -> None:
         """Run one delivery of a request (and its batch) and record each outcome once (see the module's steps)."""
@@ -182,6 +190,26 @@ class AsyncRuntime:
             self._run(api_name, request_id, owner)
         if delivery is not None:  # left in place by a process that died: settling gives it back
             self.nodes.end_delivery(delivery)
+
+    def _deployed(self, api_name: str) -> DeployedApi:
+        """The API as deployed, read from the registry at most once a `deployment_ttl_s` (`ApiNotFound`
+        is never kept): a redeploy reaches this process's requests within that."""
+        now = self._clock()
+        kept = self._deployments.get(api_name)
+        if kept is not None and 0 <= now - kept[0] < self._deployment_ttl_s:
+            return kept[1]
+        deployed = self.registry.get(api_name)
+        self._deployments[api_name] = (now, deployed)
+        return deployed
+
+    def _config(self, deployed: DeployedApi) -> ApiConfig:
+        """The deployment's config, validated once per version (not once per request)."""
+        version = (deployed.name, *version_of(deployed))
+        config = self._configs.get(version)
+        if config is None:
+            self._configs = {v: c for v, c in self._configs.items() if v[0] != deployed.name}
+            config = self._configs[version] = ApiConfig.from_dict(deployed.spec)
+        return config
 
     def run_queued(self, api_name: str, delivery: Delivery | None = None) -> None:
         """Run one delivery of the task a submission sent for an API's queued requests (with
@@ -203,7 +231,7 @@ class AsyncRuntime:
         self.requests.woken(api_name)  # a request queued from now on sends the next task
         taking = self.requests.reclaim(api_name, owner, self._clock()) if owner else []
         try:
-            deployed = self.registry.get(api_name)
+            deployed = self._deployed(api_name)
         except ApiNotFound:
             deployed = None
         if deployed is None or deployed.kind != ASYNC_KIND:
@@ -213,7 +241,7 @@ class AsyncRuntime:
                 self._fail(api_name, request_id, why)
             self.requests.release(api_name, owner)
             return deployed is not None
-        config = ApiConfig.from_dict(deployed.spec)
+        config = self._config(deployed)
         batching = config.predictor.server_side_batching
         limit = config.predictor.request_timeout
         members = self._members(api_name, taking, limit, {})
@@ -245,7 +273,7 @@ class AsyncRuntime:
                      taken.status.value if taken.status else "unknown (expired)")
             return
         try:
-            deployed = self.registry.get(api_name)
+            deployed = self._deployed(api_name)
         except ApiNotFound:
             if taken.runs:
                 self._fail(api_name, request_id, f"api {api_name} is not deployed any more")
@@ -254,7 +282,7 @@ class AsyncRuntime:
             if taken.runs:
                 self._fail(api_name, request_id, f"api {api_name} is now a {deployed.kind}, not an {ASYNC_KIND}")
             return
-        config = ApiConfig.from_dict(deployed.spec)
+        config = self._config(deployed)
         batching = config.predictor.server_side_batching
         taking = [(request_id, taken.deliveries)] if taken.runs else []
         # What this delivery claimed before its node died (also after a redeploy without batching).

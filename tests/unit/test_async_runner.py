@@ -80,7 +80,8 @@ class Harness:
         self.builder = Builder(predict)
         self.ending = Ending()
         self.runtime = AsyncRuntime(self.requests, self.objects, self.registry, self.nodes,
-                                    AsyncPredictors(self.builder), end_process=self.ending, clock=lambda: 50.0)
+                                    AsyncPredictors(self.builder), end_process=self.ending, clock=lambda: 50.0,
+                                    deployment_ttl_s=0)
 
     def submit(self, request_id: str, body: bytes, kind: PayloadKind = PayloadKind.JSON) -> None:
         self.requests.create(AsyncRequest("echo", request_id, RequestStatus.IN_QUEUE, kind, 10.0, payload=body), 10.0)
@@ -133,6 +134,23 @@ def test_the_predictor_is_built_once_per_api_version_and_the_old_one_closed(tmp_
     h.submit("r3", b"1")
     h.runtime.run_request("echo", "r3")
     assert len(h.builder.built) == 2 and h.builder.built[0].closed and not h.builder.built[1].closed
+
+
+def test_a_node_reads_an_apis_deployment_once_a_second_and_sees_a_redeploy_after_it(tmp_path: Path) -> None:
+    h = Harness(tmp_path, lambda payload, request_id: payload)
+    now = [50.0]
+    h.runtime._clock, h.runtime._deployment_ttl_s = (lambda: now[0]), 1.0
+    h.submit("r1", b"1")
+    h.runtime.run_request("echo", "r1")
+    h.registry.put(api_config(), "bundle-2", now=2.0)
+    now[0] += 0.5
+    h.submit("r2", b"1")
+    h.runtime.run_request("echo", "r2")
+    assert len(h.builder.built) == 1  # within the second: the version it read
+    now[0] += 0.6
+    h.submit("r3", b"1")
+    h.runtime.run_request("echo", "r3")
+    assert len(h.builder.built) == 2 and h.builder.built[0].closed  # read again: the new version
 
 
 def test_a_predict_that_raises_fails_the_request_with_one_line(tmp_path: Path) -> None:
