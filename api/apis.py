@@ -136,8 +136,13 @@ def get_api(name: str):
     elif api.kind == ASYNC_KIND:
         svc = services()
         body["requests"] = svc.async_requests.counts(api.name, now).to_dict()
-        placed = svc.async_placement.assignments.all().get(api.name, [])
-        body["nodes"] = sorted(node for node in svc.nodes.live(now) if node in placed)
+        placed = svc.async_placement.assignments.placed().get(api.name)
+        live = svc.nodes.live(now)
+        body["nodes"] = sorted(node for node in live if placed is not None and node in placed.nodes)
+        if placed is not None:
+            ready = len(body["nodes"])
+            body["scaling"] = {"desired": placed.desired, "ready": ready, "pending": max(0, placed.desired - ready),
+                               "in_flight": placed.in_flight}
     return Api.model_validate(body).response()
 
 

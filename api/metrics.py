@@ -26,6 +26,7 @@ from foundation.api_registry import ApiRegistry
 from foundation.errors import JobNotFound
 from foundation.figure_store import FigureStore, RedisFigureStore
 from jobs.async_counts import AsyncCounts
+from jobs.async_placement import Placed
 from jobs.async_request import ASYNC_KIND
 from jobs.job import job_queue_name
 from jobs.services import Services
@@ -37,6 +38,10 @@ QUEUE_DEPTH = ("sluice_queue_depth", "Batches (and completion tasks) waiting in 
 # An AsyncAPI's requests now, from the counts its request store keeps (`jobs/async_counts.py`).
 ASYNC_IN_QUEUE = ("sluice_async_requests_in_queue", "AsyncAPI requests waiting for a worker node, by API")
 ASYNC_IN_PROGRESS = ("sluice_async_requests_in_progress", "AsyncAPI requests running on a worker node, by API")
+# What the scalers decided (for an AsyncAPI its worker nodes are its replicas: jobs/async_scaler.py).
+REPLICAS = ("sluice_replicas", "Replicas of an API by state (ready: serving; pending: wanted, no room yet)")
+REPLICAS_DESIRED = ("sluice_replicas_desired", "Replicas of an API its scaler wants")
+IN_FLIGHT = ("sluice_in_flight", "Requests of an API queued and running that its scaler's last decision saw")
 
 __all__ = ["CONTENT_TYPE_LATEST", "HTTP_RESPONSES", "JOBS_SUBMITTED", "FiguresCollector", "exposition"]
 
@@ -95,10 +100,12 @@ class FiguresCollector(Collector):
     queue depths (`depths()`, read from the broker at scrape time)."""
 
     def __init__(self, store: FigureStore, depths: Callable[[], dict[str, int]],
-                 async_counts: Callable[[], dict[str, AsyncCounts]] = dict) -> None:
+                 async_counts: Callable[[], dict[str, AsyncCounts]] = dict,
+                 scaling: Callable[[], dict[str, Placed]] = dict) -> None:
         self._store = store
         self._depths = depths
         self._async_counts = async_counts
+        self._scaling = scaling
 
     def collect(self) -> Iterator[Metric]:
         totals = figures.read_figures(self._store)
@@ -115,6 +122,18 @@ class FiguresCollector(Collector):
             in_progress.add_metric([api], counts.in_progress)
         yield in_queue
         yield in_progress
+        replicas = GaugeMetricFamily(*REPLICAS, labels=["api", "state"])
+        desired = GaugeMetricFamily(*REPLICAS_DESIRED, labels=["api"])
+        in_flight = GaugeMetricFamily(*IN_FLIGHT, labels=["api"])
+        for api, placed in sorted(self._scaling().items()):
+            ready = len(placed.nodes)
+            replicas.add_metric([api, "ready"], ready)
+            replicas.add_metric([api, "pending"], max(0, placed.desired - ready))
+            desired.add_metric([api], placed.desired)
+            in_flight.add_metric([api], placed.in_flight)
+        yield replicas
+        yield desired
+        yield in_flight
 
 
 def _family(figure: figures.Figure, totals: dict[tuple[str, ...], Any]) -> Metric:
@@ -135,6 +154,14 @@ def async_counts(services: Services, apis: ApiRegistry, now: float) -> dict[str,
     return {api.name: services.async_requests.counts(api.name, now) for api in apis.all() if api.kind == ASYNC_KIND}
 
 
+def async_scaling(services: Services, apis: ApiRegistry, now: float) -> dict[str, Placed]:
+    """Each deployed AsyncAPI's nodes (live ones) and the count its scaler wants."""
+    live = services.nodes.live(now)
+    deployed = {api.name for api in apis.all() if api.kind == ASYNC_KIND}
+    return {name: Placed([n for n in placed.nodes if n in live], placed.desired, placed.in_flight)
+            for name, placed in services.async_placement.assignments.placed().items() if name in deployed}
+
+
 def exposition(services: Services, store: FigureStore | None = None, apis: ApiRegistry | None = None) -> bytes:
     """The text `GET /metrics` answers: the figures in `store` (by default the services' Redis), the
     depths of the services' queues, and (given the registry) each AsyncAPI's queued and running requests."""
@@ -142,5 +169,6 @@ def exposition(services: Services, store: FigureStore | None = None, apis: ApiRe
     registry.register(FiguresCollector(
         store or RedisFigureStore(services.redis), lambda: queue_depths(services),
         (lambda: async_counts(services, apis, time.time())) if apis is not None else dict,
+        (lambda: async_scaling(services, apis, time.time())) if apis is not None else dict,
     ))
     return generate_latest(registry)

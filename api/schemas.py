@@ -232,9 +232,18 @@ class AsyncRequestCounts(Body):
     failed_per_minute: int = Field(ge=0, description="failed in the last minute")
 
 
+class AsyncScaling(Body):
+    """How many worker nodes an AsyncAPI's scaler wants, how many serve it, and on what it decided."""
+
+    desired: int = Field(ge=0, description="nodes its scaler wants (between min_replicas and max_replicas)")
+    ready: int = Field(ge=0, description="live nodes placed on it")
+    pending: int = Field(ge=0, description="nodes wanted that no live node of its hardware queue is free for")
+    in_flight: float = Field(ge=0, description="requests queued and running that the last decision saw")
+
+
 class Api(Body):
     """A deployed API; `GET /apis/<name>` adds its endpoint, for a realtime API its live replicas, and
-    for an AsyncAPI its request counts and serving nodes."""
+    for an AsyncAPI its request counts, serving nodes and scaling."""
 
     name: str
     kind: Literal["BatchAPI", "RealtimeAPI", "TaskAPI", "AsyncAPI"]
@@ -249,7 +258,8 @@ class Api(Body):
     replicas: list[Replica] | None = Field(default=None, description="RealtimeAPI only, in GET /apis/{name}")
     requests: AsyncRequestCounts | None = Field(default=None, description="AsyncAPI only, in GET /apis/{name}")
     nodes: list[str] | None = Field(default=None, description="AsyncAPI only, in GET /apis/{name}: the live "
-                                    "worker nodes of its hardware queue, which run its requests")
+                                    "worker nodes placed on it, which run its requests")
+    scaling: AsyncScaling | None = Field(default=None, description="AsyncAPI only, in GET /apis/{name}")
 
 
 class ApiList(Body):

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from foundation.api_registry import RedisApiRegistry
 from foundation.settings import Settings
+from jobs.async_placement import autoscaling_of
+from jobs.async_scaler import AsyncScaler
 from jobs.async_submit import send_queued_task
 from jobs.publish import completion_sender
 from jobs.services import Services
@@ -56,9 +58,12 @@ def maintenance_steps(settings: Settings) -> list[Step]:
             RedisApiRegistry(services.redis), services.async_requests,
             lambda api_name: send_queued_task(services.celery, api_name))
 
+    scaler = AsyncScaler()  # its samples and recommendations live as long as this process
+
     def place_async(services: Services, now: float) -> object:
-        """Every AsyncAPI on its nodes (`jobs/async_placement.py`), after the jobs are placed."""
-        services.async_placement.reconcile(now)
+        """Every AsyncAPI on the nodes its scaler wants (`jobs/async_placement.py`), after the jobs are placed."""
+        services.async_placement.reconcile(
+            now, lambda api, in_flight, placed, at: scaler.wanted(api, autoscaling_of(api), in_flight, placed, at))
         return None
 
     return [

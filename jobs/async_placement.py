@@ -1,10 +1,10 @@
 """Which worker nodes serve each AsyncAPI, as job placement decides which serve each job.
 
 An AsyncAPI's requests travel on a queue of their own (`async.<api>`, `async_queue`), and only
-the nodes placed on it consume it (Celery's `add_consumer`, as for a job's queue). How many:
-`autoscaling.min_replicas` (Cortex's default 1) nodes of its hardware queue; with
-`min_replicas: 0`, none while nothing of it is queued or running, and one as soon as something is.
-The autoscaler (issue 19) will set that number from the queue; placement is what makes it hold.
+the nodes placed on it consume it (Celery's `add_consumer`, as for a job's queue). How many: a new
+API gets `autoscaling.init_replicas` (default `min_replicas`, default 1) nodes of its hardware
+queue; then beat's scaler (`jobs/async_scaler.py`) moves the number between `min_replicas` and
+`max_replicas` from its queue, to zero with `min_replicas: 0`; placement is what makes it hold.
 
 Nodes are chosen as for jobs: an API keeps its live nodes, and gets the least loaded others (jobs
 and AsyncAPIs placed on each, counted together) up to its number. A node may serve jobs and
@@ -22,6 +22,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import redis
@@ -29,6 +30,7 @@ from kombu.exceptions import KombuError
 
 from foundation import keys
 from foundation.api_registry import ApiRegistry, DeployedApi
+from predictors_runtime.autoscaling_config import AutoscalingConfig
 from predictors_runtime.config import ApiConfig
 
 from .async_request import ASYNC_KIND
@@ -46,14 +48,26 @@ def async_queue(api_name: str) -> str:
     return f"{ASYNC_QUEUE_PREFIX}{api_name}"
 
 
+@dataclass(frozen=True)
+class Placed:
+    """An AsyncAPI's nodes, and the count wanted with the in-flight figure it was wanted for."""
+
+    nodes: list[str]
+    desired: int
+    in_flight: float
+
+
 class AsyncAssignments(Protocol):
     """Where placement keeps which nodes serve each AsyncAPI."""
 
     def all(self) -> dict[str, list[str]]:
         """API name -> the nodes placed on it."""
 
-    def set(self, api_name: str, nodes: list[str]) -> None:
-        """Place the API on these nodes."""
+    def placed(self) -> dict[str, Placed]:
+        """API name -> its nodes with the count wanted (what `sluice get` and `/metrics` show)."""
+
+    def set(self, api_name: str, nodes: list[str], desired: int | None = None, in_flight: float = 0.0) -> None:
+        """Place the API on these nodes (`desired`: the count wanted, default as many)."""
 
     def forget(self, api_name: str) -> None:
         """The API is gone and served by none."""
@@ -66,21 +80,46 @@ class RedisAsyncAssignments:
         self._redis = client
 
     def all(self) -> dict[str, list[str]]:
-        raw = self._redis.hgetall(keys.ASYNC_NODES)
-        return {(k.decode() if isinstance(k, bytes) else k): list(json.loads(v)) for k, v in raw.items()}
+        return {api: placed.nodes for api, placed in self.placed().items()}
 
-    def set(self, api_name: str, nodes: list[str]) -> None:
-        self._redis.hset(keys.ASYNC_NODES, api_name, json.dumps(nodes))
+    def placed(self) -> dict[str, Placed]:
+        raw = self._redis.hgetall(keys.ASYNC_NODES)
+        found = {}
+        for key, value in raw.items():
+            record = json.loads(value)
+            found[key.decode() if isinstance(key, bytes) else key] = Placed(
+                list(record["nodes"]), int(record["desired"]), float(record["in_flight"]))
+        return found
+
+    def set(self, api_name: str, nodes: list[str], desired: int | None = None, in_flight: float = 0.0) -> None:
+        record = {"nodes": nodes, "desired": len(nodes) if desired is None else desired, "in_flight": in_flight}
+        self._redis.hset(keys.ASYNC_NODES, api_name, json.dumps(record))
 
     def forget(self, api_name: str) -> None:
         self._redis.hdel(keys.ASYNC_NODES, api_name)
 
 
-def wanted_nodes(deployed: DeployedApi, open_requests: int) -> int:
-    """How many nodes serve the API: `min_replicas`, and at least one while it has requests open."""
+def autoscaling_of(deployed: DeployedApi) -> AutoscalingConfig:
+    """The API's `autoscaling` section (Cortex's defaults when it has none)."""
     scaling = ApiConfig.from_dict(deployed.spec).autoscaling
-    minimum = scaling.min_replicas if scaling is not None else 1
-    return max(minimum, 1 if open_requests else 0)
+    return scaling if scaling is not None else AutoscalingConfig.model_validate({"target_replica_concurrency": 1})
+
+
+def initial_nodes(deployed: DeployedApi, open_requests: int) -> int:
+    """How many nodes serve a new API before its scaler's first decision: `init_replicas`, and at
+    least one while it has requests open."""
+    return max(autoscaling_of(deployed).init_replicas, 1 if open_requests else 0)
+
+
+def _kept_count(api: DeployedApi, current: Placed | None, open_requests: int) -> int:
+    """Without a scaler's word: a new API's `initial_nodes`, else the count last wanted for it."""
+    if current is None:
+        return initial_nodes(api, open_requests)
+    return max(current.desired, 1 if open_requests else 0)
+
+
+# What decides an API's node count in beat: (api, its in-flight requests, its nodes placed, now) -> count.
+Wanted = Callable[[DeployedApi, int, int, float], int]
 
 
 class AsyncPlacement:
@@ -105,26 +144,37 @@ class AsyncPlacement:
         load.update(node for nodes in assigned.values() for node in nodes)
         return load
 
-    def reconcile(self, now: float) -> None:
-        """One step: every AsyncAPI on its number of live nodes, deleted ones retired once drained."""
+    def reconcile(self, now: float, wanted: Wanted | None = None) -> None:
+        """One step: every AsyncAPI on the number of live nodes `wanted` gives (beat's scaler; without
+        one, as many as it has, or `initial_nodes` for a new one), deleted ones retired once drained."""
         live = self._nodes.live(now)
-        assigned = self.assignments.all()
+        placed = self.assignments.placed()
+        assigned = {api: p.nodes for api, p in placed.items()}
         load = self._load(assigned)
         apis = {api.name: api for api in self._registry.all() if api.kind == ASYNC_KIND}
         for name in sorted(apis):
-            self._place(apis[name], assigned.get(name, []), live, load, now)
+            api, current = apis[name], placed.get(name)
+            open_now = self._open(name, now)
+            if wanted is not None:
+                want = wanted(api, open_now, len([n for n in current.nodes if n in live]) if current else 0, now)
+            else:
+                want = _kept_count(api, current, open_now)
+            self._place(api, current.nodes if current else [], live, load, want, open_now)
         for name in sorted(set(assigned) - set(apis)):
             self._retire(name, assigned[name], live, now)
 
     def place(self, deployed: DeployedApi, now: float) -> list[str]:
-        """Place one (new or redeployed) AsyncAPI now; returns its nodes."""
-        assigned = self.assignments.all()
-        return self._place(deployed, assigned.get(deployed.name, []), self._nodes.live(now),
-                           self._load(assigned), now)
+        """Place a deployed AsyncAPI now: a new one on `initial_nodes`, a redeployed one where it is
+        (beat's scaler moves it from there); returns its nodes."""
+        placed = self.assignments.placed()
+        current = placed.get(deployed.name)
+        open_now = self._open(deployed.name, now)
+        load = self._load({api: p.nodes for api, p in placed.items()})
+        return self._place(deployed, current.nodes if current else [], self._nodes.live(now), load,
+                           _kept_count(deployed, current, open_now), open_now)
 
     def _place(self, api: DeployedApi, current: list[str], live: dict[str, list[str]], load: Counter[str],
-               now: float) -> list[str]:
-        want = wanted_nodes(api, self._open(api.name, now))
+               want: int, in_flight: int) -> list[str]:
         kept = [n for n in current if api.queue in live.get(n, ())][:want]
         others = sorted((n for n, queues in live.items() if api.queue in queues and n not in kept),
                         key=lambda n: (load[n] - (n in current), n))
@@ -133,11 +183,12 @@ class AsyncPlacement:
             log.info("async api %s moves from nodes %s to %s (%d wanted)", api.name, current, nodes, want)
             load.subtract(current)
             load.update(nodes)
-            self.assignments.set(api.name, nodes)
             left = [n for n in current if n not in nodes and n in live]
             self._broadcast(self._queues.cancel_consumers, api.name, left)
-        elif want and not nodes:
-            log.warning("no live worker serves queue %s yet; async api %s waits for one", api.queue, api.name)
+        elif want > len(nodes):
+            log.warning("async api %s wants %d node(s) of queue %s; %d live ones serve it", api.name, want,
+                        api.queue, len(nodes))
+        self.assignments.set(api.name, nodes, want, float(in_flight))
         self._broadcast(self._queues.add_consumers, api.name, nodes)
         return nodes
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from foundation.api_registry import not_deployed
 
 from .async_counts import AsyncCounts, slot_of, window_slots
+from .async_placement import Placed
 from .async_request import AsyncRequest, RequestStatus
 from .async_store import Submitted, Taken
 
@@ -174,13 +175,16 @@ class MemoryAsyncAssignments:
     """`AsyncAssignments` (`jobs/async_placement.py`) in a dict, for fast tests of AsyncAPI placement."""
 
     def __init__(self) -> None:
-        self._nodes: dict[str, list[str]] = {}
+        self._placed: dict[str, Placed] = {}
 
     def all(self) -> dict[str, list[str]]:
-        return {api: list(nodes) for api, nodes in self._nodes.items()}
+        return {api: list(placed.nodes) for api, placed in self._placed.items()}
 
-    def set(self, api_name: str, nodes: list[str]) -> None:
-        self._nodes[api_name] = list(nodes)
+    def placed(self) -> dict[str, Placed]:
+        return dict(self._placed)
+
+    def set(self, api_name: str, nodes: list[str], desired: int | None = None, in_flight: float = 0.0) -> None:
+        self._placed[api_name] = Placed(list(nodes), len(nodes) if desired is None else desired, in_flight)
 
     def forget(self, api_name: str) -> None:
-        self._nodes.pop(api_name, None)
+        self._placed.pop(api_name, None)

@@ -328,7 +328,11 @@ def _get_api(client: Client, name: str, output: str) -> None:
                    f"{counts.get('completed_per_minute', 0)} completed and {counts.get('failed_per_minute', 0)} "
                    "failed in the last minute")
         nodes = api.get("nodes") or []
-        click.echo(f"nodes: {', '.join(nodes) if nodes else 'none alive on queue ' + api['queue']}")
+        click.echo(f"nodes: {', '.join(nodes) if nodes else 'none placed on it (queue ' + api['queue'] + ')'}")
+        scaling = api.get("scaling")
+        if scaling is not None:
+            click.echo(f"scaling: {scaling['desired']} wanted, {scaling['ready']} ready, {scaling['pending']} "
+                       f"pending; {scaling['in_flight']:g} request(s) in flight at the last decision")
         return
     jobs = client.jobs(name)
     if output == "json":

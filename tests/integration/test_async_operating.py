@@ -61,11 +61,11 @@ def test_the_one_call_that_ends_a_request_counts_its_outcome_and_duration(redis_
     assert (buckets["0.25"], buckets["0.5"], buckets["2.5"], buckets["5.0"]) == (0, 1, 1, 3)
 
 
-def _deploy(client: Any, folder: Path, name: str, min_replicas: int = 1) -> str:
+def _deploy(client: Any, folder: Path, name: str, min_replicas: int = 1, **autoscaling: Any) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "predictor.py").write_text(PREDICTOR)
     api = {"name": name, "kind": "AsyncAPI", "predictor": {"type": "python", "path": "predictor.py"},
-           "compute": {"cpu": 1}, "autoscaling": {"min_replicas": min_replicas}}
+           "compute": {"cpu": 1}, "autoscaling": {"min_replicas": min_replicas, **autoscaling}}
     (folder / "cortex.yaml").write_text(yaml.safe_dump([api], sort_keys=False))
     client.deploy(folder / "cortex.yaml")
     return name
@@ -123,3 +123,29 @@ def test_an_async_apis_counts_nodes_metrics_and_request_logs_are_shown(stack, cl
     with pytest.raises(ClientError) as whole_api:
         client.get_logs(name)
     assert whole_api.value.http_status == 400 and "per request" in whole_api.value.server_message
+
+
+@pytest.mark.slow
+def test_an_async_api_scales_from_zero_to_two_nodes_on_its_queue_and_back_to_zero(stack, client, tmp_path):
+    """Windows of 10 s and no stabilisation wait; the stack's beat steps every second, on two nodes."""
+    name = _deploy(client, tmp_path / "project", f"scale-{uuid.uuid4().hex[:8]}", min_replicas=0, max_replicas=2,
+                   target_replica_concurrency=1, window="10s", downscale_stabilization_period="0s",
+                   upscale_stabilization_period="0s")
+    assert client.api(name)["nodes"] == []  # nothing queued: no node holds its predictor
+    release = tmp_path / "release"
+    held = [client.submit_async(name, {"say": str(i), "hold": str(release)}) for i in range(4)]
+
+    def scaled(count: int) -> Any:
+        answer = client.api(name)
+        return answer if len(answer["nodes"]) == count and answer["scaling"]["desired"] == count else None
+
+    two = wait_for(lambda: scaled(2), 60, "two nodes serving the queued requests")
+    assert two["scaling"]["pending"] == 0 and two["scaling"]["in_flight"] >= 1
+    metrics = scrape(stack.url)
+    assert value(metrics, "sluice_replicas_desired", api=name) == 2
+    assert value(metrics, "sluice_replicas", api=name, state="ready") == 2
+    release.write_text("go")
+    assert [client.wait_async(name, r, timeout=60)["status"] for r in held] == ["completed"] * 4
+    wait_for(lambda: scaled(0), 60, "no node once the queue stayed empty for a window")
+    late = client.submit_async(name, {"say": "late"})  # from zero: one node comes for it
+    assert client.wait_async(name, late, timeout=60)["result"] == {"said": "late"}

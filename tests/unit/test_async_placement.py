@@ -58,31 +58,53 @@ def test_an_async_api_is_served_by_one_node_by_default_and_apis_spread_over_the_
     assert w.placement.assigned_queues(one[0]) == ["async.one"]
 
 
-def test_min_replicas_nodes_serve_it_and_lowering_it_tells_the_extra_node_to_stop() -> None:
+def test_a_new_api_gets_init_replicas_nodes_and_then_as_many_as_its_scaler_wants() -> None:
     w = World()
     w.node("a"), w.node("b"), w.node("c")
-    w.deploy("api", min_replicas=2)
-    w.placement.reconcile(NOW)
-    first = w.assignments.all()["api"]
-    assert len(first) == 2
-    w.deploy("api", min_replicas=1)
-    w.placement.reconcile(NOW + 1)
+    w.deploy("api", min_replicas=1, init_replicas=2)
+    first = w.placement.place(w.registry.get("api"), NOW)
+    assert len(first) == 2 and w.added("api") == first
+    w.placement.reconcile(NOW + 1)  # no scaler: the count stays
+    assert w.assignments.all()["api"] == first
+    w.placement.reconcile(NOW + 2, wanted=lambda api, in_flight, placed, now: 1)
     assert w.assignments.all()["api"] == first[:1]  # the node it keeps is one it had
     assert ("cancel", "async.api", first[1:]) in w.queues.calls
+    w.placement.reconcile(NOW + 3, wanted=lambda api, in_flight, placed, now: 5)  # more than there are
+    assert sorted(w.assignments.all()["api"]) == ["a", "b", "c"]
+    assert w.assignments.placed()["api"].desired == 5  # shown as wanted: two pending
 
 
-def test_with_min_replicas_0_a_node_serves_it_only_while_it_has_requests_open() -> None:
+def test_the_scaler_is_told_the_apis_work_in_flight_and_its_live_nodes() -> None:
+    w = World()
+    w.node("a")
+    w.deploy("api")
+    w.placement.reconcile(NOW)
+    w.submit("api", "r1"), w.submit("api", "r2")
+    asked: list[tuple[str, int, int]] = []
+    w.placement.reconcile(NOW + 1, wanted=lambda api, in_flight, placed, now: asked.append(
+        (api.name, in_flight, placed)) or 1)
+    assert asked == [("api", 2, 1)]
+    assert w.assignments.placed()["api"].in_flight == 2
+
+
+def test_with_min_replicas_0_no_node_serves_a_new_api_until_a_request_comes() -> None:
     w = World()
     w.node("a")
     w.deploy("api", min_replicas=0)
-    w.placement.reconcile(NOW)
-    assert w.assignments.all().get("api", []) == [] and w.added("api") == []
+    assert w.placement.place(w.registry.get("api"), NOW) == [] and w.added("api") == []
     w.submit("api", "r1")
     w.placement.reconcile(NOW + 1)
     assert w.assignments.all()["api"] == ["a"] and w.added("api") == ["a"]
-    w.requests.finish("api", "r1", RequestStatus.COMPLETED, NOW + 2, result=b"1")
-    w.placement.reconcile(NOW + 3)
-    assert w.assignments.all()["api"] == [] and ("cancel", "async.api", ["a"]) in w.queues.calls
+
+
+def test_an_api_whose_hardware_no_live_node_serves_waits_unplaced_until_one_comes() -> None:
+    w = World()
+    w.node("a")
+    w.deploy("api", compute={"gpu": 1})
+    assert w.placement.place(w.registry.get("api"), NOW) == []
+    w.node("gpu-1", "gpu")
+    w.placement.reconcile(NOW + 1)
+    assert w.assignments.all()["api"] == ["gpu-1"]
 
 
 def test_a_dead_nodes_place_goes_to_a_live_one_of_the_same_hardware() -> None:
@@ -92,15 +114,6 @@ def test_a_dead_nodes_place_goes_to_a_live_one_of_the_same_hardware() -> None:
     w.assignments.set("api", ["b"])
     w.placement.reconcile(NOW)
     assert w.assignments.all()["api"] == ["a"]  # never the gpu node: its hardware queue is not cpu
-
-
-def test_an_api_whose_hardware_no_live_node_serves_waits_unplaced() -> None:
-    w = World()
-    w.node("a")
-    w.deploy("api", compute={"gpu": 1})
-    assert w.placement.place(w.registry.get("api"), NOW) == []
-    w.node("gpu-1", "gpu")
-    assert w.placement.place(w.registry.get("api"), NOW) == ["gpu-1"]
 
 
 def test_a_deleted_api_keeps_its_node_until_its_requests_have_run_then_its_queue_goes() -> None:
