@@ -134,6 +134,10 @@ REPLICAS = f"{PREFIX}:replicas"
 PROXIES = f"{PREFIX}:proxies"
 """Hash of proxies: proxy id -> the routes it serves (JSON)."""
 
+REPLICA_SCALE = f"{PREFIX}:replica-scale"
+"""Hash of each RealtimeAPI's replica count as its scaler last decided: API name -> JSON
+(foundation/replica_scale.py)."""
+
 
 # -- figures (GET /metrics) ----------------------------------------------------------------------
 def figure(name: str) -> str:

@@ -55,6 +55,7 @@ from foundation.replica_directory import (
     live_among,
     routable_among,
 )
+from foundation.replica_scale import ReplicaScale, ScaleBook
 
 __all__ = ["MemoryApiRegistry", "MemoryFigureStore", "MemoryLogStreams", "MemoryReplicaDirectory"]
 
@@ -143,6 +144,34 @@ class MemoryReplicaDirectory(_Fake, ReplicaDirectory):
             for replica_id in gone:
                 del self._records[replica_id]
         return len(gone)
+
+
+class MemoryScaleBook(_Fake, ScaleBook):
+    """Each RealtimeAPI's decided replica count in a dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._scales: dict[str, ReplicaScale] = {}
+
+    def get(self, api_name: str) -> ReplicaScale | None:
+        with self.lock:
+            self._reach()
+            return self._scales.get(api_name)
+
+    def all(self) -> dict[str, ReplicaScale]:
+        with self.lock:
+            self._reach()
+            return dict(self._scales)
+
+    def set(self, api_name: str, scale: ReplicaScale) -> None:
+        with self.lock:
+            self._reach()
+            self._scales[api_name] = scale
+
+    def forget(self, api_name: str) -> None:
+        with self.lock:
+            self._reach()
+            self._scales.pop(api_name, None)
 
 
 @dataclass

@@ -21,11 +21,13 @@ from foundation.figure_store import RedisFigureStore
 from foundation.log_streams import LogStreams, RedisLogStreams, StreamLogHandler, api_stream, job_stream
 from foundation.redis_clients import BACKGROUND, client
 from foundation.replica_directory import RedisReplicaDirectory
+from foundation.replica_scale import RedisScaleBook
 from sluice.embedded import free_port
 from tests.contracts.api_registry import ApiRegistryContract
 from tests.contracts.figure_store import FigureStoreContract
 from tests.contracts.log_streams import LogStreamsContract
 from tests.contracts.replica_directory import NOW, ReplicaDirectoryContract, record
+from tests.contracts.replica_scale import ScaleBookContract
 
 NEVER_S = 3600.0  # a flush interval no test outlives: only an explicit flush (or a batch's end) ships
 
@@ -148,3 +150,9 @@ def test_more_lines_between_two_flushes_than_a_stream_keeps_leave_its_newest_lin
     kept = streams.read(job_stream("flood")).lines
 
     assert [line["n"] for line in kept] == list(range(1000 - 50, 1001))
+
+
+class TestTheRedisScaleBook(ScaleBookContract):
+    @pytest.fixture
+    def book(self, redis_client: redis.Redis) -> RedisScaleBook:
+        return RedisScaleBook(redis_client)

@@ -13,11 +13,18 @@ import pytest
 import redis
 
 from foundation.log_streams import LogStreams, job_stream
-from foundation.memory import MemoryApiRegistry, MemoryFigureStore, MemoryLogStreams, MemoryReplicaDirectory
+from foundation.memory import (
+    MemoryApiRegistry,
+    MemoryFigureStore,
+    MemoryLogStreams,
+    MemoryReplicaDirectory,
+    MemoryScaleBook,
+)
 from tests.contracts.api_registry import ApiRegistryContract, config
 from tests.contracts.figure_store import FigureStoreContract
 from tests.contracts.log_streams import LogStreamsContract, lines
 from tests.contracts.replica_directory import ReplicaDirectoryContract, record
+from tests.contracts.replica_scale import ScaleBookContract
 
 
 class TestTheMemoryApiRegistry(ApiRegistryContract):
@@ -142,3 +149,9 @@ def test_waiting_for_lines_that_never_come_gives_what_the_stream_holds_after_the
     streams = MemoryLogStreams()
 
     assert streams.wait_for_lines(job_stream("quiet"), 1, timeout_s=0.01) == []
+
+
+class TestTheMemoryScaleBook(ScaleBookContract):
+    @pytest.fixture
+    def book(self) -> MemoryScaleBook:
+        return MemoryScaleBook()
