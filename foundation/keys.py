@@ -134,6 +134,10 @@ REPLICAS = f"{PREFIX}:replicas"
 PROXIES = f"{PREFIX}:proxies"
 """Hash of proxies: proxy id -> the routes it serves (JSON)."""
 
+HOSTS = f"{PREFIX}:hosts"
+"""Hash of the hosts that offer room to replicas or worker nodes: host id -> record (JSON),
+rewritten every heartbeat (foundation/hosts.py)."""
+
 REPLICA_SCALE = f"{PREFIX}:replica-scale"
 """Hash of each RealtimeAPI's replica count as its scaler last decided: API name -> JSON
 (foundation/replica_scale.py)."""

@@ -35,6 +35,7 @@ from foundation.api_registry import (
     not_deployed,
 )
 from foundation.figure_store import FigureStore, Increment
+from foundation.hosts import HOST_TTL_S, HostDirectory, HostRecord
 from foundation.log_streams import (
     DEFAULT_MAX_LINES,
     DEFAULT_PAGE_LINES,
@@ -144,6 +145,33 @@ class MemoryReplicaDirectory(_Fake, ReplicaDirectory):
             for replica_id in gone:
                 del self._records[replica_id]
         return len(gone)
+
+
+class MemoryHostDirectory(_Fake, HostDirectory):
+    """Host records in a dict: host id -> a copy of what was announced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._records: dict[str, dict[str, Any]] = {}
+
+    def announce(self, record: HostRecord) -> None:
+        with self.lock:
+            self._reach()
+            self._records[record.host_id] = record.to_dict()
+
+    def remove(self, host_id: str) -> None:
+        with self.lock:
+            self._reach()
+            self._records.pop(host_id, None)
+
+    def all(self) -> list[HostRecord]:
+        with self.lock:
+            self._reach()
+            stored = list(self._records.values())
+        return sorted((HostRecord.from_dict(d) for d in stored), key=lambda r: r.host_id)
+
+    def live(self, now: float, ttl_s: float = HOST_TTL_S) -> list[HostRecord]:
+        return [r for r in self.all() if r.live(now, ttl_s)]
 
 
 class MemoryScaleBook(_Fake, ScaleBook):

@@ -18,6 +18,7 @@ import redis
 from foundation import keys
 from foundation.api_registry import RedisApiRegistry
 from foundation.figure_store import RedisFigureStore
+from foundation.hosts import RedisHostDirectory
 from foundation.log_streams import LogStreams, RedisLogStreams, StreamLogHandler, api_stream, job_stream
 from foundation.redis_clients import BACKGROUND, client
 from foundation.replica_directory import RedisReplicaDirectory
@@ -25,6 +26,7 @@ from foundation.replica_scale import RedisScaleBook
 from sluice.embedded import free_port
 from tests.contracts.api_registry import ApiRegistryContract
 from tests.contracts.figure_store import FigureStoreContract
+from tests.contracts.hosts import HostDirectoryContract
 from tests.contracts.log_streams import LogStreamsContract
 from tests.contracts.replica_directory import NOW, ReplicaDirectoryContract, record
 from tests.contracts.replica_scale import ScaleBookContract
@@ -156,3 +158,9 @@ class TestTheRedisScaleBook(ScaleBookContract):
     @pytest.fixture
     def book(self, redis_client: redis.Redis) -> RedisScaleBook:
         return RedisScaleBook(redis_client)
+
+
+class TestTheRedisHostDirectory(HostDirectoryContract):
+    @pytest.fixture
+    def hosts(self, redis_client: redis.Redis) -> RedisHostDirectory:
+        return RedisHostDirectory(redis_client)

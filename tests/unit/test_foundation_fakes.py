@@ -16,12 +16,14 @@ from foundation.log_streams import LogStreams, job_stream
 from foundation.memory import (
     MemoryApiRegistry,
     MemoryFigureStore,
+    MemoryHostDirectory,
     MemoryLogStreams,
     MemoryReplicaDirectory,
     MemoryScaleBook,
 )
 from tests.contracts.api_registry import ApiRegistryContract, config
 from tests.contracts.figure_store import FigureStoreContract
+from tests.contracts.hosts import HostDirectoryContract
 from tests.contracts.log_streams import LogStreamsContract, lines
 from tests.contracts.replica_directory import ReplicaDirectoryContract, record
 from tests.contracts.replica_scale import ScaleBookContract
@@ -155,3 +157,9 @@ class TestTheMemoryScaleBook(ScaleBookContract):
     @pytest.fixture
     def book(self) -> MemoryScaleBook:
         return MemoryScaleBook()
+
+
+class TestTheMemoryHostDirectory(HostDirectoryContract):
+    @pytest.fixture
+    def hosts(self) -> MemoryHostDirectory:
+        return MemoryHostDirectory()
