@@ -49,7 +49,7 @@ import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import AuthorizationError
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from foundation.errors import NotReady, SluiceError
 from foundation.settings import RedisAddress
@@ -192,6 +192,25 @@ def socket_options(policy: ClientPolicy) -> dict[str, Any]:
     }
 
 
+class FollowingPrimaryConnection(SentinelManagedConnection):
+    """A connection to the primary the sentinels name, asked again at every (re)connect.
+
+    redis-py asks the sentinels only when a connection is taken from the pool (`connect`); a
+    command that is retried after its connection dropped reconnects through `connect_check_health`
+    to the address it had (redis-py#3874). With `RideOut` that means dialling the dead primary for
+    the whole retry window while the promoted replica waits: a node recording a batch stalled
+    30 s after a failover. Here every connect looks the primary up first, so each retry reaches
+    the current one; the retry itself stays the command's (`RideOut`), not the socket's.
+    """
+
+    def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True) -> None:
+        if self._sock:
+            return
+        if self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        super().connect_check_health(check_health=check_health, retry_socket_connect=False)
+
+
 def client(where: str | RedisAddress, policy: ClientPolicy, **options: Any) -> redis.Redis:
     """A client for `where` (a URL, or `Settings.redis_address`) that behaves as `policy` says: the
     one place a Sluice process builds one.
@@ -215,7 +234,8 @@ def client(where: str | RedisAddress, policy: ClientPolicy, **options: Any) -> r
     sentinel_settings: dict[str, Any] = {**socket_options(policy), "password": address.sentinel_password}
     sentinels = Sentinel(  # type: ignore[no-untyped-call]  # redis-py's Sentinel is untyped
         list(address.sentinels), sentinel_kwargs=sentinel_settings, **settings)
-    primary: redis.Redis = sentinels.master_for(address.master)  # type: ignore[no-untyped-call]
+    primary: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+        address.master, connection_class=FollowingPrimaryConnection)
     return primary
 
 

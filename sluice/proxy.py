@@ -42,7 +42,7 @@ from foundation.api_registry import ApiRegistry, RedisApiRegistry
 from foundation.errors import ConfigError, NotReady
 from foundation.figure_store import RedisFigureStore
 from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS, Recorder
-from foundation.replica_directory import RedisReplicaDirectory, ReplicaDirectory
+from foundation.replica_directory import REPLICA_TTL_S, RedisReplicaDirectory, ReplicaDirectory
 from foundation.settings import Settings
 
 from .local_socket import reachable_socket
@@ -110,6 +110,41 @@ def routed_everywhere(client: redis.Redis, replica_ids: set[str], now: float) ->
     of `replica_ids` (no reload in progress, no older haproxy worker left)."""
     proxies = live_proxies(client, now)
     return bool(proxies) and all(p.settled and replica_ids <= set(p.routes) for p in proxies)
+
+
+# -- judging replicas silent ------------------------------------------------------------------------
+@dataclass
+class SilenceAllowance:
+    """How long a replica may stay silent before the proxy stops routing to it: `REPLICA_TTL_S` of
+    time in which Redis answered, not of wall-clock time.
+
+    While the controller cannot read Redis (restarted, or a failover between a killed primary and
+    its promoted replica), no launcher can announce its replica either, and haproxy keeps routing
+    the last configuration. Once Redis answers again, every record is as old as the outage: judged
+    by the clock alone, each replica would look gone and be dropped until its launcher's next
+    heartbeat, and requests in that gap would be refused. So the span in which Redis could not be
+    read is added to the allowance, until one TTL after Redis answered again: time enough for every
+    live launcher to be heard from. A replica that really died is dropped that much later.
+    """
+
+    ttl_s: float = REPLICA_TTL_S
+    _last_read: float | None = None      # the last turn that read Redis
+    _unread_since: float | None = None   # the last read before the turns that failed, while they fail
+    _credit_s: float = 0.0               # the span added to `ttl_s` ...
+    _credit_until: float = 0.0           # ... until then
+
+    def ttl_at(self, now: float) -> float:
+        """The allowance for a read at `now` (when it succeeds; `failed` or `read` says which)."""
+        if self._unread_since is not None:
+            self._credit_s, self._credit_until = now - self._unread_since, now + self.ttl_s
+        return self.ttl_s + (self._credit_s if now < self._credit_until else 0.0)
+
+    def read(self, now: float) -> None:
+        self._last_read, self._unread_since = now, None
+
+    def failed(self, now: float) -> None:
+        if self._unread_since is None:
+            self._unread_since = now if self._last_read is None else self._last_read
 
 
 # -- one haproxy master ---------------------------------------------------------------------------
@@ -333,6 +368,7 @@ class ProxyController:
     _stopping: bool = False
     _tally: RejectionTally = field(default_factory=RejectionTally)
     _figures: Recorder | None = None
+    _silence: SilenceAllowance = field(default_factory=SilenceAllowance)
 
     def __post_init__(self) -> None:
         if self.state_dir is None:
@@ -392,8 +428,13 @@ class ProxyController:
         os.replace(staging, path)
 
     def _render(self, now: float) -> tuple[str, list[Route]]:
-        routes = plan_routes(self._registry.all(), self._replicas.routable(now),
-                             local_socket=lambda r: reachable_socket(r.socket, r.host_id))
+        try:
+            apis, replicas = self._registry.all(), self._replicas.routable(now, ttl_s=self._silence.ttl_at(now))
+        except redis.RedisError:
+            self._silence.failed(now)
+            raise
+        self._silence.read(now)
+        routes = plan_routes(apis, replicas, local_socket=lambda r: reachable_socket(r.socket, r.host_id))
         keys_file = str(self.keys_file) if self.keys_file is not None else None
         return render_config(routes, bind=self.bind, port=self.port, management=self.management,
                              keys_file=keys_file), routes

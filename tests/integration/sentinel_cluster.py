@@ -1,8 +1,13 @@
 """A Redis Sentinel deployment of a test's own, on loopback: a primary, a replica and three
 sentinels, each a real redis-server process on a free port, whose primary the test kills.
 
-Sentinels judge a server down after 1 s without an answer (`down-after-milliseconds 1000`) and
-two of them must agree (quorum 2) before one is elected to promote the replica.
+Sentinels judge a server down after 2 s without an answer (`down-after-milliseconds 2000`: with
+less, a loaded 2-core machine can see a primary that is only slow as down, and fail over twice) and
+two of them must agree (quorum 2) before one is elected to promote the replica. A killed primary
+started again on its own data is turned into a replica of the promoted one by the sentinels; they
+are told to look (INFO) every second and to wait 2 s before doing so, rather than 10 s and 8 s
+(`SENTINEL DEBUG`, Redis 7; older sentinels keep their defaults, and such a test takes longer).
+The servers start a replica's full copy at once (`repl-diskless-sync-delay 0`, not after 5 s).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ class SentinelCluster:
 
     def start_server(self, port: int, replica_of: int | None = None) -> None:
         argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.folder / f"redis-{port}"),
-                "--save", "", "--appendonly", "yes", "--appendfsync", "everysec"]
+                "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--repl-diskless-sync-delay", "0"]
         if replica_of is not None:
             argv += ["--replicaof", "127.0.0.1", str(replica_of)]
         (self.folder / f"redis-{port}").mkdir(parents=True, exist_ok=True)
@@ -55,11 +60,14 @@ class SentinelCluster:
             conf.write_text(
                 f"port {port}\nbind 127.0.0.1\ndir {self.folder}\n"
                 f"sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n"
-                f"sentinel down-after-milliseconds {MASTER} 1000\n"
+                f"sentinel down-after-milliseconds {MASTER} 2000\n"
                 f"sentinel failover-timeout {MASTER} 5000\n"
             )
             self.sentinels[port] = self._spawn(f"sentinel-{port}", ["redis-server", str(conf), "--sentinel"])
         self.wait_ready()
+        for port in self.sentinels:
+            with suppress(redis.ResponseError):
+                redis.Redis(port=port).execute_command("SENTINEL", "DEBUG", "INFO-PERIOD", 1000, "PUBLISH-PERIOD", 500)
         return self
 
     def wait_ready(self) -> None:
@@ -130,6 +138,23 @@ class SentinelCluster:
             return None
 
         return int(wait_for(promoted, timeout, "the sentinels' failover", interval=0.1))
+
+    def restart(self, old: int) -> None:
+        """The killed server started again as it was (a primary, on its own append-only file), until
+        the sentinels have made it a replica of the promoted server and it holds a full copy."""
+        self.start_server(old)
+        primary = self.primary_port()
+
+        def copied() -> bool:
+            try:
+                info = redis.Redis(port=old, socket_timeout=1).info("replication")
+            except redis.RedisError:  # still loading its file
+                return False
+            return (info["role"] == "slave" and info.get("master_port") == primary
+                    and info.get("master_link_status") == "up" and not info.get("master_sync_in_progress"))
+
+        wait_for(copied, 60, f"the old primary ({old}) to become a replica of {primary}", interval=0.1)
+        self.wait_ready()
 
     def rejoin(self, old: int) -> None:
         """The killed server back, as a replica of the new primary, and sentinels that know it again."""

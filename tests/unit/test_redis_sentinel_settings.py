@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import pytest
 import redis
-from redis.sentinel import SentinelConnectionPool
+from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
 from foundation.errors import ConfigError
-from foundation.redis_clients import HEARTBEAT, KEEPALIVE_OPTIONS, STORE, RideOut, client, store_client
+from foundation.redis_clients import (
+    HEARTBEAT,
+    KEEPALIVE_OPTIONS,
+    STORE,
+    FollowingPrimaryConnection,
+    RideOut,
+    client,
+    store_client,
+)
 from foundation.settings import RedisAddress, Settings
 from jobs.broker import SENTINEL_TRANSPORT_PATH, broker_url, transport_for, transport_options
 from jobs.stall_watch import StallWatch
@@ -99,6 +107,31 @@ def test_a_client_of_a_sentinel_deployment_keeps_its_policy() -> None:
     sentinel = pool.sentinel_manager.sentinels[0]
     sentinel_kwargs = sentinel.connection_pool.connection_kwargs
     assert sentinel_kwargs["password"] == "spw" and sentinel_kwargs["socket_timeout"] == STORE.socket_timeout_s
+
+
+def test_a_connection_dropped_mid_command_reconnects_to_the_primary_the_sentinels_name_now(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """redis-py reconnects a retried command's connection to the address it had; ours asks first."""
+    store = store_client(Settings.from_env(SENTINELS))
+    pool = store.connection_pool
+    assert pool.connection_class is FollowingPrimaryConnection
+    promoted = ("127.0.0.1", 6380)
+    pool.proxy.get_master_address = lambda: promoted  # type: ignore[method-assign]
+    dialled: list[tuple[str, int, bool]] = []
+
+    def dial(self: SentinelManagedConnection, check_health: bool = True, retry_socket_connect: bool = True) -> None:
+        # redis-py's own connect, where no fast test may go: note where it would dial, and how
+        dialled.append((self.host, self.port, retry_socket_connect))
+
+    monkeypatch.setattr(SentinelManagedConnection, "connect_check_health", dial)
+    connection = pool.make_connection()
+    connection.host, connection.port = "127.0.0.1", 6379  # the primary it reached before the failover
+
+    connection.connect_check_health(check_health=False)
+
+    # to the promoted server, once: the command's retry (RideOut) repeats it, not the socket's
+    assert dialled == [("127.0.0.1", 6380, False)]
 
 
 def test_a_demoted_primary_answering_readonly_is_ridden_out() -> None:
