@@ -282,8 +282,11 @@ class ONNXClient(ModelClient):
         if self._threads is not None:
             options.intra_op_num_threads = self._threads
         session = onnxruntime.InferenceSession(str(file), sess_options=options, providers=self._providers)
-        if CUDA_PROVIDER in self._providers and CUDA_PROVIDER not in session.get_providers():
+        in_use = session.get_providers()
+        if CUDA_PROVIDER in self._providers and CUDA_PROVIDER not in in_use:
             logger.warning("%s: onnxruntime could not use CUDA for this model; running on CPU", file)
+        # Where the model really runs, in the node's log: what an operator checks on a GPU host.
+        logger.info("%s: loaded with onnxruntime providers %s", file, ", ".join(in_use))
         signatures = {
             "inputs": {arg.name: _node_arg(arg) for arg in session.get_inputs()},
             "outputs": {arg.name: _node_arg(arg) for arg in session.get_outputs()},

@@ -350,6 +350,19 @@ def test_without_a_gpu_sessions_use_only_the_cpu(iris_client: ONNXClient) -> Non
     assert iris_client.get_model()["session"].get_providers() == ["CPUExecutionProvider"]
 
 
+def test_loading_a_model_logs_the_providers_its_session_uses_so_a_gpu_host_shows_where_it_runs(
+    tmp_path: Path, iris_onnx: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = client_for_models(tmp_path, path=str(write_model(tmp_path / "iris", iris_onnx)))
+
+    with caplog.at_level(logging.INFO, logger="predictors_runtime.clients.onnx_client"):
+        client.get_model()
+
+    loaded = [r.getMessage() for r in caplog.records if "loaded with onnxruntime providers" in r.getMessage()]
+    assert len(loaded) == 1
+    assert loaded[0].endswith("model.onnx: loaded with onnxruntime providers CPUExecutionProvider")
+
+
 def test_session_threads_follow_omp_num_threads_because_onnxruntime_ignores_it() -> None:
     from predictors_runtime.clients.hardware import cpu_threads
 
