@@ -10,11 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from foundation.api_registry import RedisApiRegistry
+from foundation.proxy_load import RedisProxyLoadBook
+from foundation.replica_scale import RedisScaleBook
 from foundation.settings import Settings
 from jobs.async_placement import autoscaling_of
 from jobs.async_scaler import AsyncScaler
 from jobs.async_submit import send_queued_task
 from jobs.publish import completion_sender
+from jobs.realtime_scaling import RealtimeScaling
 from jobs.services import Services
 
 from . import steps
@@ -66,11 +69,20 @@ def maintenance_steps(settings: Settings) -> list[Step]:
             now, lambda api, in_flight, placed, at: scaler.wanted(api, autoscaling_of(api), in_flight, placed, at))
         return None
 
+    realtime = RealtimeScaling()  # its baselines, samples and recommendations live as long as this process
+
+    def scale_realtime(services: Services, now: float) -> object:
+        """Every RealtimeAPI's replica count from the proxies' in-flight figures, into the scale book
+        (`jobs/realtime_scaling.py`), where placement reads it."""
+        return realtime.step(RedisApiRegistry(services.redis), RedisProxyLoadBook(services.redis),
+                             RedisScaleBook(services.redis), now)
+
     return [
         Step("check-timeouts", check_timeouts, every),
         Step("fail-stalled-enqueues", fail_stalled_enqueues, every),
         Step("reconcile-placement", reconcile_placement, every),
         Step("place-async-apis", place_async, every),
+        Step("scale-realtime-apis", scale_realtime, every),
         Step("resend-completions", resend, every),
         Step("recover-lost-batches", LostBatchWatch(lost_grace_s(settings)), every),
         Step("sweep-async-requests", sweep_async, every),

@@ -142,6 +142,10 @@ REPLICA_SCALE = f"{PREFIX}:replica-scale"
 """Hash of each RealtimeAPI's replica count as its scaler last decided: API name -> JSON
 (foundation/replica_scale.py)."""
 
+PROXY_LOAD = f"{PREFIX}:proxy-load"
+"""Hash of each proxy's running totals of the realtime requests in flight it sampled, per API:
+proxy id -> JSON, rewritten once a second (foundation/proxy_load.py)."""
+
 
 # -- figures (GET /metrics) ----------------------------------------------------------------------
 def figure(name: str) -> str:

@@ -7,6 +7,7 @@ Each fake keeps the contract of its Redis implementation, checked by the same co
 - `MemoryReplicaDirectory`: `foundation.replica_directory.ReplicaDirectory`
 - `MemoryLogStreams`: `foundation.log_streams.LogStreams`
 - `MemoryFigureStore`: `foundation.figure_store.FigureStore` (hand it to a real `Recorder`)
+- `MemoryProxyLoadBook`: `foundation.proxy_load.ProxyLoadBook`
 
 What they leave out is what only Redis has: other processes and hosts. Each keeps what it stores
 in the stored form (JSON text where Redis holds JSON), so a value reads back as a copy, as it would
@@ -19,6 +20,7 @@ Production code never imports this module; tests of any layer may.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
@@ -49,6 +51,7 @@ from foundation.log_streams import (
     parse_stream_id,
     stream_id_key,
 )
+from foundation.proxy_load import ProxyLoad, ProxyLoadBook
 from foundation.replica_directory import (
     REPLICA_TTL_S,
     ReplicaDirectory,
@@ -200,6 +203,35 @@ class MemoryScaleBook(_Fake, ScaleBook):
         with self.lock:
             self._reach()
             self._scales.pop(api_name, None)
+
+
+class MemoryProxyLoadBook(_Fake, ProxyLoadBook):
+    """Each proxy's in-flight totals in a dict, stored as JSON text as Redis holds them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._loads: dict[str, str] = {}
+
+    def publish(self, load: ProxyLoad) -> None:
+        with self.lock:
+            self._reach()
+            self._loads[load.proxy_id] = json.dumps(load.to_dict())
+
+    def all(self) -> list[ProxyLoad]:
+        with self.lock:
+            self._reach()
+            return [ProxyLoad.from_dict(json.loads(raw)) for raw in self._loads.values()]
+
+    def withdraw(self, proxy_id: str) -> None:
+        with self.lock:
+            self._reach()
+            self._loads.pop(proxy_id, None)
+
+    def forget_silent(self, now: float, after_s: float) -> None:
+        with self.lock:
+            self._reach()
+            self._loads = {k: raw for k, raw in self._loads.items()
+                           if now - float(json.loads(raw)["seen"]) <= after_s}
 
 
 @dataclass

@@ -14,6 +14,11 @@ Launchers stop a draining replica only once no proxy routes to it any more, so e
 publishes in Redis (`sluice:proxies`) the replicas its configuration routes and whether haproxy
 has settled on it (the running worker serves that configuration and no older worker is left);
 `unrouted()` is the launchers' side of that contract.
+
+Every turn it also samples each routed API's requests in flight (its backend's sessions, in
+every haproxy worker) and once a second publishes the running totals beat's scaler reads
+(`foundation/proxy_load.py`). Like the routing record, they are written through Redis and a
+failed write only costs this turn: haproxy keeps routing.
 """
 
 from __future__ import annotations
@@ -42,11 +47,12 @@ from foundation.api_registry import ApiRegistry, RedisApiRegistry
 from foundation.errors import ConfigError, NotReady
 from foundation.figure_store import RedisFigureStore
 from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS, Recorder
+from foundation.proxy_load import PUBLISH_EVERY_S, LoadTally, ProxyLoadBook, RedisProxyLoadBook
 from foundation.replica_directory import REPLICA_TTL_S, RedisReplicaDirectory, ReplicaDirectory
 from foundation.settings import Settings
 
 from .local_socket import reachable_socket
-from .proxy_config import Route, plan_routes, render_config, tag_of
+from .proxy_config import Route, in_flight_by_api, plan_routes, render_config, tag_of
 from .proxy_rejections import REASONS, TABLE, RejectionTally, parse_table
 
 log = logging.getLogger(__name__)
@@ -311,9 +317,10 @@ class HAProxy:
         match = re.search(r"^description:\s*sluice-([0-9a-f]+)\s*$", info, re.MULTILINE | re.IGNORECASE)
         return HAProxyState(reloads, failed, tuple(workers), tuple(old), match.group(1) if match else "")
 
-    def stats(self) -> list[dict[str, str]]:
-        """`show stat` of the current worker, one dict per proxy/server row (qcur, scur, ...)."""
-        text = self.command("@1 show stat")
+    def stats(self, pid: int | None = None) -> list[dict[str, str]]:
+        """`show stat` of worker `pid` (default: the current one), one dict per proxy/server row
+        (qcur, scur, ...)."""
+        text = self.command(f"@!{pid} show stat" if pid is not None else "@1 show stat")
         lines = [line for line in text.splitlines() if line.strip()]
         if not lines or not lines[0].startswith("# "):
             return []
@@ -354,6 +361,7 @@ class ProxyController:
     registry: ApiRegistry | None = None
     replicas: ReplicaDirectory | None = None
     recorder: Recorder | None = None
+    loads: ProxyLoadBook | None = None  # where it publishes its in-flight totals
     restarts: int = 0
     reloads: int = 0
     _haproxy: HAProxy | None = None
@@ -369,6 +377,8 @@ class ProxyController:
     _tally: RejectionTally = field(default_factory=RejectionTally)
     _figures: Recorder | None = None
     _silence: SilenceAllowance = field(default_factory=SilenceAllowance)
+    _load: LoadTally = field(default_factory=LoadTally)
+    _load_published: float = 0.0
 
     def __post_init__(self) -> None:
         if self.state_dir is None:
@@ -382,6 +392,7 @@ class ProxyController:
         self._replicas: ReplicaDirectory = self.replicas or RedisReplicaDirectory(self.redis_client)
         self._haproxy = HAProxy(self.state_dir, self.executable)
         self._figures = self.recorder or Recorder(RedisFigureStore(self.redis_client))
+        self._loads: ProxyLoadBook = self.loads or RedisProxyLoadBook(self.redis_client)
 
     @property
     def haproxy(self) -> HAProxy:
@@ -509,10 +520,12 @@ class ProxyController:
         self._publish(now, state)
         if state is not None:
             self._count_rejections(state)
+            self._sample_load(state, now)
         if now - self._last_forget >= self.forget_every_s:
             self._last_forget = now
             self._replicas.forget_silent(now)
             self._forget_silent_proxies(now)
+            self._loads.forget_silent(now, FORGET_PROXIES_AFTER_S)
         return changed
 
     def _may_reload(self, state: HAProxyState, now: float) -> bool:
@@ -545,6 +558,26 @@ class ProxyController:
         for (api, reason), n in self._tally.update(readings).items():
             self._figures.counter(REALTIME_REJECTED, api, reason).inc(n)
             self._figures.counter(REALTIME_REQUESTS, api, str(codes[reason])).inc(n)
+
+    def _sample_load(self, state: HAProxyState, now: float) -> None:
+        """One sample of each routed API's requests in flight here, added to the totals beat's scaler
+        reads (`foundation/proxy_load.py`), which are published once a second.
+
+        A reload's old worker still holds requests of its own, so every worker is read. A sample
+        missing a worker would read low: when one cannot be read, this turn takes none.
+        """
+        in_flight = dict.fromkeys((route.api for route in self._routes), 0)
+        for pid in (*state.workers, *state.old_workers):
+            try:
+                rows = self.haproxy.stats(pid)
+            except OSError:
+                return
+            for api, n in in_flight_by_api(rows).items():
+                in_flight[api] = in_flight.get(api, 0) + n
+        self._load.add(in_flight)
+        if now - self._load_published >= PUBLISH_EVERY_S:
+            self._loads.publish(self._load.record(self.proxy_id or "", now))
+            self._load_published = now
 
     def _publish(self, now: float, state: HAProxyState | None) -> None:
         self._settled = bool(state is not None and state.tag == tag_of(self._config) and not state.old_workers)
@@ -589,6 +622,7 @@ class ProxyController:
         self.haproxy.close()
         try:
             self.redis_client.hdel(PROXIES_KEY, self.proxy_id or "")
+            self._loads.withdraw(self.proxy_id or "")
         except redis.RedisError as e:
             log.warning("proxy: could not withdraw its record: %s", e)
         if self._own_state_dir and self.state_dir is not None and not os.environ.get("SLUICE_KEEP_DATA"):

@@ -20,6 +20,7 @@ from foundation.api_registry import RedisApiRegistry
 from foundation.figure_store import RedisFigureStore
 from foundation.hosts import RedisHostDirectory
 from foundation.log_streams import LogStreams, RedisLogStreams, StreamLogHandler, api_stream, job_stream
+from foundation.proxy_load import RedisProxyLoadBook
 from foundation.redis_clients import BACKGROUND, client
 from foundation.replica_directory import RedisReplicaDirectory
 from foundation.replica_scale import RedisScaleBook
@@ -28,6 +29,7 @@ from tests.contracts.api_registry import ApiRegistryContract
 from tests.contracts.figure_store import FigureStoreContract
 from tests.contracts.hosts import HostDirectoryContract
 from tests.contracts.log_streams import LogStreamsContract
+from tests.contracts.proxy_load import ProxyLoadBookContract
 from tests.contracts.replica_directory import NOW, ReplicaDirectoryContract, record
 from tests.contracts.replica_scale import ScaleBookContract
 
@@ -158,6 +160,12 @@ class TestTheRedisScaleBook(ScaleBookContract):
     @pytest.fixture
     def book(self, redis_client: redis.Redis) -> RedisScaleBook:
         return RedisScaleBook(redis_client)
+
+
+class TestTheRedisProxyLoadBook(ProxyLoadBookContract):
+    @pytest.fixture
+    def loads(self, redis_client: redis.Redis) -> RedisProxyLoadBook:
+        return RedisProxyLoadBook(redis_client)
 
 
 class TestTheRedisHostDirectory(HostDirectoryContract):

@@ -28,7 +28,10 @@ import redis
 import requests
 
 from foundation.api_registry import RedisApiRegistry
+from foundation.proxy_load import RedisProxyLoadBook
 from foundation.replica_directory import RedisReplicaDirectory, ReplicaRecord
+from foundation.replica_scale import RedisScaleBook, ReplicaScale
+from jobs.realtime_scaling import RealtimeScaling
 from predictors_runtime.config import ApiConfig
 from sluice.embedded import free_port
 from sluice.proxy import PROXIES_KEY, ProxyController, unrouted
@@ -613,3 +616,35 @@ def test_answers_the_proxy_gives_itself_are_counted_by_api_and_reason(proxy, dep
     wait_for(lambda: read_figures(RedisFigureStore(redis_client))[REALTIME_REJECTED.name] == expected, 10,
              "the refusals to be counted")
     assert read_figures(RedisFigureStore(redis_client))[REALTIME_REQUESTS.name] == {("ap", "503"): 2, ("ap", "504"): 1}
+
+
+# -- in-flight figures for the scaler --------------------------------------------------------------
+@pytest.mark.slow
+def test_steady_concurrent_load_through_the_proxy_raises_the_decided_replica_count(
+        proxy, redis_client, launchers, backends, gate):
+    RedisApiRegistry(redis_client).put(ApiConfig.from_dict({
+        "name": "ap", "kind": "RealtimeAPI", "predictor": {"path": "predictor.py", "threads_per_process": 2},
+        "autoscaling": {"target_replica_concurrency": 2, "window": "10s", "upscale_stabilization_period": "0s"},
+    }), "b1")
+    launchers.add("ap-1", "ap", backends["r1"])
+    proxy.settle_on("ap-1")
+    book, scaling = RedisScaleBook(redis_client), RealtimeScaling()
+    registry, loads = RedisApiRegistry(redis_client), RedisProxyLoadBook(redis_client)
+
+    def decided() -> ReplicaScale | None:
+        scaling.step(registry, loads, book, time.time())  # beat's step
+        return book.get("ap")
+
+    with ThreadPoolExecutor(6) as pool:
+        held = [pool.submit(requests.get, f"{proxy.url}/ap", params={"gate": str(gate)}, timeout=60)
+                for _ in range(6)]
+        # Two run on the replica (its concurrency is 2), four wait in the proxy's queue: six in flight.
+        wait_for(lambda: proxy.running("ap") == 2 and proxy.queued("ap") == 4, 20, "six requests in flight")
+        scale = wait_for(lambda: (s := decided()) is not None and s.desired > 1 and s, 30,
+                         "the scaler to want more than one replica")
+        gate.touch()
+        assert [answer.result().status_code for answer in held] == [200] * 6
+
+    # 6 in flight / 2 per replica = 3; the first step from one replica may go to two (max_upscale_factor 1.5).
+    assert scale.desired == 2
+    assert 0 < scale.in_flight <= 6

@@ -18,6 +18,7 @@ from foundation.memory import (
     MemoryFigureStore,
     MemoryHostDirectory,
     MemoryLogStreams,
+    MemoryProxyLoadBook,
     MemoryReplicaDirectory,
     MemoryScaleBook,
 )
@@ -25,6 +26,7 @@ from tests.contracts.api_registry import ApiRegistryContract, config
 from tests.contracts.figure_store import FigureStoreContract
 from tests.contracts.hosts import HostDirectoryContract
 from tests.contracts.log_streams import LogStreamsContract, lines
+from tests.contracts.proxy_load import ProxyLoadBookContract
 from tests.contracts.replica_directory import ReplicaDirectoryContract, record
 from tests.contracts.replica_scale import ScaleBookContract
 
@@ -157,6 +159,12 @@ class TestTheMemoryScaleBook(ScaleBookContract):
     @pytest.fixture
     def book(self) -> MemoryScaleBook:
         return MemoryScaleBook()
+
+
+class TestTheMemoryProxyLoadBook(ProxyLoadBookContract):
+    @pytest.fixture
+    def loads(self) -> MemoryProxyLoadBook:
+        return MemoryProxyLoadBook()
 
 
 class TestTheMemoryHostDirectory(HostDirectoryContract):
