@@ -66,11 +66,17 @@ def maintenance_steps(settings: Settings) -> list[Step]:
             now, lambda api, in_flight, placed, at: scaler.wanted(api, autoscaling_of(api), in_flight, placed, at))
         return None
 
+    def place_realtime(services: Services, now: float) -> object:
+        """Every RealtimeAPI's replicas on the live hosts' room (`jobs/realtime_placement.py`)."""
+        services.realtime_placement.reconcile(now)
+        return None
+
     return [
         Step("check-timeouts", check_timeouts, every),
         Step("fail-stalled-enqueues", fail_stalled_enqueues, every),
         Step("reconcile-placement", reconcile_placement, every),
         Step("place-async-apis", place_async, every),
+        Step("place-realtime-replicas", place_realtime, every),
         Step("resend-completions", resend, every),
         Step("recover-lost-batches", LostBatchWatch(lost_grace_s(settings)), every),
         Step("sweep-async-requests", sweep_async, every),

@@ -142,6 +142,10 @@ REPLICA_SCALE = f"{PREFIX}:replica-scale"
 """Hash of each RealtimeAPI's replica count as its scaler last decided: API name -> JSON
 (foundation/replica_scale.py)."""
 
+REPLICA_PLACEMENT = f"{PREFIX}:replica-placement"
+"""Hash of where each RealtimeAPI's replicas are placed: API name -> JSON {hosts: {host id: count},
+desired, pending, reason} (foundation/replica_placement.py, written by jobs/realtime_placement.py)."""
+
 
 # -- figures (GET /metrics) ----------------------------------------------------------------------
 def figure(name: str) -> str:
