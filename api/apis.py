@@ -96,6 +96,8 @@ def deploy():
         forget_route(one.name)
         if one.kind == ASYNC_KIND:  # on its nodes now, so that its first request does not wait for beat
             place_async_api(one, now)
+    if any(one.kind == REALTIME_KIND for one in deployed):
+        place_realtime_replicas(now)
     return ApiList.model_validate({"apis": [d.summary() for d in deployed]}).response(201)
 
 
@@ -105,6 +107,15 @@ def place_async_api(api: DeployedApi, now: float) -> None:
         services().async_placement.place(api, now)
     except (SluiceError, redis.RedisError) as e:
         log.warning("placing async api %s failed (beat places it): %s", api.name, e)
+
+
+def place_realtime_replicas(now: float) -> None:
+    """Place every RealtimeAPI's replicas now (a new one's first replica does not wait for beat); a
+    Redis error leaves it to beat's next step."""
+    try:
+        services().realtime_placement.reconcile(now)
+    except (SluiceError, redis.RedisError) as e:
+        log.warning("placing realtime replicas failed (beat places them): %s", e)
 
 
 @blueprint.get("/apis")
@@ -162,4 +173,6 @@ def delete_api(name: str):
         stop_job(services(), store.get(job_id))
     registry().delete(name)
     forget_route(name)
+    if api.kind == REALTIME_KIND:
+        place_realtime_replicas(time.time())
     return Deleted(message=f"deleted api {name}", stopped_jobs=[job_id for job_id, _ in active]).response()

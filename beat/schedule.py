@@ -77,12 +77,18 @@ def maintenance_steps(settings: Settings) -> list[Step]:
         return realtime.step(RedisApiRegistry(services.redis), RedisProxyLoadBook(services.redis),
                              RedisScaleBook(services.redis), now)
 
+    def place_realtime(services: Services, now: float) -> object:
+        """Every RealtimeAPI's replicas on the live hosts' room (`jobs/realtime_placement.py`)."""
+        services.realtime_placement.reconcile(now)
+        return None
+
     return [
         Step("check-timeouts", check_timeouts, every),
         Step("fail-stalled-enqueues", fail_stalled_enqueues, every),
         Step("reconcile-placement", reconcile_placement, every),
         Step("place-async-apis", place_async, every),
         Step("scale-realtime-apis", scale_realtime, every),
+        Step("place-realtime-replicas", place_realtime, every),
         Step("resend-completions", resend, every),
         Step("recover-lost-batches", LostBatchWatch(lost_grace_s(settings)), every),
         Step("sweep-async-requests", sweep_async, every),

@@ -146,6 +146,10 @@ PROXY_LOAD = f"{PREFIX}:proxy-load"
 """Hash of each proxy's running totals of the realtime requests in flight it sampled, per API:
 proxy id -> JSON, rewritten once a second (foundation/proxy_load.py)."""
 
+REPLICA_PLACEMENT = f"{PREFIX}:replica-placement"
+"""Hash of where each RealtimeAPI's replicas are placed: API name -> JSON {hosts: {host id: count},
+desired, pending, reason} (foundation/replica_placement.py, written by jobs/realtime_placement.py)."""
+
 
 # -- figures (GET /metrics) ----------------------------------------------------------------------
 def figure(name: str) -> str:

@@ -59,6 +59,7 @@ from foundation.replica_directory import (
     live_among,
     routable_among,
 )
+from foundation.replica_placement import PlacedReplicas, ReplicaAssignments
 from foundation.replica_scale import ReplicaScale, ScaleBook
 
 __all__ = ["MemoryApiRegistry", "MemoryFigureStore", "MemoryLogStreams", "MemoryReplicaDirectory"]
@@ -232,6 +233,29 @@ class MemoryProxyLoadBook(_Fake, ProxyLoadBook):
             self._reach()
             self._loads = {k: raw for k, raw in self._loads.items()
                            if now - float(json.loads(raw)["seen"]) <= after_s}
+
+
+class MemoryReplicaAssignments(_Fake, ReplicaAssignments):
+    """Each RealtimeAPI's placement in a dict, stored in its JSON form."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._placed: dict[str, dict[str, Any]] = {}
+
+    def all(self) -> dict[str, PlacedReplicas]:
+        with self.lock:
+            self._reach()
+            return {name: PlacedReplicas.from_dict(d) for name, d in self._placed.items()}
+
+    def set(self, api_name: str, placed: PlacedReplicas) -> None:
+        with self.lock:
+            self._reach()
+            self._placed[api_name] = placed.to_dict()
+
+    def forget(self, api_name: str) -> None:
+        with self.lock:
+            self._reach()
+            self._placed.pop(api_name, None)
 
 
 @dataclass

@@ -14,7 +14,10 @@ import redis
 from celery import Celery
 
 from foundation.api_registry import RedisApiRegistry
+from foundation.hosts import RedisHostDirectory
 from foundation.redis_clients import connect
+from foundation.replica_placement import RedisReplicaAssignments
+from foundation.replica_scale import RedisScaleBook
 from foundation.settings import Settings
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.project import BundleLimits
@@ -25,6 +28,7 @@ from .async_store import AsyncRequestStore, RedisAsyncRequests
 from .nodes import NodeRegistry, Nodes
 from .placement import JobPlacement, Placement
 from .queues import CeleryJobQueues, JobQueues
+from .realtime_placement import RealtimePlacement
 from .store import JobStorage, JobStore
 
 
@@ -55,6 +59,12 @@ class Services:
         """Which nodes serve each AsyncAPI (`jobs/async_placement.py`)."""
         return AsyncPlacement(RedisApiRegistry(self.redis), self.async_requests, RedisAsyncAssignments(self.redis),
                               self.queues, self.nodes, self.placement.load)
+
+    @property
+    def realtime_placement(self) -> RealtimePlacement:
+        """Where each RealtimeAPI's replicas run (`jobs/realtime_placement.py`)."""
+        return RealtimePlacement(RedisApiRegistry(self.redis), RedisHostDirectory(self.redis),
+                                 RedisScaleBook(self.redis), RedisReplicaAssignments(self.redis))
 
     @property
     def request_objects(self) -> RequestObjects:

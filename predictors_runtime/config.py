@@ -259,9 +259,14 @@ class PredictorConfig(_Model):
 
 
 class ComputeConfig(_Model):
-    """Resources an API asks for; here they only choose the Celery queue (cpu, gpu or inf)."""
+    """Resources one replica or node of an API takes: they choose the Celery queue (cpu, gpu or inf),
+    and placement (`jobs/realtime_placement.py`) fits replicas into the room hosts offer with them.
 
-    cpu: float | str = 1.0
+    `cpu` defaults to Cortex's 200m, so that a small host holds several replicas as in Cortex; an
+    API whose processes keep cores busy asks for what it uses.
+    """
+
+    cpu: float | str = "200m"
     gpu: int = Field(default=0, ge=0)
     inf: int = Field(default=0, ge=0)
     mem: str | None = None

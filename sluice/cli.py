@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -23,6 +23,9 @@ from foundation.errors import SluiceError
 from predictors_runtime.extras import needs_extra
 
 from .client import ACTIVE_STATUSES, TERMINAL_STATUSES, Client
+
+if TYPE_CHECKING:
+    from foundation.hosts import Resources
 
 OUTPUT_FORMATS = ("table", "json")
 
@@ -788,10 +791,60 @@ def apis(ctx: click.Context, output: str) -> None:
 
 
 # -- running Sluice ------------------------------------------------------------------------
+def capacity_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`--cpu`, `--mem`, `--gpu`: the room a host offers to placement (default: what the machine has).
+
+    Given without a value, `--gpu` and `--cpu` keep their earlier meaning: the host takes only the
+    APIs with a GPU (or only those without), as `--only gpu|cpu` says.
+    """
+    for option in reversed([
+        click.option("--cpu", "cpu", is_flag=False, flag_value=ONLY, default=None, metavar="[QUANTITY]",
+                     help="CPU this host offers (2, 0.5, 1500m; default: its cores); alone: --only cpu."),
+        click.option("--mem", "mem", default=None, metavar="QUANTITY",
+                     help="Memory this host offers (16Gi, 2G; default: the machine's)."),
+        click.option("--gpu", "gpu", is_flag=False, flag_value=ONLY, default=None, metavar="[COUNT]",
+                     help="GPUs this host offers (default: those nvidia-smi lists); alone: --only gpu."),
+        click.option("--only", "only", type=click.Choice(["cpu", "gpu"]), default=None,
+                     help="Take only the realtime APIs without a GPU (cpu) or with one (gpu)."),
+    ]):
+        command = option(command)
+    return command
+
+
+ONLY = "only"
+
+
+def host_capacity(cpu: str | None, mem: str | None, gpu: str | None, only: str | None) -> tuple[Resources, str | None]:
+    """The room a host offers and the hardware it is limited to, from the capacity options."""
+    with needs_extra("server", "a host's --cpu, --mem and --gpu"):
+        from foundation.hosts import BadQuantity, Resources, cpu_millis, machine_resources, mem_bytes
+
+    hardware = only or ("gpu" if gpu == ONLY else "cpu" if cpu == ONLY else None)
+    if gpu == ONLY and cpu == ONLY:
+        raise click.UsageError("--gpu and --cpu without a value each limit the host to one kind of API: give one")
+    found = machine_resources()
+    try:
+        offers = Resources(
+            found.cpu_m if cpu in (None, ONLY) else cpu_millis(cpu),
+            found.mem if mem is None else mem_bytes(mem),
+            found.gpu if gpu in (None, ONLY) else _whole_gpus(gpu),
+        )
+    except BadQuantity as e:
+        raise click.BadParameter(str(e)) from e
+    return offers, hardware
+
+
+def _whole_gpus(text: str) -> int:
+    if not text.isdigit():
+        raise click.BadParameter(f"--gpu must be a whole number of GPUs (got {text!r})")
+    return int(text)
+
+
 @main.command()
 @click.option("--port", default=8888, show_default=True)
 @click.option("--workers", default=1, show_default=True, help="Worker nodes (one predictor process each).")
-def up(port: int, workers: int) -> None:
+@capacity_options
+def up(port: int, workers: int, cpu: str | None, mem: str | None, gpu: str | None, only: str | None) -> None:
     """Start Redis (private, unless SLUICE_REDIS_URL or SLUICE_REDIS_SENTINELS is set), workers, beat,
     the API, the proxy and a replica of each deployed realtime API; Ctrl-C stops all."""
     import os
@@ -799,7 +852,9 @@ def up(port: int, workers: int) -> None:
     with needs_extra("server", "`sluice up`"):
         from .embedded import Stack
 
-    stack = Stack(port=port, workers=workers, redis_url=os.environ.get("SLUICE_REDIS_URL") or None)
+    offers, hardware = host_capacity(cpu, mem, gpu, only)
+    stack = Stack(port=port, workers=workers, redis_url=os.environ.get("SLUICE_REDIS_URL") or None,
+                  offers=offers, hardware=hardware)
     click.echo("starting redis, the API, the proxy, beat and workers ...", err=True)
     try:
         stack.start()
@@ -854,25 +909,29 @@ def serve(api: str, port: int, host: str, advertise: str | None, api_url: str, s
 
 
 @main.command()
-@click.option("--gpu", "hardware", flag_value="gpu", default=None, help="Only the APIs with compute.gpu > 0.")
-@click.option("--cpu", "hardware", flag_value="cpu", help="Only the APIs without a GPU.")
+@capacity_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the replicas bind.")
 @click.option("--advertise", default=None,
               help="Address the proxy reaches this host at (default: --host; this host's address for 0.0.0.0).")
+@click.option("--host-id", default=None,
+              help="This host's name in placement (default: <hostname>/<advertised address>/<hardware>).")
 @click.option("--api-url", envvar="SLUICE_API_URL", default="http://127.0.0.1:8888", show_default=True,
               help="Sluice's public URL, handed to the predictors as SLUICE_API_URL.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for the replicas' state (default: $SLUICE_CACHE_DIR/replicas).")
-def replicas(hardware: str | None, host: str, advertise: str | None, api_url: str, state_dir: Path | None) -> None:
-    """Run a replica of every deployed RealtimeAPI (or only the GPU or the CPU ones) on this host, as
-    `sluice up` does: one `sluice serve` per API on free ports, started on deploy, until SIGTERM."""
+def replicas(cpu: str | None, mem: str | None, gpu: str | None, only: str | None, host: str, advertise: str | None,
+             host_id: str | None, api_url: str, state_dir: Path | None) -> None:
+    """Offer this host's room to realtime replicas and run those placed on it (several of one API
+    when that is where the room is): one `sluice serve` per replica on free ports, until SIGTERM."""
     from foundation.json_logs import configure_json_logging
 
     with needs_extra("server", "`sluice replicas`"):
         from .replica_manager import serve_all
 
+    offers, hardware = host_capacity(cpu, mem, gpu, only)
     configure_json_logging()
-    sys.exit(serve_all(hardware=hardware, host=host, advertise=advertise, api_url=api_url, state_dir=state_dir))
+    sys.exit(serve_all(hardware=hardware, host=host, advertise=advertise, api_url=api_url, state_dir=state_dir,
+                       offers=offers, host_id=host_id))
 
 
 @main.command()

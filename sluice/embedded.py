@@ -4,8 +4,9 @@ beat, the API, the proxy and the realtime replicas as child processes.
 `sluice up` runs one; the integration tests and benchmarks run the same class, so what they
 check is what users run. The public port is the proxy's (haproxy, `sluice proxy`): it sends a
 realtime API's requests to that API's replicas and everything else to the management API,
-which listens on an internal port. One launcher per deployed RealtimeAPI (`sluice serve`) runs
-the API's replica, kept by the replica manager in the supervisor thread.
+which listens on an internal port. The stack is a host that offers its room (`offers`, default
+the machine's) to realtime replicas: the replica manager in the supervisor thread announces it and
+runs one launcher (`sluice serve`) per replica placement assigns to it.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ import requests
 from foundation import keys
 from foundation.api_registry import RedisApiRegistry
 from foundation.errors import NotReady
+from foundation.hosts import RedisHostDirectory, Resources, machine_resources
 from foundation.redis_clients import HEARTBEAT
 from foundation.redis_clients import client as redis_client
+from foundation.replica_placement import RedisReplicaAssignments
 from foundation.settings import RedisAddress, redis_address_from_env
 
-from .replica_manager import ReplicaManager
+from .replica_manager import HostAgent, ReplicaManager, on_hardware
 from .replica_process import no_control_socket
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,12 +100,17 @@ class Stack:
     # The proxy on the public port; without it the management API listens there itself and
     # realtime APIs cannot be reached.
     proxy: bool = True
-    # One replica per deployed RealtimeAPI on this host (launchers kept by the replica manager).
+    # Realtime replicas on this host, as placement assigns them (launchers kept by the replica manager).
     realtime: bool = True
+    # The room this host offers to replicas (default: the machine's cores, memory and GPUs), and the
+    # kind of realtime APIs it takes ("cpu", "gpu"; None: every one).
+    offers: Resources | None = None
+    hardware: str | None = None
     # The management API's internal port (a free one unless given).
     api_port: int | None = None
     children: list[Child] = field(default_factory=list)
     replicas: ReplicaManager | None = None
+    host: HostAgent | None = None
     _own_data_dir: bool = False
     _worker_count: int = 0
     _stopping: bool = False
@@ -183,6 +191,8 @@ class Stack:
                     if self._stopping:
                         continue
                     try:
+                        if self.host is not None:
+                            self.host.heartbeat(time.time())
                         self.replicas.step(time.time())
                     except Exception as e:  # noqa: BLE001 - a bad turn must not end supervision of the others
                         print(f"[sluice] replica manager: {type(e).__name__}: {e}", file=sys.stderr)
@@ -283,7 +293,7 @@ class Stack:
             raise NotReady(f"the proxy exited:\n{child.log_tail()}")
 
     def _spawn_launcher(self, api_name: str, port: int) -> subprocess.Popen:
-        """`sluice serve` for one API; replicas bind ports `port` and `port + 1` on loopback."""
+        """`sluice serve` for one replica of an API; it binds ports `port` and `port + 1` on loopback."""
         assert self.data_dir is not None
         return self._popen([
             sys.executable, "-m", "sluice.cli", "serve", api_name, "--port", str(port), "--host", "127.0.0.1",
@@ -311,8 +321,13 @@ class Stack:
                 self._wait_for_proxy(proxy)
             self._wait_for_workers(workers)
             if self.realtime:
-                self.replicas = ReplicaManager(RedisApiRegistry(redis_client(self.redis_address, HEARTBEAT)),
-                                               self._spawn_launcher)
+                client = redis_client(self.redis_address, HEARTBEAT)
+                self.host = HostAgent(RedisHostDirectory(client), RedisReplicaAssignments(client),
+                                      host_id=f"{socket.gethostname()}:{self.port}", address="127.0.0.1",
+                                      offers=self.offers or machine_resources(), hardware=self.hardware)
+                self.replicas = ReplicaManager(RedisApiRegistry(client), self._spawn_launcher,
+                                               select=on_hardware(self.hardware), assigned=self.host.assigned)
+                self.host.heartbeat(time.time())
                 self.replicas.step(time.time())
         except BaseException:
             self.stop()
@@ -342,6 +357,9 @@ class Stack:
                 except subprocess.TimeoutExpired:
                     os.killpg(child.process.pid, signal.SIGKILL)
                     child.process.wait()
+        if self.host is not None:
+            self.host.leave()
+            self.host = None
         if self.replicas is not None:
             self.replicas.stop()
             self.replicas = None

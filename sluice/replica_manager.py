@@ -29,7 +29,9 @@ from pathlib import Path
 import redis
 
 from foundation.api_registry import ApiRegistry, DeployedApi, RedisApiRegistry
+from foundation.hosts import HostDirectory, HostRecord, RedisHostDirectory, Resources
 from foundation.redis_clients import heartbeat_client
+from foundation.replica_placement import RedisReplicaAssignments, ReplicaAssignments, on_host
 
 from .replica import (
     DEFAULT_API_URL,
@@ -97,7 +99,7 @@ def free_port_pair(taken: set[int] | frozenset[int] = frozenset(), tries: int = 
 
 @dataclass
 class Launcher:
-    """A launcher child process and the ports it was given."""
+    """A launcher child process and the ports it was given (its slot: P and P+1)."""
 
     api: str
     port: int
@@ -105,23 +107,43 @@ class Launcher:
     started_at: float
     quick_failures: int = 0
     restarts: int = 0
-    stopping: bool = False  # sent SIGTERM: its API is now another kind of host's
+    stopping: bool = False  # sent SIGTERM: fewer replicas wanted here, or its API is another host kind's
+
+
+# How many replicas of each API this host runs (placement's word, `foundation/replica_placement.py`);
+# None when it cannot be read now (then nothing is started or stopped for it).
+Assigned = Callable[[], dict[str, int] | None]
 
 
 class ReplicaManager:
-    """Keeps a launcher running for every deployed RealtimeAPI; `step(now)` is one turn."""
+    """Keeps as many launchers of each RealtimeAPI running as this host is assigned; `step(now)`
+    is one turn.
+
+    Without `assigned` (a host no placement runs for, as in tests of the launchers' lifecycle) it
+    runs one of each API it serves. Each launcher has a slot of its own: two ports (P, P+1) kept
+    while the slot lives, so a restarted launcher comes back where the proxy expects it. One fewer
+    assigned stops the newest slot's launcher with SIGTERM: it leaves the proxy, finishes what it
+    holds, then exits, and its slot goes.
+    """
 
     def __init__(
         self, registry: ApiRegistry, spawn: SpawnLauncher,
         allocate_port: Callable[[set[int]], int] = free_port_pair, select: SelectApi | None = None,
+        assigned: Assigned | None = None,
     ) -> None:
         self._registry = registry
         self._spawn = spawn
         self._allocate = allocate_port
         self._select = select or on_hardware(None)
-        self.launchers: dict[str, Launcher] = {}
-        self._ports: dict[str, int] = {}
-        self._due: dict[str, tuple[float, int, int]] = {}  # api -> (start at, quick failures, restarts)
+        self._assigned = assigned
+        self.launchers: dict[tuple[str, int], Launcher] = {}  # (api, slot port) -> its launcher
+        self._slots: dict[str, list[int]] = {}  # api -> its slots' ports, oldest first (stopping ones too)
+        self._due: dict[tuple[str, int], tuple[float, int, int]] = {}  # slot -> (start at, quick failures, restarts)
+
+    def running(self, api: str) -> list[Launcher]:
+        """The API's launchers not on their way out, oldest slot first."""
+        return [self.launchers[(api, port)] for port in self._slots.get(api, [])
+                if (api, port) in self.launchers and not self.launchers[(api, port)].stopping]
 
     def _realtime_apis(self) -> tuple[set[str], set[str]] | None:
         """The deployed RealtimeAPIs this host serves and those it leaves to others; None if unknown."""
@@ -133,48 +155,98 @@ class ReplicaManager:
         served = {api.name for api in apis if self._select(api)}
         return served, {api.name for api in apis} - served
 
-    def step(self, now: float) -> None:
-        found = self._realtime_apis()
-        deployed, elsewhere = found if found is not None else (None, set())
-        for name, launcher in list(self.launchers.items()):
+    def _wanted(self, deployed: set[str]) -> dict[str, int] | None:
+        if self._assigned is None:
+            return dict.fromkeys(deployed, 1)
+        try:
+            counts = self._assigned()
+        except (redis.RedisError, ValueError, TypeError, KeyError) as e:
+            log.warning("cannot read this host's replica placement: %s", e)
+            return None
+        return None if counts is None else {api: n for api, n in counts.items() if api in deployed}
+
+    def _stop_launcher(self, launcher: Launcher, why: str) -> None:
+        log.info("stopping a replica of %s (port %d): %s", launcher.api, launcher.port, why)
+        launcher.process.send_signal(signal.SIGTERM)
+        launcher.stopping = True
+
+    def _reap(self, now: float, deployed: set[str] | None, elsewhere: set[str]) -> None:
+        """Note launchers that exited (a stopped one frees its slot; another is started again)."""
+        for key, launcher in list(self.launchers.items()):
             code = launcher.process.poll()
             if code is None:
-                if name in elsewhere and not launcher.stopping:
-                    log.info("%s was redeployed for another kind of host; stopping its replica here", name)
-                    launcher.process.send_signal(signal.SIGTERM)
-                    launcher.stopping = True
+                if launcher.api in elsewhere and not launcher.stopping:
+                    self._stop_launcher(launcher, "it was redeployed for another kind of host")
                 if now - launcher.started_at >= QUICK_EXIT_S:
                     launcher.quick_failures = 0
                 continue
-            del self.launchers[name]
+            del self.launchers[key]
+            if launcher.stopping:
+                self._drop_slot(*key)
+                continue
             quick = now - launcher.started_at < QUICK_EXIT_S and code != 0
             failures = launcher.quick_failures + 1 if quick else 0
-            self._due[name] = (now + restart_delay_s(failures), failures, launcher.restarts + 1)
-            if deployed is None or name in deployed:
-                log.warning("the launcher of %s exited with status %s; starting it again", name, code)
+            self._due[key] = (now + restart_delay_s(failures), failures, launcher.restarts + 1)
+            if deployed is None or launcher.api in deployed:
+                log.warning("the launcher of %s exited with status %s; starting it again", launcher.api, code)
+
+    def _drop_slot(self, api: str, port: int) -> None:
+        ports = self._slots.get(api, [])
+        if port in ports:
+            ports.remove(port)
+        if not ports:
+            self._slots.pop(api, None)
+        self._due.pop((api, port), None)
+
+    def step(self, now: float) -> None:
+        found = self._realtime_apis()
+        deployed, elsewhere = found if found is not None else (None, set())
+        self._reap(now, deployed, elsewhere)
         if deployed is None:
             return
-        for name in sorted(deployed):
-            if name in self.launchers:
-                continue
-            start_at, failures, restarts = self._due.get(name, (0.0, 0, 0))
-            if now < start_at:
-                continue
-            port = self._ports.get(name)
-            if port is None:
-                taken = {p + i for p in self._ports.values() for i in (0, 1)}
-                port = self._ports[name] = self._allocate(taken)
-            try:
-                process = self._spawn(name, port)
-            except OSError as e:
-                log.error("cannot start the launcher of %s: %s", name, e)
-                self._due[name] = (now + 5.0, failures, restarts)
-                continue
-            self.launchers[name] = Launcher(name, port, process, now, failures, restarts)
-            self._due.pop(name, None)
-        for name in set(self._ports) - deployed - set(self.launchers):
-            del self._ports[name]
-            self._due.pop(name, None)
+        wanted = self._wanted(deployed)
+        if wanted is not None:
+            self._resize(wanted, deployed)
+        for api in sorted(deployed):
+            for port in list(self._slots.get(api, [])):
+                if (api, port) not in self.launchers:
+                    self._start(api, port, now)
+        for api in set(self._slots) - deployed:  # deleted: its launchers exit on their own
+            for port in list(self._slots[api]):
+                if (api, port) not in self.launchers:
+                    self._drop_slot(api, port)
+
+    def _resize(self, wanted: dict[str, int], deployed: set[str]) -> None:
+        """Open slots for replicas newly assigned here; stop the newest ones no longer assigned."""
+        for api in sorted(set(wanted) | (set(self._slots) & deployed)):
+            want = wanted.get(api, 0)
+            active = [p for p in self._slots.get(api, []) if not self._is_stopping(api, p)]
+            for port in reversed(active[want:]):
+                launcher = self.launchers.get((api, port))
+                if launcher is None:  # waiting to be started again: nothing to stop
+                    self._drop_slot(api, port)
+                else:
+                    self._stop_launcher(launcher, f"{want} assigned to this host")
+            for _ in range(want - len(active)):
+                taken = {p + i for ports in self._slots.values() for p in ports for i in (0, 1)}
+                self._slots.setdefault(api, []).append(self._allocate(taken))
+
+    def _is_stopping(self, api: str, port: int) -> bool:
+        launcher = self.launchers.get((api, port))
+        return launcher is not None and launcher.stopping
+
+    def _start(self, api: str, port: int, now: float) -> None:
+        start_at, failures, restarts = self._due.get((api, port), (0.0, 0, 0))
+        if now < start_at:
+            return
+        try:
+            process = self._spawn(api, port)
+        except OSError as e:
+            log.error("cannot start the launcher of %s: %s", api, e)
+            self._due[(api, port)] = (now + 5.0, failures, restarts)
+            return
+        self.launchers[(api, port)] = Launcher(api, port, process, now, failures, restarts)
+        self._due.pop((api, port), None)
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM every launcher (each drains and stops its replica), then kill what is left."""
@@ -190,6 +262,54 @@ class ReplicaManager:
                 launcher.process.kill()
                 launcher.process.wait()
         self.launchers.clear()
+        self._slots.clear()
+
+
+# -- the host's announcement ---------------------------------------------------------------------
+HOST_HEARTBEAT_S = 2.0  # well inside foundation.hosts.HOST_TTL_S
+
+
+def default_host_id(address: str, hardware: str | None) -> str:
+    """Stable across restarts of the agent (a restarted host keeps its replicas' placement), and
+    distinct for a `--gpu` and a `--cpu` agent on one machine."""
+    return f"{socket.gethostname()}/{address}/{hardware or 'all'}"
+
+
+class HostAgent:
+    """This host's part in placement: announces the room it offers, and reads what it is assigned."""
+
+    def __init__(self, directory: HostDirectory, assignments: ReplicaAssignments, *, host_id: str, address: str,
+                 offers: Resources, hardware: str | None) -> None:
+        self.host_id = host_id
+        self._directory = directory
+        self._assignments = assignments
+        self._address = address
+        self._offers = offers
+        self._hardware = hardware
+        self._announced_at = -HOST_HEARTBEAT_S
+
+    def heartbeat(self, now: float) -> None:
+        """Announce the host every HOST_HEARTBEAT_S (a Redis error waits for the next turn)."""
+        if now - self._announced_at < HOST_HEARTBEAT_S:
+            return
+        record = HostRecord(self.host_id, self._address, self._offers, self._hardware, ("replicas",), now)
+        try:
+            self._directory.announce(record)
+        except redis.RedisError as e:
+            log.warning("cannot announce this host: %s", e)
+            return
+        self._announced_at = now
+
+    def assigned(self) -> dict[str, int]:
+        """API name -> how many of its replicas placement put on this host."""
+        return on_host(self._assignments.all(), self.host_id)
+
+    def leave(self) -> None:
+        """The agent stops: its replicas are placed elsewhere at placement's next step."""
+        try:
+            self._directory.remove(self.host_id)
+        except redis.RedisError as e:
+            log.warning("cannot remove this host's record (it expires): %s", e)
 
 
 # -- the command ---------------------------------------------------------------------------------
@@ -207,9 +327,11 @@ def launcher_argv(
 def serve_all(
     *, hardware: str | None = None, host: str = "127.0.0.1", advertise: str | None = None,
     api_url: str = DEFAULT_API_URL, state_dir: Path | None = None, env: Mapping[str, str] | None = None,
+    offers: Resources | None = None, host_id: str | None = None,
 ) -> int:
-    """`sluice replicas`: a launcher for every deployed RealtimeAPI (of one kind of hardware) on
-    this host, until SIGTERM/SIGINT, which drains and stops them all; the exit status.
+    """`sluice replicas`: announces the room this host offers (`offers`, default the machine's) and
+    runs the replicas placement assigns it (of one kind of hardware), until SIGTERM/SIGINT, which
+    drains and stops them all; the exit status.
 
     The launchers are started in sessions of their own (a Ctrl-C reaches only this process,
     which stops them in order) and get SIGTERM should this process die.
@@ -228,16 +350,24 @@ def serve_all(
         argv = launcher_argv(api_name, port, host=host, advertise=address, api_url=api_url, state_dir=state_root)
         return spawn_gunicorn(argv, env, Path.cwd())  # any command: own session, dies with us
 
-    manager = ReplicaManager(RedisApiRegistry(client), spawn, select=select)
+    from foundation.hosts import machine_resources
+
+    agent = HostAgent(RedisHostDirectory(client), RedisReplicaAssignments(client),
+                      host_id=host_id or default_host_id(address, hardware), address=address,
+                      offers=offers if offers is not None else machine_resources(), hardware=hardware)
+    manager = ReplicaManager(RedisApiRegistry(client), spawn, select=select, assigned=agent.assigned)
     stopping = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    log.info("serving %s realtime APIs on %s (advertised as %s)", hardware or "all", host, address)
+    log.info("host %s serves %s realtime APIs on %s (advertised as %s)", agent.host_id, hardware or "all", host,
+             address)
     try:
         while not stopping.is_set():
+            agent.heartbeat(time.time())
             manager.step(time.time())
             stopping.wait(STEP_S)
         return 0
     finally:
+        agent.leave()
         manager.stop(grace=STOP_GRACE_S)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -289,7 +289,8 @@ def test_deleting_a_realtime_api_stops_its_replicas(rt_stack, rt_client, deploy_
     name = deploy_realtime()
     rt_client.wait_ready(name, timeout=120)
     served_by = rt_client.predict(name, {})["pid"]
-    launcher = rt_stack.replicas.launchers[name].process
+    (running,) = rt_stack.replicas.running(name)
+    launcher = running.process
 
     rt_client.delete_api(name)
     assert launcher.wait(timeout=60) == 0

@@ -2,9 +2,10 @@
 
 What users meet when many clients call one API at once, and what the issue asks of it: requests
 gathered into server-side batches while clients come and go, every client getting its own
-answer; refusals at once when every replica and its queue are full; deadlines; a redeploy and
-killed processes while traffic flows. Each test is bounded by deadlines, never by how fast a
-loaded machine happens to be (the one exception is the issue's "503 in < 50 ms").
+answer; refusals at once when every replica and its queue are full; deadlines; a redeploy, killed
+processes and scaling from one replica to three and back while traffic flows. Each test is
+bounded by deadlines, never by how fast a loaded machine happens to be (the one exception is the
+issue's "503 in < 50 ms").
 
 On the session's realtime stack (its own Redis, proxy and replica manager, no batch workers),
 whose tests delete the APIs they deploy, so that the figures are not disturbed by other tests' APIs.
@@ -31,7 +32,12 @@ import redis
 import requests
 import yaml
 
+from foundation.api_registry import RedisApiRegistry
+from foundation.hosts import RedisHostDirectory
 from foundation.replica_directory import RedisReplicaDirectory, ReplicaDirectory
+from foundation.replica_placement import RedisReplicaAssignments
+from foundation.replica_scale import RedisScaleBook, ReplicaScale
+from jobs.realtime_placement import RealtimePlacement
 from sluice.client import Client
 from sluice.embedded import Stack
 from sluice.proxy import HAProxy, routed_everywhere
@@ -615,7 +621,8 @@ def test_killed_replica_processes_are_replaced_and_the_api_serves_again(load_sta
         # which starts a new replica.
         seen = {a.body["pid"] for a in load.answers if a.ok}
         old_replica = load.last_ok().body["replica"]
-        launcher = load_stack.replicas.launchers[name].process
+        (running,) = load_stack.replicas.running(name)
+        launcher = running.process
         mark = len(load.answers)
         launcher.send_signal(signal.SIGKILL)
         load.wait_for_answers(1, READY_TIMEOUT_S, "an answer from the new replica",
@@ -657,3 +664,41 @@ def test_a_slow_post_predict_does_not_delay_the_response_and_a_raising_one_still
     log = load_stack.data_dir / "logs" / f"replica-{name}.log"
     wait_for(lambda: "post_predict went wrong for request 5" in log.read_text(errors="replace"), 30,
              "the post_predict error in the replica's log")
+
+
+def test_scaling_from_one_replica_to_three_and_back_under_steady_load_fails_no_request(
+    load_stack, load_client, deploy, redis_client,
+):
+    name = deploy(WHO_PREDICTOR.replace("{version}", "v1"))
+    book = RedisScaleBook(redis_client)
+    placement = RealtimePlacement(RedisApiRegistry(redis_client), RedisHostDirectory(redis_client), book,
+                                  RedisReplicaAssignments(redis_client))
+
+    def scale_to(count: int) -> None:
+        """What the realtime scaler writes, then beat's placement step (this stack runs no beat)."""
+        book.set(name, ReplicaScale(count, float(count), time.time()))
+        placement.reconcile(time.time())
+
+    def serving() -> set[str]:
+        return {r["id"] for r in load_client.api(name)["replicas"] if r["ready"] and not r["draining"]}
+
+    try:
+        with SteadyLoad(f"{load_stack.url}/{name}", clients=4) as load:
+            load.wait_for_answers(20, 60, "answers from the first replica")
+            scale_to(3)
+            wait_for(lambda: len(serving()) == 3, READY_TIMEOUT_S, "three ready replicas")
+            three = serving()
+            wait_for(lambda: three <= {a.body["replica"] for a in load.answers if a.ok}, 60,
+                     "answers from each of the three replicas")
+            scale_to(1)
+            wait_for(lambda: len(load_client.api(name)["replicas"]) == 1, 120, "two replicas leaving")
+            (last,) = serving()
+            load.wait_for_answers(20, 60, "answers from the one replica left")
+            after = len(load.answers)
+            load.wait_for_answers(20, 60, "more answers from the one replica left")
+    finally:
+        book.forget(name)
+    failures = load.failures()
+    print(f"\nscaling 1 -> 3 -> 1: {len(load.answers)} requests, {len(failures)} failed")
+    assert failures == [], describe(failures)
+    assert last in three and {a.body["replica"] for a in load.answers[after:]} == {last}

@@ -1,5 +1,7 @@
 """`sluice replicas`: a host's manager starts a launcher for each realtime API of its hardware
-(`--gpu`, `--cpu`, all), and stops it when the API moves to other hardware.
+(`--gpu`, `--cpu`, all), and stops it when the API moves to other hardware; with placement, as
+many launchers of each API as the host is assigned, each on ports of its own, and one fewer
+assigned stops the newest with SIGTERM (a real launcher drains first).
 
 Redis is real and the launchers are real processes (`sleep` stands in for `sluice serve`). The
 selection and the launchers' command are tested fast in tests/unit/test_replica_hosts.py.
@@ -7,15 +9,24 @@ selection and the launchers' command are tested fast in tests/unit/test_replica_
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from foundation.api_registry import ApiRegistry, RedisApiRegistry
+from foundation.hosts import HOST_TTL_S, RedisHostDirectory, Resources
+from foundation.replica_placement import PlacedReplicas, RedisReplicaAssignments, on_host
+from foundation.replica_scale import RedisScaleBook
+from jobs.realtime_placement import RealtimePlacement
+from predictors_runtime.config import ApiConfig
 from sluice.replica_manager import ReplicaManager, on_hardware
 from tests.unit.test_replica_hosts import _config
+
+from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +58,7 @@ def test_a_host_serves_the_realtime_apis_of_its_hardware(registry, hardware, ser
     manager = ReplicaManager(registry, launchers.spawn, select=on_hardware(hardware))
     try:
         manager.step(100.0)
-        assert sorted(manager.launchers) == served
+        assert sorted(api for api, _ in manager.launchers) == served
     finally:
         manager.stop(grace=5)
 
@@ -57,7 +68,7 @@ def test_an_api_redeployed_for_a_gpu_leaves_the_cpu_host_and_is_not_started_ther
     manager = ReplicaManager(registry, launchers.spawn, select=on_hardware("cpu"))
     try:
         manager.step(100.0)
-        launcher = manager.launchers["on-cpu"]
+        [launcher] = manager.running("on-cpu")
 
         registry.put(_config("on-cpu", gpu=1), "bb" * 32)
         manager.step(101.0)
@@ -69,6 +80,69 @@ def test_an_api_redeployed_for_a_gpu_leaves_the_cpu_host_and_is_not_started_ther
 
         registry.put(_config("on-cpu"), "cc" * 32)  # and back to the CPU
         manager.step(104.0)
-        assert sorted(manager.launchers) == ["on-cpu"] and launchers.started == ["on-cpu", "on-cpu"]
+        assert [api for api, _ in manager.launchers] == ["on-cpu"] and launchers.started == ["on-cpu", "on-cpu"]
     finally:
         manager.stop(grace=5)
+
+
+def test_a_host_runs_as_many_launchers_as_it_is_assigned_and_stops_the_newest_when_fewer(registry, redis_client):
+    placement = RedisReplicaAssignments(redis_client)
+    placement.set("on-cpu", PlacedReplicas({"this-host": 1, "other-host": 2}, desired=3))
+    launchers = Launchers()
+    manager = ReplicaManager(registry, launchers.spawn, assigned=lambda: on_host(placement.all(), "this-host"))
+    try:
+        manager.step(100.0)
+        assert [launcher.api for launcher in manager.launchers.values()] == ["on-cpu"]
+
+        placement.set("on-cpu", PlacedReplicas({"this-host": 3}, desired=3))
+        manager.step(101.0)
+        running = manager.running("on-cpu")
+        assert len(running) == 3 and launchers.started == ["on-cpu"] * 3
+        ports = {p + i for launcher in running for p in [launcher.port] for i in (0, 1)}
+        assert len(ports) == 6  # each launcher its own pair: P for a replica, P+1 for its redeploy
+
+        placement.set("on-cpu", PlacedReplicas({"this-host": 1}, desired=1))
+        manager.step(102.0)
+        first, *newest = running
+        for launcher in newest:  # SIGTERM: a real launcher leaves the proxy and drains before it exits
+            assert launcher.process.wait(timeout=30) == -signal.SIGTERM
+        manager.step(103.0)
+        manager.step(104.0)
+        assert manager.running("on-cpu") == [first] and first.process.poll() is None
+        assert len(launchers.started) == 3  # the stopped ones are not started again
+    finally:
+        manager.stop(grace=5)
+
+
+def test_a_replica_host_killed_has_its_replicas_placed_on_the_other_host(redis_server, redis_client, tmp_path):
+    registry = RedisApiRegistry(redis_client)
+    registry.put(ApiConfig.from_dict({"name": "iris", "kind": "RealtimeAPI", "predictor": {"path": "predictor.py"},
+                                      "autoscaling": {"min_replicas": 2}}), "aa" * 32)
+    directory = RedisHostDirectory(redis_client)
+    placement = RealtimePlacement(registry, directory, RedisScaleBook(redis_client),
+                                  RedisReplicaAssignments(redis_client))
+    database = redis_server.rsplit("/", 1)[0] + "/1"  # redis_client's
+    env = {**os.environ, "SLUICE_REDIS_URL": database, "SLUICE_STORAGE": str(tmp_path / "storage"),
+           "SLUICE_CACHE_DIR": str(tmp_path / "cache")}
+    agents = {
+        host: subprocess.Popen([sys.executable, "-m", "sluice.cli", "replicas", "--host-id", host, "--cpu", "1",
+                                "--mem", "4Gi", "--gpu", "0"], env=env, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for host in ("host-a", "host-b")
+    }
+    try:
+        wait_for(lambda: {h.host_id for h in directory.live(time.time())} == set(agents), 60, "both hosts announced")
+        assert directory.all()[0].offers == Resources(1000, 4 * 2**30, 0)
+        assert placement.reconcile(time.time())["iris"].hosts == {"host-a": 1, "host-b": 1}
+
+        agents["host-b"].send_signal(signal.SIGKILL)  # no goodbye: its heartbeat just stops
+        agents["host-b"].wait()
+        after_ttl = time.time() + HOST_TTL_S + 1  # placement's clock, once host-b's record has gone stale
+        wait_for(lambda: directory.live(after_ttl) != [], 30, "a heartbeat of host-a after host-b's last one")
+        placed = placement.reconcile(after_ttl)["iris"]
+        assert placed.hosts == {"host-a": 2} and placed.pending == 0
+    finally:
+        for agent in agents.values():
+            if agent.poll() is None:
+                agent.send_signal(signal.SIGTERM)
+                agent.wait(timeout=60)

@@ -272,26 +272,26 @@ def test_the_manager_keeps_one_launcher_per_realtime_api_and_lets_deleted_ones_g
     manager = ReplicaManager(registry, spawn)
     try:
         manager.step(100.0)
-        assert sorted(manager.launchers) == ["one", "two"]
+        assert sorted(api for api, _ in manager.launchers) == ["one", "two"]
         ports = [p for _, port in started for p in (port, port + 1)]
         assert len(set(ports)) == 4
 
         manager.step(101.0)
         assert len(started) == 2  # nothing new
 
-        one = manager.launchers["one"]
+        (one,) = manager.running("one")
         one.process.kill()
         one.process.wait()
         manager.step(200.0)
-        assert started[-1] == ("one", one.port) and manager.launchers["one"].restarts == 1
+        assert started[-1] == ("one", one.port) and manager.running("one")[0].restarts == 1
 
         registry.delete("two")
-        two = manager.launchers["two"].process
+        two = manager.running("two")[0].process
         two.terminate()  # a launcher exits on its own once its API is deleted
         two.wait()
         manager.step(201.0)
         manager.step(202.0)
-        assert sorted(manager.launchers) == ["one"] and len(started) == 3
+        assert sorted(api for api, _ in manager.launchers) == ["one"] and len(started) == 3
     finally:
         manager.stop(grace=5)
     assert manager.launchers == {}

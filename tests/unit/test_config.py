@@ -96,7 +96,7 @@ def test_defaults_fill_in_what_a_minimal_api_leaves_out() -> None:
     assert cfg.predictor.env == {}
     assert cfg.predictor.processes_per_replica == 1
     assert cfg.predictor.log_level == "info"
-    assert cfg.compute.cpu == 1
+    assert cfg.compute.cpu == "200m"  # Cortex's default: a small host holds several replicas
     assert (cfg.compute.gpu, cfg.compute.inf, cfg.compute.mem) == (0, 0, None)
 
 

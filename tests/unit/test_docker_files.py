@@ -18,6 +18,7 @@ import click
 import pytest
 import yaml
 
+from sluice.cli import host_capacity
 from sluice.cli import main as sluice_cli
 from sluice.replica_manager import STOP_GRACE_S
 
@@ -166,8 +167,13 @@ def test_each_kind_of_host_takes_its_own_work():
     for service, queue in (("worker-cpu", "cpu"), ("worker-gpu", "gpu")):
         command = services()[service]["command"]
         assert command[command.index("-Q") + 1] == queue
-    assert sluice_params("replicas")["hardware"] == "cpu"
-    assert sluice_params("replicas-gpu")["hardware"] == "gpu"
+    assert hardware_of(sluice_params("replicas")) == "cpu"
+    assert hardware_of(sluice_params("replicas-gpu")) == "gpu"
+
+
+def hardware_of(params: dict) -> str | None:
+    """The kind of realtime APIs a `sluice replicas` host takes, from its parsed options."""
+    return host_capacity(params["cpu"], params["mem"], params["gpu"], params["only"])[1]
 
 
 def test_every_build_target_is_a_stage_of_the_dockerfile_and_the_default_is_the_cpu_image():

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import click
 import pytest
 
 from foundation.api_registry import DeployedApi
+from foundation.hosts import Resources, machine_resources
 from predictors_runtime.config import ApiConfig
-from sluice.cli import main
+from sluice.cli import host_capacity, main
 from sluice.replica_manager import launcher_argv, on_hardware
 
 
@@ -51,7 +53,28 @@ def test_each_launcher_is_told_the_address_the_proxy_reaches_this_host_at(tmp_pa
                       "api_url": "http://proxy:8888", "state_dir": tmp_path}
 
 
-@pytest.mark.parametrize(("flags", "hardware"), [([], None), (["--gpu"], "gpu"), (["--cpu"], "cpu")])
+def _capacity(command: str, flags: list[str]) -> tuple[Resources, str | None]:
+    params = main.commands[command].make_context(command, flags).params
+    return host_capacity(params["cpu"], params["mem"], params["gpu"], params["only"])
+
+
+@pytest.mark.parametrize(("flags", "hardware"), [([], None), (["--gpu"], "gpu"), (["--cpu"], "cpu"),
+                                                 (["--only", "gpu", "--gpu", "2"], "gpu")])
 def test_the_replicas_command_takes_the_hardware_as_a_flag(flags, hardware):
     params = main.commands["replicas"].make_context("replicas", [*flags, "--host", "0.0.0.0"]).params
-    assert params["hardware"] == hardware and params["host"] == "0.0.0.0"
+    assert _capacity("replicas", [*flags, "--host", "0.0.0.0"])[1] == hardware and params["host"] == "0.0.0.0"
+
+
+@pytest.mark.parametrize("command", ["replicas", "up"])
+def test_a_host_offers_the_room_its_flags_say_and_the_machine_s_for_the_rest(command):
+    offers, hardware = _capacity(command, ["--cpu", "1500m", "--mem", "2Gi", "--gpu", "2"])
+    assert offers == Resources(1500, 2 * 2**30, 2) and hardware is None
+    found = machine_resources()
+    assert _capacity(command, ["--mem", "1G"])[0] == Resources(found.cpu_m, 10**9, found.gpu)
+    assert _capacity(command, ["--gpu"])[0] == found  # alone: only GPU APIs, every GPU found
+
+
+@pytest.mark.parametrize("flags", [["--cpu", "lots"], ["--mem", "2 apples"], ["--gpu", "1.5"]])
+def test_a_capacity_not_written_as_a_quantity_is_refused(flags):
+    with pytest.raises(click.BadParameter):
+        _capacity("replicas", flags)
