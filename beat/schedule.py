@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from foundation.api_registry import RedisApiRegistry
+from foundation.hosts import RedisHostDirectory
 from foundation.settings import Settings
 from jobs.async_placement import autoscaling_of
 from jobs.async_scaler import AsyncScaler
@@ -20,6 +21,7 @@ from jobs.services import Services
 from . import steps
 from .completions import completion_grace_s, resend_completions
 from .lost_batches import LostBatchWatch, lost_grace_s
+from .worker_nodes import plan_worker_nodes
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,12 @@ def maintenance_steps(settings: Settings) -> list[Step]:
             RedisApiRegistry(services.redis), services.async_requests,
             lambda api_name: send_queued_task(services.celery, api_name))
 
+    def plan_nodes(services: Services, now: float) -> object:
+        """Start worker nodes where jobs want more than run, on hosts with room (`jobs/node_plan.py`)."""
+        return plan_worker_nodes(
+            services.store, services.nodes, RedisHostDirectory(services.redis), services.worker_hosts,
+            lambda: [n for nodes in services.async_placement.assignments.all().values() for n in nodes], now)
+
     scaler = AsyncScaler()  # its samples and recommendations live as long as this process
 
     def place_async(services: Services, now: float) -> object:
@@ -71,6 +79,7 @@ def maintenance_steps(settings: Settings) -> list[Step]:
         Step("fail-stalled-enqueues", fail_stalled_enqueues, every),
         Step("reconcile-placement", reconcile_placement, every),
         Step("place-async-apis", place_async, every),
+        Step("plan-worker-nodes", plan_nodes, every),
         Step("resend-completions", resend, every),
         Step("recover-lost-batches", LostBatchWatch(lost_grace_s(settings)), every),
         Step("sweep-async-requests", sweep_async, every),

@@ -23,6 +23,7 @@ from foundation.log_streams import LogStreams, RedisLogStreams, StreamLogHandler
 from foundation.redis_clients import BACKGROUND, client
 from foundation.replica_directory import RedisReplicaDirectory
 from foundation.replica_scale import RedisScaleBook
+from jobs.worker_hosts import RedisWorkerHosts
 from sluice.embedded import free_port
 from tests.contracts.api_registry import ApiRegistryContract
 from tests.contracts.figure_store import FigureStoreContract
@@ -30,6 +31,7 @@ from tests.contracts.hosts import HostDirectoryContract
 from tests.contracts.log_streams import LogStreamsContract
 from tests.contracts.replica_directory import NOW, ReplicaDirectoryContract, record
 from tests.contracts.replica_scale import ScaleBookContract
+from tests.contracts.worker_hosts import WorkerHostsContract
 
 NEVER_S = 3600.0  # a flush interval no test outlives: only an explicit flush (or a batch's end) ships
 
@@ -164,3 +166,9 @@ class TestTheRedisHostDirectory(HostDirectoryContract):
     @pytest.fixture
     def hosts(self, redis_client: redis.Redis) -> RedisHostDirectory:
         return RedisHostDirectory(redis_client)
+
+
+class TestRedisWorkerHostsKeepsTheContract(WorkerHostsContract):
+    @pytest.fixture
+    def worker_hosts(self, redis_client: redis.Redis) -> RedisWorkerHosts:
+        return RedisWorkerHosts(redis_client)
