@@ -80,8 +80,9 @@ def get_jobs(api_name: str):
     query = parse_query(JobsQuery)
     if query.jobID is not None:
         state = store.state(query.jobID, api_name=api.name)
+        note = None if state.status.is_terminal else services().worker_hosts.note_of(state.job.job_id)
         return JobStatusAnswer.model_validate(
-            {"job_status": job_status_view(state), "endpoint": endpoint_url(api.name), "api_spec": api.spec}
+            {"job_status": job_status_view(state, note), "endpoint": endpoint_url(api.name), "api_spec": api.spec}
         ).response()
     return JobList.model_validate({"jobs": listed_jobs(api.name, query.limit, job_status_view)}).response()
 

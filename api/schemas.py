@@ -135,6 +135,8 @@ class JobStatusView(JobSpec):
     worker_counts: WorkerCounts
     end_time: str | None = Field(json_schema_extra=_RFC3339)
     message: str | None = None
+    workers_note: str | None = Field(default=None, description="while the job runs on fewer nodes than its `workers`: "
+                                                               "why (nodes starting, or no host with room)")
 
 
 class JobStatusAnswer(Body):

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from foundation.api_registry import RedisApiRegistry
+from foundation.hosts import RedisHostDirectory
 from foundation.proxy_load import RedisProxyLoadBook
 from foundation.replica_scale import RedisScaleBook
 from foundation.settings import Settings
@@ -23,6 +24,7 @@ from jobs.services import Services
 from . import steps
 from .completions import completion_grace_s, resend_completions
 from .lost_batches import LostBatchWatch, lost_grace_s
+from .worker_nodes import plan_worker_nodes
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,12 @@ def maintenance_steps(settings: Settings) -> list[Step]:
             RedisApiRegistry(services.redis), services.async_requests,
             lambda api_name: send_queued_task(services.celery, api_name))
 
+    def plan_nodes(services: Services, now: float) -> object:
+        """Start worker nodes where jobs want more than run, on hosts with room (`jobs/node_plan.py`)."""
+        return plan_worker_nodes(
+            services.store, services.nodes, RedisHostDirectory(services.redis), services.worker_hosts,
+            lambda: [n for nodes in services.async_placement.assignments.all().values() for n in nodes], now)
+
     scaler = AsyncScaler()  # its samples and recommendations live as long as this process
 
     def place_async(services: Services, now: float) -> object:
@@ -87,6 +95,7 @@ def maintenance_steps(settings: Settings) -> list[Step]:
         Step("fail-stalled-enqueues", fail_stalled_enqueues, every),
         Step("reconcile-placement", reconcile_placement, every),
         Step("place-async-apis", place_async, every),
+        Step("plan-worker-nodes", plan_nodes, every),
         Step("scale-realtime-apis", scale_realtime, every),
         Step("place-realtime-replicas", place_realtime, every),
         Step("resend-completions", resend, every),

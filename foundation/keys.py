@@ -138,6 +138,18 @@ HOSTS = f"{PREFIX}:hosts"
 """Hash of the hosts that offer room to replicas or worker nodes: host id -> record (JSON),
 rewritten every heartbeat (foundation/hosts.py)."""
 
+WORKER_HOSTS = f"{PREFIX}:worker-hosts"
+"""Hash of what each worker host's agent (`sluice workers`) runs: host id -> its queues, minimum and
+nodes (JSON), rewritten every heartbeat (jobs/worker_hosts.py)."""
+
+NODE_PLANS = f"{PREFIX}:node-plans"
+"""Hash of what beat wants of each worker host: host id -> {target, busy, at} (JSON), replaced whole
+every beat step (jobs/node_plan.py)."""
+
+JOB_WORKER_NOTES = f"{PREFIX}:job-worker-notes"
+"""Hash of why an active job runs on fewer nodes than its `workers`: job id -> one line, replaced
+whole with NODE_PLANS."""
+
 REPLICA_SCALE = f"{PREFIX}:replica-scale"
 """Hash of each RealtimeAPI's replica count as its scaler last decided: API name -> JSON
 (foundation/replica_scale.py)."""

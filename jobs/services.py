@@ -30,6 +30,7 @@ from .placement import JobPlacement, Placement
 from .queues import CeleryJobQueues, JobQueues
 from .realtime_placement import RealtimePlacement
 from .store import JobStorage, JobStore
+from .worker_hosts import RedisWorkerHosts, WorkerHosts
 
 
 @dataclass
@@ -46,6 +47,15 @@ class Services:
     queues: JobQueues
     # AsyncAPI requests' records: made on first use from `redis` unless given (fast tests give a fake).
     requests: AsyncRequestStore | None = None
+    # Worker hosts' reports and beat's plan for them: made on first use from `redis` unless given.
+    worker_host_store: WorkerHosts | None = None
+
+    @property
+    def worker_hosts(self) -> WorkerHosts:
+        """What worker hosts run, beat's plan for them and the jobs' notes (`jobs/worker_hosts.py`)."""
+        if self.worker_host_store is None:
+            self.worker_host_store = RedisWorkerHosts(self.redis)
+        return self.worker_host_store
 
     @property
     def async_requests(self) -> AsyncRequestStore:

@@ -37,7 +37,9 @@ def task_status_view(state: JobState) -> dict[str, Any]:
     return view
 
 
-def job_status_view(state: JobState) -> dict[str, Any]:
+def job_status_view(state: JobState, workers_note: str | None = None) -> dict[str, Any]:
+    """A job's `job_status`; `workers_note`: why an active job runs on fewer nodes than its `workers`
+    (beat's plan, `jobs/node_plan.py`), shown only while it is active."""
     if state.job.is_task:
         return task_status_view(state)
     view = state.job.spec()
@@ -57,4 +59,6 @@ def job_status_view(state: JobState) -> dict[str, Any]:
     )
     if state.message:
         view["message"] = state.message
+    if workers_note and not state.status.is_terminal:
+        view["workers_note"] = workers_note
     return view

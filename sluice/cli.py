@@ -400,7 +400,8 @@ def _get_job(client: Client, api: str, job_id: str, output: str) -> None:
         f"duration: {_duration(_job_duration(job, now))}",
         f"batches: {metrics['succeeded']} succeeded, {metrics['failed']} failed, {job['total_batch_count']} total, "
         f"{job.get('batches_in_queue', 0)} in queue; average {average if average is not None else '-'} s per batch",
-        f"workers: {job['workers']} requested; " + ", ".join(f"{k} {v}" for k, v in workers.items()),
+        f"workers: {job['workers']} requested; " + ", ".join(f"{k} {v}" for k, v in workers.items())
+        + (f" ({job['workers_note']})" if job.get("workers_note") else ""),
         f"output: {location or 'none (the predictor writes its own results)'}",
     ]
     if job.get("message"):
@@ -932,6 +933,40 @@ def replicas(cpu: str | None, mem: str | None, gpu: str | None, only: str | None
     configure_json_logging()
     sys.exit(serve_all(hardware=hardware, host=host, advertise=advertise, api_url=api_url, state_dir=state_dir,
                        offers=offers, host_id=host_id))
+
+
+@main.command()
+@click.option("--queues", default="cpu", show_default=True, help="Hardware queues its nodes serve (comma-separated).")
+@click.option("--cpu", default=None, help="CPU this host offers to nodes (2, 0.5, 500m; default: its cores).")
+@click.option("--mem", default=None, help="Memory it offers (16Gi, 2G, bytes; default: the machine's).")
+@click.option("--gpu", default=None, type=int, help="GPUs it offers (default: those nvidia-smi lists).")
+@click.option("--min-nodes", default=1, show_default=True, help="Nodes kept running however idle.")
+@click.option("--idle-grace", default=60.0, show_default=True,
+              help="Seconds a node above --min-nodes stays idle before it is stopped (warm shutdown).")
+@click.option("--host-id", default=None, help="This host's name in placement (default: <hostname>-workers).")
+def workers(queues: str, cpu: str | None, mem: str | None, gpu: int | None, min_nodes: int, idle_grace: float,
+            host_id: str | None) -> None:
+    """Run this host's worker nodes (against SLUICE_REDIS_URL) until SIGTERM or Ctrl-C: at least
+    --min-nodes, and more while batch jobs want more `workers` and the host has room (each node takes
+    its API's `compute`); idle ones above the minimum stop after --idle-grace."""
+    from foundation.json_logs import configure_json_logging
+
+    with needs_extra("server", "`sluice workers`"):
+        from foundation.hosts import BadQuantity, Resources, cpu_millis, machine_resources, mem_bytes
+
+        from .worker_host import AgentConfig, BadAgentOption, default_host_id, run_agent
+
+    found = machine_resources()
+    try:
+        offers = Resources(cpu_millis(cpu) if cpu is not None else found.cpu_m,
+                           mem_bytes(mem) if mem is not None else found.mem,
+                           gpu if gpu is not None else found.gpu)
+        config = AgentConfig(host_id or default_host_id(), tuple(q.strip() for q in queues.split(",") if q.strip()),
+                             offers, min_nodes=min_nodes, idle_grace_s=idle_grace)
+    except (BadQuantity, BadAgentOption) as e:
+        raise click.BadParameter(str(e)) from e
+    configure_json_logging()
+    sys.exit(run_agent(config))
 
 
 @main.command()

@@ -24,6 +24,7 @@ from foundation.proxy_load import RedisProxyLoadBook
 from foundation.redis_clients import BACKGROUND, client
 from foundation.replica_directory import RedisReplicaDirectory
 from foundation.replica_scale import RedisScaleBook
+from jobs.worker_hosts import RedisWorkerHosts
 from sluice.embedded import free_port
 from tests.contracts.api_registry import ApiRegistryContract
 from tests.contracts.figure_store import FigureStoreContract
@@ -32,6 +33,7 @@ from tests.contracts.log_streams import LogStreamsContract
 from tests.contracts.proxy_load import ProxyLoadBookContract
 from tests.contracts.replica_directory import NOW, ReplicaDirectoryContract, record
 from tests.contracts.replica_scale import ScaleBookContract
+from tests.contracts.worker_hosts import WorkerHostsContract
 
 NEVER_S = 3600.0  # a flush interval no test outlives: only an explicit flush (or a batch's end) ships
 
@@ -172,3 +174,9 @@ class TestTheRedisHostDirectory(HostDirectoryContract):
     @pytest.fixture
     def hosts(self, redis_client: redis.Redis) -> RedisHostDirectory:
         return RedisHostDirectory(redis_client)
+
+
+class TestRedisWorkerHostsKeepsTheContract(WorkerHostsContract):
+    @pytest.fixture
+    def worker_hosts(self, redis_client: redis.Redis) -> RedisWorkerHosts:
+        return RedisWorkerHosts(redis_client)

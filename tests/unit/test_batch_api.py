@@ -28,6 +28,7 @@ from foundation.settings import Settings
 from jobs.job import JobStatus
 from jobs.memory_nodes import MemoryNodes
 from jobs.memory_queues import MemoryJobQueues
+from jobs.memory_worker_hosts import MemoryWorkerHosts
 from jobs.placement import Placement
 from jobs.services import Services
 from jobs.store.memory import MemoryJobStore
@@ -49,7 +50,7 @@ def services(tmp_path: Path) -> Services:
     return Services(
         settings=settings, celery=celery, redis=redis.Redis(), store=store, nodes=nodes,  # a client never used
         placement=Placement(queues, store, nodes), queues=queues,
-        bundles=BundleStore(settings.storage, tmp_path / "cache"),
+        bundles=BundleStore(settings.storage, tmp_path / "cache"), worker_host_store=MemoryWorkerHosts(),
     )
 
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from sluice.cli import main
 
 # Commands that run a server until stopped, printing only where it runs: no document to shape.
-SERVERS = {"up", "serve", "replicas", "proxy"}
+SERVERS = {"up", "serve", "replicas", "proxy", "workers"}
 PRINTING = sorted(set(main.commands) - SERVERS)
 
 

@@ -29,6 +29,7 @@ from foundation.settings import Settings
 from jobs.job import Job, JobStatus
 from jobs.memory_nodes import MemoryNodes
 from jobs.memory_queues import MemoryJobQueues
+from jobs.memory_worker_hosts import MemoryWorkerHosts
 from jobs.placement import Placement
 from jobs.predictors import JobPredictor, JobPredictors
 from jobs.runner import WorkerRuntime
@@ -168,7 +169,7 @@ def services(tmp_path: Path) -> Services:
     return Services(
         settings=settings, celery=celery, redis=redis.Redis(), store=store, nodes=nodes,  # a client never used
         placement=Placement(queues, store, nodes), queues=queues,
-        bundles=BundleStore(settings.storage, tmp_path / "cache"),
+        bundles=BundleStore(settings.storage, tmp_path / "cache"), worker_host_store=MemoryWorkerHosts(),
     )
 
 

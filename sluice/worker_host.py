@@ -1,0 +1,281 @@
+"""A worker host's agent (`sluice workers`): keeps this host's worker nodes, as many as jobs want.
+
+It runs at least `--min-nodes` nodes (each a `celery -A jobs worker` process, one predictor
+process: the app's `worker_concurrency` is 1) and announces every step what the host offers
+(`foundation.hosts.HostRecord`, role "workers") and which nodes it runs (`WorkerHostReport`). Beat
+plans from that (`jobs/node_plan.py`): when jobs want more nodes than run, it asks hosts with room
+for more, and the agent starts them. A node above the minimum that beat's plan has not seen busy
+for `--idle-grace` seconds is stopped with Celery's warm shutdown (SIGTERM: a batch it runs is
+finished first), so an idle host gives its room back. A node that dies is started again under the
+same name, so it settles what its previous life held (`jobs/settle.py`). Without a fresh plan (beat
+stopped) the agent holds what it runs.
+
+`WorkerHost.step(now)` is one turn of the loop, driven with a fixed clock in tests; the processes
+are made by a `spawn` function (`celery_node` here, a fake in unit tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import redis
+
+from foundation.errors import SluiceError
+from foundation.hosts import HostDirectory, HostRecord, Resources
+from jobs.node_plan import HostPlan, WorkerHostReport
+from jobs.nodes import NodeRegistry
+from jobs.worker_hosts import WorkerHosts
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS_ROLE = "workers"
+STEP_S = 0.5
+STOP_GRACE_S = 60.0  # how long a stopping agent waits for its nodes' warm shutdown before SIGKILL
+PR_SET_PDEATHSIG = 1
+_HOST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class BadAgentOption(SluiceError, ValueError):
+    """An option of `sluice workers` that cannot be used (no queue, a minimum below 0, a bad host id)."""
+
+
+class NodeProcess(Protocol):
+    """One running worker node, as the agent handles it."""
+
+    def poll(self) -> int | None:
+        """Its exit status once it has exited, else None."""
+
+    def send_signal(self, sig: int) -> None:
+        """Signal it (SIGTERM: Celery's warm shutdown)."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for it to exit (subprocess.TimeoutExpired past `timeout`)."""
+
+    def kill(self) -> None:
+        """End it at once."""
+
+
+Spawn = Callable[[str], NodeProcess]
+"""Start a node under this Celery node name."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What `sluice workers` was asked for, checked once at the edge."""
+
+    host_id: str
+    queues: tuple[str, ...]
+    offers: Resources
+    min_nodes: int = 1
+    idle_grace_s: float = 60.0
+    address: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.queues:
+            raise BadAgentOption("--queues must name at least one hardware queue (cpu, gpu, inf)")
+        if self.min_nodes < 0:
+            raise BadAgentOption(f"--min-nodes must be 0 or more (got {self.min_nodes})")
+        if self.idle_grace_s < 0:
+            raise BadAgentOption(f"--idle-grace must be 0 or more seconds (got {self.idle_grace_s})")
+        if not _HOST_ID.match(self.host_id):
+            raise BadAgentOption(f"--host-id must be letters, digits, '.', '_' or '-' (got {self.host_id!r})")
+
+    @property
+    def hardware(self) -> str | None:
+        """The one kind of hardware its nodes serve ("cpu" or "gpu"), None for several."""
+        return self.queues[0] if len(self.queues) == 1 else None
+
+
+def default_host_id() -> str:
+    """This machine's name, marked as its worker host (its replica host announces the bare name)."""
+    return f"{socket.gethostname()}-workers"
+
+
+class WorkerHost:
+    """The agent's state: its nodes by name, those stopping, and since when each has been idle."""
+
+    def __init__(self, config: AgentConfig, spawn: Spawn, hosts: HostDirectory, worker_hosts: WorkerHosts,
+                 nodes: NodeRegistry, node_host: str | None = None) -> None:
+        self.config = config
+        self._spawn = spawn
+        self._hosts = hosts
+        self._worker_hosts = worker_hosts
+        self._nodes = nodes
+        self._node_host = node_host or socket.gethostname()
+        self.running: dict[str, NodeProcess] = {}
+        self.stopping: dict[str, NodeProcess] = {}
+        self._idle_since: dict[str, float] = {}
+
+    def _next_name(self) -> str:
+        """The lowest free index: a restarted agent's nodes take their predecessors' names (and settle them)."""
+        taken = set(self.running) | set(self.stopping)
+        k = 1
+        while f"{self.config.host_id}-{k}@{self._node_host}" in taken:
+            k += 1
+        return f"{self.config.host_id}-{k}@{self._node_host}"
+
+    def _start(self, name: str) -> None:
+        self.running[name] = self._spawn(name)
+        self._idle_since.pop(name, None)
+
+    def _reap(self) -> None:
+        for name, process in list(self.stopping.items()):
+            code = process.poll()
+            if code is not None:
+                del self.stopping[name]
+                log.info("node %s stopped (exit status %s)", name, code, extra={"node": name})
+        for name, process in list(self.running.items()):
+            code = process.poll()
+            if code is not None:
+                log.warning("node %s exited with %s; starting it again", name, code, extra={"node": name})
+                self._start(name)
+
+    def _plan(self, now: float) -> HostPlan | None:
+        plan = self._worker_hosts.plan_of(self.config.host_id)
+        return plan if plan is not None and plan.fresh(now) else None
+
+    def _stop_idle(self, plan: HostPlan, registered: set[str], now: float) -> None:
+        """Warm-stop the nodes idle for the grace period that run above the plan and the minimum."""
+        for name in self.running:
+            if name in registered and name not in plan.busy:
+                self._idle_since.setdefault(name, now)
+            else:
+                self._idle_since.pop(name, None)
+        excess = len(self.running) - max(self.config.min_nodes, plan.target)
+        # The longest idle first, and among those the newest (highest index): the nodes kept keep the low names.
+        idle = sorted((n for n, since in self._idle_since.items() if now - since >= self.config.idle_grace_s),
+                      reverse=True)
+        idle.sort(key=lambda n: self._idle_since[n])
+        for name in idle[:max(excess, 0)]:
+            if self._nodes.inflight(name):  # placed since beat looked: its turn comes again later
+                self._idle_since[name] = now
+                continue
+            log.info("node %s idle for %.0f s above %d wanted; stopping it (warm shutdown)", name,
+                     now - self._idle_since[name], max(self.config.min_nodes, plan.target), extra={"node": name})
+            process = self.running.pop(name)
+            self._idle_since.pop(name)
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            self.stopping[name] = process
+
+    def step(self, now: float) -> None:
+        """One turn: restart dead nodes, start what the plan (or the minimum) wants, stop idle excess, announce."""
+        self._reap()
+        plan = self._plan(now)
+        target = max(self.config.min_nodes, plan.target if plan is not None else 0)
+        while len(self.running) < target:
+            name = self._next_name()
+            log.info("starting node %s (%d wanted on this host)", name, target, extra={"node": name})
+            self._start(name)
+        if plan is not None:
+            self._stop_idle(plan, set(self._nodes.heartbeats()), now)
+        self.announce(now)
+
+    def announce(self, now: float) -> None:
+        """The host's record (what it offers) and its report (what it runs, starting ones included)."""
+        config = self.config
+        self._hosts.announce(HostRecord(config.host_id, config.address or self._node_host, config.offers,
+                                        config.hardware, (WORKERS_ROLE,), now))
+        self._worker_hosts.report(WorkerHostReport(config.host_id, config.queues, config.min_nodes,
+                                                   tuple(sorted(self.running)), now))
+
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """Warm-stop every node (each finishes the batch it runs), SIGKILL what outlives `grace`; withdraw the host."""
+        every = {**self.running, **self.stopping}
+        for process in self.running.values():
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for name, process in every.items():
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.warning("node %s did not stop within %.0f s; killing it", name, grace)
+                process.kill()
+                process.wait()
+        self.running.clear()
+        self.stopping.clear()
+        with contextlib.suppress(redis.RedisError):
+            self._hosts.remove(self.config.host_id)
+            self._worker_hosts.remove(self.config.host_id)
+
+
+def _die_with_agent(parent_pid: int) -> Callable[[], None]:
+    """A preexec_fn: the node gets SIGTERM (warm shutdown) when the agent dies, however it dies."""
+
+    def preexec() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):  # not Linux: the agent's own stop still applies
+            return
+        if os.getppid() != parent_pid:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def celery_node(queues: tuple[str, ...], env: Mapping[str, str], loglevel: str = "INFO") -> Spawn:
+    """Spawn real nodes: `celery -A jobs worker -Q <queues> -n <name>`, as `sluice up` starts them."""
+    child_env = dict(env)
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
+    child_env.setdefault("PYTHONUNBUFFERED", "1")
+
+    def spawn(name: str) -> NodeProcess:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "jobs", "worker", "-Q", ",".join(queues), "-n", name,
+             "--loglevel", loglevel, "--without-gossip", "--without-mingle"],
+            env=child_env, start_new_session=True, preexec_fn=_die_with_agent(os.getpid()),
+        )
+
+    return spawn
+
+
+def run_agent(config: AgentConfig, env: Mapping[str, str] | None = None, step_s: float = STEP_S) -> int:
+    """`sluice workers`: the agent's loop until SIGTERM/SIGINT, which warm-stops every node; the exit status."""
+    from foundation.hosts import RedisHostDirectory
+    from foundation.redis_clients import heartbeat_client
+    from foundation.settings import Settings
+    from jobs.nodes import Nodes
+    from jobs.worker_hosts import RedisWorkerHosts
+
+    env = dict(os.environ if env is None else env)
+    settings = Settings.from_env(env)
+    client = heartbeat_client(settings)  # short timeouts, no retries: the next step is the retry
+    agent = WorkerHost(config, celery_node(config.queues, env), RedisHostDirectory(client), RedisWorkerHosts(client),
+                       Nodes(client, settings.node_ttl_s))
+    stopping = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    log.info("worker host %s: queues %s, at least %d node(s), offering %s", config.host_id, ",".join(config.queues),
+             config.min_nodes, config.offers)
+    failing = False
+    try:
+        while not stopping.is_set():
+            try:
+                agent.step(time.time())
+                failing = False
+            except redis.RedisError as e:  # Redis away: the nodes run on; said once, tried every step
+                if not failing:
+                    log.warning("worker host %s cannot reach Redis: %s", config.host_id, e)
+                failing = True
+            stopping.wait(step_s)
+        return 0
+    finally:
+        agent.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,47 @@
+"""The contract of worker hosts' reports and beat's plan for them (`jobs.worker_hosts.WorkerHosts`).
+
+Fixtures a subclass provides: `worker_hosts` (empty).
+"""
+
+from __future__ import annotations
+
+from jobs.node_plan import HostPlan, NodePlan, WorkerHostReport
+from jobs.worker_hosts import WorkerHosts
+
+NOW = 1_700_000_000.0
+
+
+def report(host_id: str = "box-workers", nodes: tuple[str, ...] = ("box-workers-1@box",)) -> WorkerHostReport:
+    return WorkerHostReport(host_id, ("cpu", "gpu"), 1, nodes, NOW)
+
+
+class WorkerHostsContract:
+    def test_a_report_reads_back_whole_and_each_heartbeat_rewrites_it(self, worker_hosts: WorkerHosts) -> None:
+        worker_hosts.report(report())
+        worker_hosts.report(report(nodes=("box-workers-1@box", "box-workers-2@box")))
+
+        assert worker_hosts.reports() == {"box-workers": report(nodes=("box-workers-1@box", "box-workers-2@box"))}
+
+    def test_a_plan_replaces_the_last_one_whole_hosts_and_notes_alike(self, worker_hosts: WorkerHosts) -> None:
+        worker_hosts.write_plan(NodePlan({"a": HostPlan(3, ("a-1",), NOW), "b": HostPlan(1, (), NOW)},
+                                         {"j1": "running on 1 of 3 workers: 2 nodes starting"}))
+        worker_hosts.write_plan(NodePlan({"a": HostPlan(1, (), NOW + 1)}, {}))
+
+        assert worker_hosts.plan_of("a") == HostPlan(1, (), NOW + 1)
+        assert worker_hosts.plan_of("b") is None
+        assert worker_hosts.note_of("j1") is None
+
+    def test_a_note_reads_back_as_written(self, worker_hosts: WorkerHosts) -> None:
+        note = "running on 1 of 3 workers: no host has room for 2 more nodes of 1 cpu"
+        worker_hosts.write_plan(NodePlan({}, {"j1": note}))
+
+        assert worker_hosts.note_of("j1") == note
+
+    def test_a_host_removed_has_neither_report_nor_plan(self, worker_hosts: WorkerHosts) -> None:
+        worker_hosts.report(report())
+        worker_hosts.write_plan(NodePlan({"box-workers": HostPlan(2, (), NOW)}, {}))
+
+        worker_hosts.remove("box-workers")
+
+        assert worker_hosts.reports() == {}
+        assert worker_hosts.plan_of("box-workers") is None

@@ -1,0 +1,140 @@
+"""Beat's plan for worker hosts: a job asking for more `workers` than run gets nodes started on hosts
+with room, and one that cannot says why (`jobs/node_plan.py`, `beat/worker_nodes.py`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from beat.worker_nodes import plan_worker_nodes
+from foundation.hosts import HostRecord, Resources
+from foundation.memory import MemoryHostDirectory
+from jobs.job import Job
+from jobs.memory_nodes import MemoryNodes
+from jobs.memory_worker_hosts import MemoryWorkerHosts
+from jobs.node_plan import JobWant, WorkerHostReport, describe, node_compute, plan_nodes
+from jobs.store.memory import MemoryJobStore
+from tests.contracts.worker_hosts import WorkerHostsContract
+
+T0 = 1_000_000.0
+ONE_CPU = Resources.parse(cpu=1)
+
+
+def host(host_id: str, cpu: float, nodes: tuple[str, ...], min_nodes: int = 1, gpu: int = 0,
+         queues: tuple[str, ...] = ("cpu",)) -> tuple[HostRecord, WorkerHostReport]:
+    record = HostRecord(host_id, host_id, Resources.parse(cpu=cpu, mem="64Gi", gpu=gpu), None, ("workers",), T0)
+    return record, WorkerHostReport(host_id, queues, min_nodes, nodes, T0)
+
+
+def job(job_id: str, workers: int, nodes: tuple[str, ...], compute: Resources = ONE_CPU, queue: str = "cpu") -> JobWant:
+    return JobWant(job_id, queue, workers, compute, nodes)
+
+
+def test_a_job_wanting_three_workers_on_a_host_running_one_node_gets_two_started_there() -> None:
+    plan = plan_nodes([host("a", cpu=4, nodes=("a-1",))], [job("j1", 3, ("a-1",))], {"a-1": ["cpu"]}, {"a-1"}, T0)
+
+    assert plan.hosts["a"].target == 3
+    assert plan.hosts["a"].busy == ("a-1",)
+    assert plan.notes == {"j1": "running on 1 of 3 workers: 2 nodes starting"}
+
+
+def test_nodes_still_starting_count_so_the_next_plan_starts_none_twice() -> None:
+    starting = host("a", cpu=4, nodes=("a-1", "a-2", "a-3"))
+
+    plan = plan_nodes([starting], [job("j1", 3, ("a-1",))], {"a-1": ["cpu"]}, {"a-1"}, T0)
+
+    assert plan.hosts["a"].target == 3
+
+
+def test_a_host_without_room_starts_nothing_and_the_job_says_why() -> None:
+    plan = plan_nodes([host("a", cpu=1, nodes=("a-1",))], [job("j1", 3, ("a-1",))], {"a-1": ["cpu"]}, {"a-1"}, T0)
+
+    assert plan.hosts["a"].target == 1
+    assert plan.notes["j1"] == "running on 1 of 3 workers: no host has room for 2 more nodes of 1 cpu"
+
+
+def test_what_fits_is_started_and_only_the_rest_is_reported_missing() -> None:
+    plan = plan_nodes([host("a", cpu=2, nodes=("a-1",))], [job("j1", 3, ("a-1",))], {"a-1": ["cpu"]}, {"a-1"}, T0)
+
+    assert plan.hosts["a"].target == 2
+    assert plan.notes["j1"] == "running on 1 of 3 workers: no host has room for 1 more node of 1 cpu"
+
+
+def test_starts_spread_over_the_hosts_with_the_most_room() -> None:
+    hosts = [host("a", cpu=4, nodes=("a-1",)), host("b", cpu=4, nodes=("b-1",))]
+    live = {"a-1": ["cpu"], "b-1": ["cpu"]}
+
+    plan = plan_nodes(hosts, [job("j1", 4, ("a-1", "b-1"))], live, {"a-1", "b-1"}, T0)
+
+    assert (plan.hosts["a"].target, plan.hosts["b"].target) == (2, 2)
+
+
+def test_a_gpu_job_fits_only_where_gpus_are_free() -> None:
+    gpu_node = Resources.parse(cpu=1, gpu=1)
+    hosts = [host("cpu-box", cpu=16, nodes=(), min_nodes=0), host("gpu-box", cpu=16, gpu=1, nodes=("g-1",),
+                                                                   queues=("gpu",))]
+
+    plan = plan_nodes(hosts, [job("j1", 2, ("g-1",), gpu_node, queue="gpu")], {"g-1": ["gpu"]}, {"g-1"}, T0)
+
+    assert plan.hosts["gpu-box"].target == 1
+    assert plan.hosts["cpu-box"].target == 0
+    assert plan.notes["j1"] == "running on 1 of 2 workers: no host has room for 1 more node of 1 cpu, 1 gpu"
+
+
+def test_a_node_placed_on_a_big_job_takes_that_jobs_room() -> None:
+    hosts = [host("a", cpu=4, nodes=("a-1",))]
+    big, small = job("big", 1, ("a-1",), Resources.parse(cpu=3)), job("small", 2, ("a-1",))
+
+    plan = plan_nodes(hosts, [big, small], {"a-1": ["cpu"]}, {"a-1"}, T0)
+
+    assert plan.hosts["a"].target == 2  # 3 cpu taken, room for one node of 1 cpu
+
+
+def test_without_any_worker_host_the_job_says_no_node_can_be_started() -> None:
+    plan = plan_nodes([], [job("j1", 2, ("celery@by-hand",))], {"celery@by-hand": ["cpu"]}, set(), T0)
+
+    assert plan.notes["j1"].startswith("running on 1 of 2 workers: no worker host (`sluice workers`) serves queue cpu")
+
+
+def test_once_the_jobs_end_a_host_is_asked_only_for_its_minimum_and_none_is_busy() -> None:
+    plan = plan_nodes([host("a", cpu=4, nodes=("a-1", "a-2", "a-3"))], [],
+                      {"a-1": ["cpu"], "a-2": ["cpu"], "a-3": ["cpu"]}, set(), T0)
+
+    assert plan.hosts["a"].target == 1
+    assert plan.hosts["a"].busy == ()
+    assert plan.notes == {}
+
+
+def test_a_job_on_all_its_workers_has_no_note() -> None:
+    plan = plan_nodes([host("a", cpu=4, nodes=("a-1",))], [job("j1", 1, ("a-1",))], {"a-1": ["cpu"]}, {"a-1"}, T0)
+
+    assert plan.notes == {}
+
+
+def test_compute_is_read_as_cortex_writes_it_and_told_as_people_read_it() -> None:
+    assert node_compute(None) == ONE_CPU
+    assert describe(node_compute({"cpu": "500m", "mem": "2Gi", "gpu": 1})) == "500m cpu, 2Gi mem, 1 gpu"
+    assert describe(node_compute({"cpu": 2, "mem": "300Mi"})) == "2 cpu, 300Mi mem"
+
+
+def test_beats_step_reads_the_job_store_and_writes_each_hosts_plan_and_each_jobs_note() -> None:
+    store, hosts, worker_hosts = MemoryJobStore(), MemoryHostDirectory(), MemoryWorkerHosts()
+    nodes = MemoryNodes(4.0, inflight=store.inflight)
+    record, report = host("a", cpu=1, nodes=("a-1",))
+    hosts.announce(record)
+    worker_hosts.report(report)
+    nodes.heartbeat("a-1", ["cpu"], T0)
+    submitted = Job("j1", "iris", 3, {}, None, 10, T0, api_spec={"compute": {"cpu": 1}})
+    store.create(submitted)
+    store.set_nodes("j1", ["a-1"])
+
+    plan_worker_nodes(store, nodes, hosts, worker_hosts, list, T0)
+
+    assert worker_hosts.note_of("j1") == "running on 1 of 3 workers: no host has room for 2 more nodes of 1 cpu"
+    plan = worker_hosts.plan_of("a")
+    assert plan is not None and plan.target == 1 and plan.busy == ("a-1",)
+
+
+class TestMemoryWorkerHostsKeepsTheContract(WorkerHostsContract):
+    @pytest.fixture
+    def worker_hosts(self) -> MemoryWorkerHosts:
+        return MemoryWorkerHosts()
