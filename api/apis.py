@@ -13,6 +13,7 @@ from flask import Blueprint, request
 
 from foundation.api_registry import DeployedApi
 from foundation.errors import AccessDenied, BadRequest, ConfigError, Conflict, NotFound, SluiceError
+from foundation.replica_scale import RedisScaleBook
 from jobs.async_request import ASYNC_KIND
 from jobs.enqueue import stop_job
 from jobs.job import ACTIVE_STATUSES
@@ -22,6 +23,7 @@ from predictors_runtime.storage import split_uri
 
 from .batch import endpoint_url
 from .context import forget_route, registry, replica_directory, services
+from .replica_counts import realtime_counts_of
 from .schemas import Api, ApiList, DeleteApiQuery, Deleted, parse_query
 
 log = logging.getLogger(__name__)
@@ -137,13 +139,20 @@ def replicas_of(api: DeployedApi, now: float) -> list[dict[str, Any]]:
 @blueprint.get("/apis/<name>")
 def get_api(name: str):
     """The API's summary with its endpoint; a realtime API's also lists its replicas (launchers
-    announce them), an AsyncAPI's its request counts and the nodes that serve it."""
+    announce them) and its scaling (wanted, ready, per host), an AsyncAPI's its request counts, the
+    nodes that serve it and its scaling."""
     api = registry().get(name)
     body = api.summary()
     body["endpoint"] = endpoint_url(api.name)
     now = time.time()
     if api.kind == REALTIME_KIND:
         body["replicas"] = replicas_of(api, now)
+        svc = services()
+        placements = svc.realtime_placement.assignments.all()
+        scale = RedisScaleBook(svc.redis).get(api.name)
+        counts = realtime_counts_of([api], placements, {api.name: scale} if scale is not None else {},
+                                    replica_directory().live(now, api.name))
+        body["scaling"] = counts[api.name].to_dict()
     elif api.kind == ASYNC_KIND:
         svc = services()
         body["requests"] = svc.async_requests.counts(api.name, now).to_dict()

@@ -7,7 +7,7 @@ from flask import Blueprint, Response, current_app, jsonify
 
 from foundation.errors import NotReady
 
-from .context import figure_store, registry, services
+from .context import figure_store, registry, replica_directory, services
 from .metrics import CONTENT_TYPE_LATEST, exposition
 from .openapi import openapi_document
 from .schemas import Health
@@ -31,7 +31,8 @@ def healthz():
 @blueprint.get("/metrics")
 def metrics():
     """Sluice's figures, summed over every process on every host (api/metrics.py)."""
-    return Response(exposition(services(), figure_store(), registry()), mimetype=CONTENT_TYPE_LATEST)
+    return Response(exposition(services(), figure_store(), registry(), replica_directory()),
+                    mimetype=CONTENT_TYPE_LATEST)
 
 
 @blueprint.get("/openapi.json")

@@ -25,11 +25,15 @@ from foundation import figures
 from foundation.api_registry import ApiRegistry
 from foundation.errors import JobNotFound
 from foundation.figure_store import FigureStore, RedisFigureStore
+from foundation.replica_directory import RedisReplicaDirectory, ReplicaDirectory
+from foundation.replica_scale import RedisScaleBook
 from jobs.async_counts import AsyncCounts
 from jobs.async_placement import Placed
 from jobs.async_request import ASYNC_KIND
 from jobs.job import job_queue_name
 from jobs.services import Services
+
+from .replica_counts import RealtimeCounts, realtime_counts_of
 
 # The hardware queues worker nodes serve; a job's batches wait on a queue of its own
 # (`job.<id>`), counted under its hardware queue.
@@ -39,7 +43,8 @@ QUEUE_DEPTH = ("sluice_queue_depth", "Batches (and completion tasks) waiting in 
 ASYNC_IN_QUEUE = ("sluice_async_requests_in_queue", "AsyncAPI requests waiting for a worker node, by API")
 ASYNC_IN_PROGRESS = ("sluice_async_requests_in_progress", "AsyncAPI requests running on a worker node, by API")
 # What the scalers decided (for an AsyncAPI its worker nodes are its replicas: jobs/async_scaler.py).
-REPLICAS = ("sluice_replicas", "Replicas of an API by state (ready: serving; pending: wanted, no room yet)")
+REPLICAS = ("sluice_replicas", "Replicas of an API by state (ready: serving; starting: placed, not ready yet; "
+            "pending: wanted, no room yet)")
 REPLICAS_DESIRED = ("sluice_replicas_desired", "Replicas of an API its scaler wants")
 IN_FLIGHT = ("sluice_in_flight", "Requests of an API queued and running that its scaler's last decision saw")
 
@@ -101,11 +106,13 @@ class FiguresCollector(Collector):
 
     def __init__(self, store: FigureStore, depths: Callable[[], dict[str, int]],
                  async_counts: Callable[[], dict[str, AsyncCounts]] = dict,
-                 scaling: Callable[[], dict[str, Placed]] = dict) -> None:
+                 scaling: Callable[[], dict[str, Placed]] = dict,
+                 realtime: Callable[[], dict[str, RealtimeCounts]] = dict) -> None:
         self._store = store
         self._depths = depths
         self._async_counts = async_counts
         self._scaling = scaling
+        self._realtime = realtime
 
     def collect(self) -> Iterator[Metric]:
         totals = figures.read_figures(self._store)
@@ -131,6 +138,11 @@ class FiguresCollector(Collector):
             replicas.add_metric([api, "pending"], max(0, placed.desired - ready))
             desired.add_metric([api], placed.desired)
             in_flight.add_metric([api], placed.in_flight)
+        for api, realtime in sorted(self._realtime().items()):
+            for state, n in realtime.states().items():
+                replicas.add_metric([api, state], n)
+            desired.add_metric([api], realtime.desired)
+            in_flight.add_metric([api], realtime.in_flight)
         yield replicas
         yield desired
         yield in_flight
@@ -162,13 +174,24 @@ def async_scaling(services: Services, apis: ApiRegistry, now: float) -> dict[str
             for name, placed in services.async_placement.assignments.placed().items() if name in deployed}
 
 
-def exposition(services: Services, store: FigureStore | None = None, apis: ApiRegistry | None = None) -> bytes:
+def realtime_scaling(services: Services, apis: ApiRegistry, replicas: ReplicaDirectory,
+                     now: float) -> dict[str, RealtimeCounts]:
+    """Each deployed RealtimeAPI's replicas: wanted, serving, starting and pending, and its in-flight figure."""
+    return realtime_counts_of(apis.all(), services.realtime_placement.assignments.all(),
+                              RedisScaleBook(services.redis).all(), replicas.live(now))
+
+
+def exposition(services: Services, store: FigureStore | None = None, apis: ApiRegistry | None = None,
+               replicas: ReplicaDirectory | None = None) -> bytes:
     """The text `GET /metrics` answers: the figures in `store` (by default the services' Redis), the
-    depths of the services' queues, and (given the registry) each AsyncAPI's queued and running requests."""
+    depths of the services' queues, and (given the registry) each AsyncAPI's queued and running
+    requests and every scaled API's replicas."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FiguresCollector(
         store or RedisFigureStore(services.redis), lambda: queue_depths(services),
         (lambda: async_counts(services, apis, time.time())) if apis is not None else dict,
         (lambda: async_scaling(services, apis, time.time())) if apis is not None else dict,
+        (lambda: realtime_scaling(services, apis, replicas or RedisReplicaDirectory(services.redis), time.time()))
+        if apis is not None else dict,
     ))
     return generate_latest(registry)

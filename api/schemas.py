@@ -243,9 +243,31 @@ class AsyncScaling(Body):
     in_flight: float = Field(ge=0, description="requests queued and running that the last decision saw")
 
 
+class HostReplicas(Body):
+    """One replica host's share of a RealtimeAPI."""
+
+    desired: int = Field(ge=0, description="replicas placement assigned to this host")
+    ready: int = Field(ge=0, description="of them, live and serving (every process ready, not draining)")
+
+
+class RealtimeScaling(Body):
+    """How many replicas a RealtimeAPI's scaler wants, where placement put them, how many serve, and
+    the in-flight figure the scaler decided on."""
+
+    desired: int = Field(ge=0, description="replicas wanted: the scaler's last decision, else init_replicas")
+    ready: int = Field(ge=0, description="replicas live and serving, on every host")
+    starting: int = Field(ge=0, description="replicas placed on a host and not ready yet")
+    pending: int = Field(ge=0, description="replicas wanted that no live host has room for")
+    pending_reason: str | None = Field(default=None, description="present while some are pending: why "
+                                       "(\"no host has 1 gpu free\")")
+    in_flight: float = Field(ge=0, description="requests queued at the proxies and running, averaged over the "
+                             "window, that the scaler's last decision saw (0 before its first)")
+    hosts: dict[str, HostReplicas] = Field(description="placement host id -> its replicas of this API")
+
+
 class Api(Body):
-    """A deployed API; `GET /apis/<name>` adds its endpoint, for a realtime API its live replicas, and
-    for an AsyncAPI its request counts, serving nodes and scaling."""
+    """A deployed API; `GET /apis/<name>` adds its endpoint, for a realtime API its live replicas and
+    scaling, and for an AsyncAPI its request counts, serving nodes and scaling."""
 
     name: str
     kind: Literal["BatchAPI", "RealtimeAPI", "TaskAPI", "AsyncAPI"]
@@ -261,7 +283,8 @@ class Api(Body):
     requests: AsyncRequestCounts | None = Field(default=None, description="AsyncAPI only, in GET /apis/{name}")
     nodes: list[str] | None = Field(default=None, description="AsyncAPI only, in GET /apis/{name}: the live "
                                     "worker nodes placed on it, which run its requests")
-    scaling: AsyncScaling | None = Field(default=None, description="AsyncAPI only, in GET /apis/{name}")
+    scaling: RealtimeScaling | AsyncScaling | None = Field(
+        default=None, description="RealtimeAPI and AsyncAPI, in GET /apis/{name}: a RealtimeAPI's has `hosts`")
 
 
 class ApiList(Body):

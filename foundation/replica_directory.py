@@ -48,6 +48,9 @@ class ReplicaRecord:
     message: str = ""    # why it is not ready (a predictor that failed to build), if known
     socket: str = ""     # a Unix socket it also listens on, for a proxy on its own host
     host_id: str = ""    # the host it runs on (sluice/local_socket.py), to tell whether `socket` is reachable
+    # The placement host whose manager started it (`foundation/hosts.py`; "" for a launcher started
+    # by hand): counts ready replicas per placement host exactly, even with two agents on one address.
+    placement_host: str = ""
 
     @property
     def address(self) -> str:

@@ -84,8 +84,10 @@ class AutoscalingConfig(ConfigModel):
     # In-flight requests per replica the scaler aims for; the API config fills in Cortex's
     # default (the predictor's processes x threads). `target_in_flight` is Cortex v0.36's name.
     target_replica_concurrency: float = Field(gt=0, le=MAX_REPLICA_CONCURRENCY, allow_inf_nan=False)
-    # Kept as written: the proxy's per-replica limit is `predictor.max_concurrency` today.
-    max_replica_concurrency: int = Field(default=1024, ge=1, le=MAX_REPLICA_CONCURRENCY)
+    # Requests one replica holds, running plus queued at the proxy. None when not written: it is
+    # then stored as None (not Cortex's 1024), so the proxy keeps `predictor.max_queue_length`'s
+    # queue and a stored config reads back as written (`ApiConfig.replica_queue_length`).
+    max_replica_concurrency: int | None = Field(default=None, ge=1, le=MAX_REPLICA_CONCURRENCY)
     window: float = Field(default=60.0, le=MAX_DURATION_S, allow_inf_nan=False)
     downscale_stabilization_period: float = Field(default=300.0, ge=0, le=MAX_DURATION_S, allow_inf_nan=False)
     upscale_stabilization_period: float = Field(default=60.0, ge=0, le=MAX_DURATION_S, allow_inf_nan=False)
@@ -142,5 +144,11 @@ class AutoscalingConfig(ConfigModel):
                 "init_replicas",
                 f"must be between min_replicas and max_replicas ({self.min_replicas} to "
                 f"{self.max_replicas}, got {self.init_replicas})",
+            )
+        if self.max_replica_concurrency is not None and self.target_replica_concurrency > self.max_replica_concurrency:
+            raise FieldProblem(
+                "target_replica_concurrency",
+                f"must be <= max_replica_concurrency ({self.target_replica_concurrency:g} > "
+                f"{self.max_replica_concurrency})",
             )
         return self

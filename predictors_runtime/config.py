@@ -48,6 +48,9 @@ IGNORED_PREDICTOR_FIELDS = ("image", "tensorflow_serving_image", "shm_size", "de
 MAX_PROCESSES = 64
 MAX_THREADS = 1024
 MAX_CONCURRENCY = 100_000
+# Requests the proxy queues per replica when neither `max_queue_length` nor
+# `autoscaling.max_replica_concurrency` says otherwise.
+DEFAULT_QUEUE_LENGTH = 100
 MAX_REQUEST_TIMEOUT_S = 24 * 3600
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -185,7 +188,9 @@ class PredictorConfig(_Model):
     # processes x threads), requests it queues beyond that, and the bound on wait plus run.
     server_side_batching: ServerSideBatching | None = None
     max_concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY)
-    max_queue_length: int = Field(default=100, ge=0, le=MAX_CONCURRENCY)
+    # None when not written (stored so, to tell it apart from `autoscaling.max_replica_concurrency`,
+    # which sizes the queue when only it is written): DEFAULT_QUEUE_LENGTH then.
+    max_queue_length: int | None = Field(default=None, ge=0, le=MAX_CONCURRENCY)
     request_timeout: float | None = Field(default=None, gt=0, le=MAX_REQUEST_TIMEOUT_S)
     # Batch only (a RealtimeAPI ignores it): seconds one try of a batch may run, unless the job says.
     batch_timeout: float | None = Field(default=None, gt=0, le=MAX_BATCH_TIMEOUT_S)
@@ -394,6 +399,39 @@ class ApiConfig(_Model):
                 f"must be <= threads_per_process ({batching.max_batch_size} > {self.predictor.threads_per_process})",
             )
         return self
+
+    @model_validator(mode="after")
+    def _replica_limit_agrees(self) -> ApiConfig:
+        """`autoscaling.max_replica_concurrency`, when written, bounds what one replica holds (running
+        plus queued at the proxy): it must leave room for the requests the replica runs at once, and
+        a `max_queue_length` written beside it must fit in what is left."""
+        scaling = self.autoscaling
+        if self.kind != REALTIME_KIND or scaling is None or scaling.max_replica_concurrency is None:
+            return self
+        limit, running = scaling.max_replica_concurrency, self.predictor.replica_concurrency
+        runs_at_once = ("predictor.max_concurrency" if self.predictor.max_concurrency is not None
+                        else "predictor.processes_per_replica x threads_per_process")
+        if running > limit:
+            raise _Problem("autoscaling.max_replica_concurrency",
+                           f"must be >= the requests one replica runs at once, {runs_at_once} ({limit} < {running})")
+        queue = self.predictor.max_queue_length
+        if queue is not None and running + queue > limit:
+            raise _Problem("predictor.max_queue_length",
+                           f"conflicts with autoscaling.max_replica_concurrency: {runs_at_once} plus max_queue_length "
+                           f"must be <= max_replica_concurrency ({running} + {queue} > {limit})")
+        return self
+
+    @property
+    def replica_queue_length(self) -> int:
+        """Requests the proxy queues per replica: `max_queue_length` as written; else what
+        `autoscaling.max_replica_concurrency` leaves beyond the requests a replica runs at once; else
+        DEFAULT_QUEUE_LENGTH."""
+        if self.predictor.max_queue_length is not None:
+            return self.predictor.max_queue_length
+        scaling = self.autoscaling
+        if self.kind == REALTIME_KIND and scaling is not None and scaling.max_replica_concurrency is not None:
+            return max(0, scaling.max_replica_concurrency - self.predictor.replica_concurrency)
+        return DEFAULT_QUEUE_LENGTH
 
     @property
     def code_section(self) -> str:

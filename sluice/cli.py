@@ -310,6 +310,7 @@ def _get_api(client: Client, name: str, output: str) -> None:
         click.echo(f"{name}  RealtimeAPI  {view['status']}  deployed {_ago(api['deployed_at'], now)}")
         click.echo(f"endpoint: {view['url']}")
         click.echo(f"replicas: {ready}/{wanted} ready")
+        _echo_realtime_scaling(api.get("scaling"))
         for replica in api.get("replicas", []):
             state = "draining" if replica["draining"] else "ready" if replica["ready"] else "starting"
             note = f"  {one_line(replica['message'])}" if replica.get("message") else ""
@@ -351,6 +352,19 @@ def _get_api(client: Client, name: str, output: str) -> None:
          _duration(_job_duration(job, now))]
         for job in jobs
     ])
+
+
+def _echo_realtime_scaling(scaling: dict[str, Any] | None) -> None:
+    """What the scaler wants and saw, where placement put the replicas, and why any are pending."""
+    if scaling is None:
+        return
+    click.echo(f"scaling: {scaling['desired']} wanted, {scaling['ready']} ready, {scaling.get('starting', 0)} "
+               f"starting, {scaling['pending']} pending; {scaling['in_flight']:g} request(s) in flight at the "
+               "scaler's last decision")
+    for host, counts in sorted((scaling.get("hosts") or {}).items()):
+        click.echo(f"  host {host}: {counts['desired']} wanted, {counts['ready']} ready")
+    if scaling["pending"]:
+        click.echo(f"pending: {one_line(scaling.get('pending_reason') or 'no host has room')}")
 
 
 def _model_items(models: Any) -> list[tuple[str, Any]]:
@@ -897,7 +911,10 @@ def up(port: int, workers: int, cpu: str | None, mem: str | None, gpu: str | Non
               help="Sluice's public URL, handed to the predictor as SLUICE_API_URL.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for the replicas' state (default: $SLUICE_CACHE_DIR/replicas).")
-def serve(api: str, port: int, host: str, advertise: str | None, api_url: str, state_dir: Path | None) -> None:
+@click.option("--placement-host", default="", hidden=True,
+              help="The placement host id whose agent started this launcher (set by `sluice replicas`).")
+def serve(api: str, port: int, host: str, advertise: str | None, api_url: str, state_dir: Path | None,
+          placement_host: str) -> None:
     """Run this host's replica of a RealtimeAPI (against SLUICE_REDIS_URL and SLUICE_STORAGE) until
     the API is deleted or SIGTERM; redeploys are rolled without a gap."""
     from foundation.json_logs import configure_json_logging
@@ -906,7 +923,8 @@ def serve(api: str, port: int, host: str, advertise: str | None, api_url: str, s
         from .replica import serve as serve_replica
 
     configure_json_logging()
-    sys.exit(serve_replica(api, port=port, host=host, advertise=advertise, api_url=api_url, state_dir=state_dir))
+    sys.exit(serve_replica(api, port=port, host=host, advertise=advertise, api_url=api_url, state_dir=state_dir,
+                           placement_host=placement_host))
 
 
 @main.command()

@@ -298,6 +298,7 @@ class Stack:
         return self._popen([
             sys.executable, "-m", "sluice.cli", "serve", api_name, "--port", str(port), "--host", "127.0.0.1",
             "--api-url", self.url, "--state-dir", str(self.data_dir / "replicas"),
+            *(["--placement-host", self.host.host_id] if self.host is not None else []),
         ], self.data_dir / "logs" / f"replica-{api_name}.log")
 
     # -- lifecycle --------------------------------------------------------------------------

@@ -10,7 +10,9 @@ Why each limit lives here (see PITFALLS "Realtime serving"): a replica's concurr
 where all of its processes are seen, so haproxy gives each replica `maxconn` = the API's
 `replica_concurrency`, queues what is beyond in the API's backend (one queue shared by all its
 replicas, served least-connections first), refuses at once what is beyond `max_queue_length`
-per replica, and bounds the wait and the run by `request_timeout`.
+per replica, and bounds the wait and the run by `request_timeout`. Cortex's
+`autoscaling.max_replica_concurrency` (running plus queued per replica), when written, sizes that
+queue: `max_replica_concurrency - replica_concurrency` per replica (`ApiConfig.replica_queue_length`).
 
 HAProxy 2.6 answers a queue timeout with a 503 like any other failure to reach a server, so the
 replica backends' own 503 tells the two apart by the clock: a request that is past its deadline
@@ -169,7 +171,7 @@ def plan_routes(apis: Iterable[DeployedApi], replicas: Iterable[ReplicaRecord],
         if api.kind != REALTIME_KIND or not _NAME_RE.match(api.name) or not by_api.get(api.name):
             continue
         try:
-            predictor = ApiConfig.from_dict(api.spec).predictor
+            config = ApiConfig.from_dict(api.spec)
         except ConfigError as e:
             log.warning("api %s has a config this version cannot read; not routed: %s", api.name, e)
             continue
@@ -181,9 +183,9 @@ def plan_routes(apis: Iterable[DeployedApi], replicas: Iterable[ReplicaRecord],
         routes.append(Route(
             api=api.name,
             servers=servers,
-            concurrency=predictor.replica_concurrency,
-            queue_length=predictor.max_queue_length,
-            request_timeout_s=predictor.request_timeout,
+            concurrency=config.predictor.replica_concurrency,
+            queue_length=config.replica_queue_length,
+            request_timeout_s=config.predictor.request_timeout,
         ))
     return routes
 

@@ -191,13 +191,14 @@ class Generation:
             self.has_been_ready = True
         return count >= self.processes or (self.has_been_ready and count > 0)
 
-    def record(self, host: str, now: float) -> ReplicaRecord:
+    def record(self, host: str, now: float, placement_host: str = "") -> ReplicaRecord:
         ready = self.ready()
         return ReplicaRecord(
             replica_id=self.replica_id, api=self.api.name, bundle=self.api.bundle, host=host, port=self.port,
             processes=self.processes, ready=ready, draining=self.draining_since is not None, seen=now,
             pid=os.getpid(), message="" if ready else (self.markers.failure() or self.message),
             socket=self.unix_socket, host_id=host_identity() if self.unix_socket else "",
+            placement_host=placement_host,
         )
 
 
@@ -211,6 +212,7 @@ class ReplicaLauncher:
         base_env: Mapping[str, str] | None = None, drain_cap_s: float = DRAIN_CAP_S,
         unrouted: Unrouted | None = None, spawn: Callable[..., subprocess.Popen] = spawn_gunicorn,
         registry: ApiRegistry | None = None, directory: ReplicaDirectory | None = None,
+        placement_host: str = "",
     ) -> None:
         """`registry` and `directory` default to Redis's through `redis_client`; a fast test hands in
         `foundation.memory`'s fakes and its own `unrouted` (its client is then never used)."""
@@ -224,6 +226,7 @@ class ReplicaLauncher:
         self.host = host
         self.advertise = advertised_address(host, advertise, toward=redis_host(redis_client))
         self.api_url = api_url
+        self.placement_host = placement_host  # announced with each replica: whose assignment it is
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._drain_cap_s = drain_cap_s
         self._unrouted = unrouted or _proxy_unrouted()
@@ -443,7 +446,7 @@ class ReplicaLauncher:
     def _heartbeat(self, now: float) -> None:
         """Announce every generation: at once when its state changed, else every HEARTBEAT_S."""
         for gen in self.generations():
-            record = gen.record(self.advertise, now)
+            record = gen.record(self.advertise, now, self.placement_host)
             state = (record.ready, record.draining, record.message)
             if state == gen.last_announced and now - gen.last_announced_at < HEARTBEAT_S:
                 continue
@@ -464,6 +467,7 @@ class ReplicaLauncher:
 def serve(
     api_name: str, *, port: int, host: str = "127.0.0.1", advertise: str | None = None,
     api_url: str = DEFAULT_API_URL, state_dir: Path | None = None, env: Mapping[str, str] | None = None,
+    placement_host: str = "",
 ) -> int:
     """Run the launcher until the API is deleted or SIGTERM/SIGINT arrives; the process exit status.
 
@@ -484,7 +488,7 @@ def serve(
     launcher = ReplicaLauncher(
         api_name, redis_client=client, bundles=bundles,
         state_root=state_dir or Path(settings.cache_dir).expanduser() / "replicas", port=port, host=host,
-        advertise=advertise, api_url=api_url, base_env=env,
+        advertise=advertise, api_url=api_url, base_env=env, placement_host=placement_host,
     )
     signals = 0
 

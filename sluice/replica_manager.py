@@ -315,12 +315,14 @@ class HostAgent:
 # -- the command ---------------------------------------------------------------------------------
 def launcher_argv(
     api_name: str, port: int, *, host: str, advertise: str, api_url: str, state_dir: Path,
-    python: str = sys.executable,
+    python: str = sys.executable, placement_host: str = "",
 ) -> list[str]:
-    """`sluice serve` for one API, as the manager starts it."""
+    """`sluice serve` for one API, as the manager starts it; `placement_host` is announced with the
+    replica, so ready replicas are counted per placement host."""
     return [
         python, "-m", "sluice.cli", "serve", api_name, "--port", str(port), "--host", host,
         "--advertise", advertise, "--api-url", api_url, "--state-dir", str(state_dir),
+        *(["--placement-host", placement_host] if placement_host else []),
     ]
 
 
@@ -346,15 +348,16 @@ def serve_all(
     # Resolved once, so every launcher of this host announces the same address.
     address = advertised_address(host, advertise, toward=redis_host(client))
 
-    def spawn(api_name: str, port: int) -> subprocess.Popen:
-        argv = launcher_argv(api_name, port, host=host, advertise=address, api_url=api_url, state_dir=state_root)
-        return spawn_gunicorn(argv, env, Path.cwd())  # any command: own session, dies with us
-
     from foundation.hosts import machine_resources
 
     agent = HostAgent(RedisHostDirectory(client), RedisReplicaAssignments(client),
                       host_id=host_id or default_host_id(address, hardware), address=address,
                       offers=offers if offers is not None else machine_resources(), hardware=hardware)
+
+    def spawn(api_name: str, port: int) -> subprocess.Popen:
+        argv = launcher_argv(api_name, port, host=host, advertise=address, api_url=api_url, state_dir=state_root,
+                             placement_host=agent.host_id)
+        return spawn_gunicorn(argv, env, Path.cwd())  # any command: own session, dies with us
     manager = ReplicaManager(RedisApiRegistry(client), spawn, select=select, assigned=agent.assigned)
     stopping = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGTERM, signal.SIGINT)}

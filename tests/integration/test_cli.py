@@ -267,6 +267,14 @@ def test_a_realtime_api_is_deployed_described_asked_and_deleted(stack, tmp_path)
     assert f"endpoint: {stack.url}/{name}" in described.stdout and "replicas: 1/1 ready" in described.stdout
     view = json.loads(sluice("get", name, "-o", "json", url=stack.url).stdout)
     assert (view["replicas_ready"], view["replicas_wanted"], view["readiness"]["ready"]) == (1, 1, True)
+    # Where placement put it, and what the scaler saw, in both forms.
+    scaling = view["scaling"]
+    assert (scaling["desired"], scaling["ready"], scaling["starting"], scaling["pending"]) == (1, 1, 0, 0)
+    [(host, on_host)] = scaling["hosts"].items()
+    assert on_host == {"desired": 1, "ready": 1}
+    assert "scaling: 1 wanted, 1 ready, 0 starting, 0 pending;" in described.stdout
+    assert "request(s) in flight at the scaler's last decision" in described.stdout
+    assert f"  host {host}: 1 wanted, 1 ready" in described.stdout
     [row] = [r for r in json.loads(sluice("get", "-o", "json", url=stack.url).stdout) if r["name"] == name]
     assert (row["kind"], row["status"], row["replicas_ready"]) == ("RealtimeAPI", "live", 1)
 

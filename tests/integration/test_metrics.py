@@ -125,6 +125,12 @@ def test_realtime_requests_and_refusals_are_counted_by_code_and_reason(stack: St
     refused = settled(stack.url, lambda s: value(s, "sluice_realtime_rejected_total", api=api, reason="not_ready") >= 2)
     assert value(refused, "sluice_realtime_rejected_total", api=api, reason="not_ready") == 2
     assert value(refused, "sluice_realtime_requests_total", api=api, code="503") == 2
+    # Its one replica is placed and starting: wanted, not ready.
+    building = settled(stack.url, lambda s: value(s, "sluice_replicas", api=api, state="starting") == 1)
+    assert value(building, "sluice_replicas", api=api, state="starting") == 1
+    assert value(building, "sluice_replicas_desired", api=api) == 1
+    assert ("sluice_replicas", (("api", api), ("state", "ready"))) in building
+    assert value(building, "sluice_replicas", api=api, state="ready") == 0
 
     init_gate.touch()
     # Ready and routed, learnt without a request to the API (each would be counted).
@@ -138,6 +144,9 @@ def test_realtime_requests_and_refusals_are_counted_by_code_and_reason(stack: St
 
     wait_for(routed, 120, "the replica to be ready and routed")
     before = scrape(stack.url)
+    assert (value(before, "sluice_replicas", api=api, state="ready"),
+            value(before, "sluice_replicas", api=api, state="starting")) == (1, 0)
+    assert ("sluice_in_flight", (("api", api),)) in before  # the scaler's figure, shown from the start
 
     for _ in range(5):
         assert post(f"{stack.url}/{api}", json={}, timeout=30).status_code == 200

@@ -332,6 +332,31 @@ def test_without_a_queue_a_busy_replica_refuses_at_once(proxy, deploy, launchers
     assert requests.get(f"{proxy.url}/ap", timeout=10).status_code == 200
 
 
+def test_a_replica_holds_no_more_than_max_replica_concurrency_running_and_queued(
+        proxy, redis_client, launchers, backends, gate):
+    # Cortex's limit: one replica running 1 request may hold 3 in all; the 4th is refused at once.
+    RedisApiRegistry(redis_client).put(ApiConfig.from_dict({
+        "name": "ap", "kind": "RealtimeAPI", "predictor": {"path": "predictor.py"},
+        "autoscaling": {"max_replica_concurrency": 3},
+    }), "b1")
+    launchers.add("ap-1", "ap", backends["r1"])
+    proxy.settle_on("ap-1")
+    url, tag = f"{proxy.url}/ap", uuid.uuid4().hex
+    with ThreadPoolExecutor(3) as pool:
+        running = pool.submit(_get, url, gate=str(gate), tag=tag)
+        wait_for(lambda: proxy.running("ap") == 1, 10, "the replica to be busy")
+        queued = [pool.submit(_get, url, gate=str(gate), tag=tag) for _ in range(2)]
+        wait_for(lambda: proxy.queued("ap") == 2, 10, "two requests to wait for it")
+
+        refused, _ = _get(url, tag=tag)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["kind"] == "overloaded" and refused.headers["Retry-After"] == "1"
+        gate.touch()
+        served = [future.result()[0] for future in [running, *queued]]
+    assert [answer.status_code for answer in served] == [200] * 3
+    assert len(tagged(backends["r1"], tag)) == 3  # the refused one never reached the replica
+
+
 def test_a_slow_replica_answers_504_past_the_request_timeout(proxy, deploy, launchers, backends):
     deploy("ap", request_timeout=1)
     launchers.add("ap-1", "ap", backends["r1"])

@@ -37,7 +37,7 @@ def test_a_realtime_api_without_the_section_scales_with_cortexs_defaults() -> No
     scaling = scaling_of(api(predictor="{path: p.py, processes_per_replica: 2, threads_per_process: 3}"))
     assert (scaling.min_replicas, scaling.max_replicas, scaling.init_replicas) == (1, 100, 1)
     assert scaling.target_replica_concurrency == 6  # processes x threads
-    assert scaling.max_replica_concurrency == 1024
+    assert scaling.max_replica_concurrency is None  # not written: no limit beyond the predictor's own
     assert (scaling.window, scaling.downscale_stabilization_period, scaling.upscale_stabilization_period) == (
         60, 300, 60)
     assert (scaling.max_downscale_factor, scaling.max_upscale_factor) == (0.75, 1.5)
@@ -177,3 +177,32 @@ def test_a_stored_batch_api_with_a_section_is_refused() -> None:
     stored = {**cfg.to_dict(), "autoscaling": {"min_replicas": 1, "target_replica_concurrency": 1}}
     with pytest.raises(ConfigError, match=r"autoscaling: only a RealtimeAPI or AsyncAPI has replicas to scale"):
         ApiConfig.from_dict(stored)
+
+
+def test_a_target_above_max_replica_concurrency_is_refused_naming_both() -> None:
+    message = error_of(api("{target_replica_concurrency: 8, max_replica_concurrency: 4}",
+                           predictor="{path: p.py, threads_per_process: 4}"))
+    assert message == ("cortex.yaml: API #0 (iris): autoscaling.target_replica_concurrency: "
+                       "must be <= max_replica_concurrency (8 > 4)")
+
+
+def test_max_replica_concurrency_below_what_one_replica_runs_at_once_is_refused() -> None:
+    message = error_of(api("{target_replica_concurrency: 2, max_replica_concurrency: 2}",
+                           predictor="{path: p.py, processes_per_replica: 2, threads_per_process: 2}"))
+    assert message == ("cortex.yaml: API #0 (iris): autoscaling.max_replica_concurrency: must be >= the requests "
+                       "one replica runs at once, predictor.processes_per_replica x threads_per_process (2 < 4)")
+
+
+def test_a_max_queue_length_that_does_not_fit_in_max_replica_concurrency_is_refused_naming_both() -> None:
+    message = error_of(api("{max_replica_concurrency: 5}",
+                           predictor="{path: p.py, max_concurrency: 2, max_queue_length: 4}"))
+    assert message == ("cortex.yaml: API #0 (iris): predictor.max_queue_length: conflicts with "
+                       "autoscaling.max_replica_concurrency: predictor.max_concurrency plus max_queue_length must "
+                       "be <= max_replica_concurrency (2 + 4 > 5)")
+
+
+def test_a_written_max_replica_concurrency_is_stored_and_read_back_as_written() -> None:
+    [cfg] = parse_api_configs(api("{max_replica_concurrency: 5}", predictor="{path: p.py, max_concurrency: 2}"))
+    stored = ApiConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert stored.autoscaling is not None and stored.autoscaling.max_replica_concurrency == 5
+    assert stored.replica_queue_length == 3  # 5 per replica, 2 of them running

@@ -450,7 +450,7 @@ def test_realtime_fields_are_read_with_cortex_durations_and_defaults() -> None:
     assert predictor.server_side_batching.max_batch_size == 8
     assert predictor.server_side_batching.batch_interval == pytest.approx(0.1)
     assert predictor.request_timeout == 2.5
-    assert predictor.max_queue_length == 100
+    assert predictor.max_queue_length is None and cfg.replica_queue_length == 100  # not written: the default
     assert predictor.replica_concurrency == 8  # processes x threads when max_concurrency is unset
 
 

@@ -27,8 +27,10 @@ from sluice.proxy_config import (
 MANAGEMENT = "127.0.0.1:9100"
 
 
-def deployed(name: str, kind: str = "RealtimeAPI", **predictor: Any) -> DeployedApi:
-    config = ApiConfig.from_dict({"name": name, "kind": kind, "predictor": {"path": "predictor.py", **predictor}})
+def deployed(name: str, kind: str = "RealtimeAPI", autoscaling: dict[str, Any] | None = None,
+             **predictor: Any) -> DeployedApi:
+    config = ApiConfig.from_dict({"name": name, "kind": kind, "predictor": {"path": "predictor.py", **predictor},
+                                  **({"autoscaling": autoscaling} if autoscaling is not None else {})})
     return DeployedApi(name=name, kind=kind, spec=config.to_dict(), bundle="b1", queue=config.queue,
                        deployed_at=0.0, ignored_fields=[])
 
@@ -152,6 +154,42 @@ def test_limits_come_from_the_predictor_config(haproxy_accepts):
     assert any(line.startswith("http-request return status 503 ") and line.endswith("if !{ srv_is_up(rt_iris/iris-a) }")
                and '"kind": "not_ready", "message": "no replica of iris is ready"' in line.replace("\\", "")
                for line in backend)
+
+
+def test_max_replica_concurrency_sizes_each_replicas_queue_to_what_it_leaves_beyond_the_running(haproxy_accepts):
+    # Cortex's limit is running plus queued per replica: 2 processes x 3 threads run, 4 more may wait.
+    api = deployed("iris", processes_per_replica=2, threads_per_process=3,
+                   autoscaling={"max_replica_concurrency": 10, "target_replica_concurrency": 6})
+    config = render([api], [replica("iris-a", "iris", 9001), replica("iris-b", "iris", 9002)])
+    haproxy_accepts(config)
+    backend = section(config, "backend rt_iris")
+    assert [line for line in backend if line.startswith("server ")] == [
+        "server iris-a 127.0.0.1:9001 maxconn 6",
+        "server iris-b 127.0.0.1:9002 maxconn 6",
+    ]
+    # The shared queue holds 4 per routed replica: 2 x (6 running + 4 queued) = 2 x 10 in all.
+    assert next(line for line in backend if "overloaded" in line).endswith("if { queue() ge 8 } { be_conn_free eq 0 }")
+
+
+def test_an_unwritten_max_replica_concurrency_leaves_the_queue_at_max_queue_lengths_default(haproxy_accepts):
+    # Cortex's default of 1024 is not applied: a stored config says "not written", not 1024.
+    api = deployed("iris", threads_per_process=2, autoscaling={"min_replicas": 1})
+    assert api.spec["autoscaling"]["max_replica_concurrency"] is None
+    assert api.spec["predictor"]["max_queue_length"] is None
+    config = render([api], [replica("iris-a", "iris", 9001)])
+    haproxy_accepts(config)
+    assert next(line for line in section(config, "backend rt_iris") if "overloaded" in line).endswith(
+        "if { queue() ge 100 } { be_conn_free eq 0 }")
+
+
+def test_a_written_max_queue_length_within_max_replica_concurrency_is_kept(haproxy_accepts):
+    api = deployed("iris", max_concurrency=2, max_queue_length=1,
+                   autoscaling={"max_replica_concurrency": 8, "target_replica_concurrency": 2})
+    config = render([api], [replica("iris-a", "iris", 9001)])
+    haproxy_accepts(config)
+    backend = section(config, "backend rt_iris")
+    assert backend[-1].endswith("maxconn 2")
+    assert next(line for line in backend if "overloaded" in line).endswith("if { queue() ge 1 } { be_conn_free eq 0 }")
 
 
 def test_without_request_timeout_waits_are_generous_and_no_deadline_is_sent(haproxy_accepts):

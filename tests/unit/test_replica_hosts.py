@@ -45,12 +45,13 @@ def test_unknown_hardware_is_refused():
 
 def test_each_launcher_is_told_the_address_the_proxy_reaches_this_host_at(tmp_path: Path):
     argv = launcher_argv("iris", 9100, host="0.0.0.0", advertise="10.0.0.7", api_url="http://proxy:8888",
-                         state_dir=tmp_path, python="python3")
+                         state_dir=tmp_path, python="python3", placement_host="gpu-box/10.0.0.7/all")
     assert argv[:5] == ["python3", "-m", "sluice.cli", "serve", "iris"]
-    # What `sluice serve` parses is what the manager meant.
+    # What `sluice serve` parses is what the manager meant, down to the placement host it announces.
     params = main.commands["serve"].make_context("serve", argv[4:]).params
     assert params == {"api": "iris", "port": 9100, "host": "0.0.0.0", "advertise": "10.0.0.7",
-                      "api_url": "http://proxy:8888", "state_dir": tmp_path}
+                      "api_url": "http://proxy:8888", "state_dir": tmp_path,
+                      "placement_host": "gpu-box/10.0.0.7/all"}
 
 
 def _capacity(command: str, flags: list[str]) -> tuple[Resources, str | None]:
