@@ -1,6 +1,6 @@
 """Log lines gathered from every host: a batch or task job's (`/batch/<api>/<job_id>/logs`, or
-`/tasks/<api>/<job_id>/logs`) and a realtime API's replicas' (`/apis/<api>/logs`), a page at a
-time (`foundation/log_streams.py`); an AsyncAPI request's (`/apis/<api>/requests/<id>/logs`).
+`/tasks/<api>/<job_id>/logs`), a realtime API's replicas' or an AsyncAPI's nodes' (`/apis/<api>/logs`),
+a page at a time (`foundation/log_streams.py`); an AsyncAPI request's (`/apis/<api>/requests/<id>/logs`).
 
 Both answer `{"lines": [...], "next": "<position>"}`; passing `next` back as `after` gives only
 the lines written since, which is how `sluice logs --follow` follows.
@@ -38,12 +38,11 @@ def job_logs(api_name: str, job_id: str) -> Response:
 
 @blueprint.get("/apis/<api_name>/logs")
 def api_logs(api_name: str) -> Response:
-    """A realtime API's recent lines from every process of its replicas, oldest first."""
+    """An API's recent lines, oldest first: a realtime API's from every process of its replicas, an
+    AsyncAPI's from every node while it ran the API's requests (each request's alone are at
+    /apis/<api>/requests/<id>/logs)."""
     api = registry().get(api_name)
-    if api.kind == ASYNC_KIND:
-        raise BadRequest(f"api {api.name} is an {ASYNC_KIND}: its logs are per request, at "
-                         f"/apis/{api.name}/requests/<request_id>/logs")
-    if api.kind != "RealtimeAPI":
+    if api.kind not in ("RealtimeAPI", ASYNC_KIND):
         prefix = "tasks" if api.kind == "TaskAPI" else "batch"
         raise BadRequest(f"api {api.name} is a {api.kind}: its logs are per job, at /{prefix}/{api.name}/<job_id>/logs")
     return _page(api_stream(api.name))

@@ -249,11 +249,14 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         query=schemas.LogsQuery,
     ),
     ("GET", "/apis/<api_name>/logs"): Operation(
-        "getApiLogs", "A realtime API's recent log lines from every process of its replicas",
+        "getApiLogs", "A realtime API's or an AsyncAPI's recent log lines, from every replica or node",
         {200: Answer("a page of lines; pass its next back as after for newer ones", (schemas.LogPage,)),
          400: _error("bad_request: after is not a position a page gave, limit is out of range, or the API is a "
-                     "BatchAPI or TaskAPI (whose logs are per job) or an AsyncAPI (whose logs are per request)"),
+                     "BatchAPI or TaskAPI (whose logs are per job)"),
          404: _error("api_not_found")},
+        description="A RealtimeAPI's lines from every process of its replicas; an AsyncAPI's from every worker "
+                    "node while it ran the API's requests (one request's: /apis/{api_name}/requests/{request_id}"
+                    "/logs).",
         query=schemas.LogsQuery,
     ),
     ("GET", "/apis/<api_name>/requests/<request_id>/logs"): Operation(
@@ -262,7 +265,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
          400: _error("bad_request: after is not a position a page gave, limit is out of range, or the API is "
                      "not an AsyncAPI"),
          404: _error("api_not_found, or request_not_found (never submitted, or expired)")},
-        description="The lines the worker node logged while it ran the request, its predictor's included.",
+        description="The lines the worker node logged while it ran the request, its predictor's included; "
+                    "with server_side_batching, every line of the batch's predict call is in each of its "
+                    "requests' logs.",
         query=schemas.LogsQuery,
     ),
     ("GET", "/<api_name>"): Operation(

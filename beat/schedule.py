@@ -64,10 +64,10 @@ def maintenance_steps(settings: Settings) -> list[Step]:
             lambda api_name: send_queued_task(services.celery, api_name))
 
     def plan_nodes(services: Services, now: float) -> object:
-        """Start worker nodes where jobs want more than run, on hosts with room (`jobs/node_plan.py`)."""
+        """Start worker nodes where jobs or AsyncAPIs want more than run, on hosts with room (`jobs/node_plan.py`)."""
         return plan_worker_nodes(
             services.store, services.nodes, RedisHostDirectory(services.redis), services.worker_hosts,
-            lambda: [n for nodes in services.async_placement.assignments.all().values() for n in nodes], now)
+            RedisApiRegistry(services.redis), services.async_placement.assignments, now)
 
     scaler = AsyncScaler()  # its samples and recommendations live as long as this process
 

@@ -1,19 +1,23 @@
 """Beat's step that plans worker nodes: reads what placement did, what worker hosts run and offer,
 and leaves each host its plan and each short job its note (`jobs/node_plan.py`).
 
-It runs right after job placement, so that a free node has already been given to the jobs that
-lack one before any node is started for them.
+It runs right after job placement and AsyncAPI placement, so that a free node has already been
+given to the jobs and APIs that lack one before any node is started for them, and an AsyncAPI's
+count just decided by its scaler (woken from 0 by a request, say) is planned in the same step.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 
+from foundation.api_registry import ApiRegistry, DeployedApi
 from foundation.errors import JobNotFound
 from foundation.hosts import HostDirectory
+from jobs.async_placement import AsyncAssignments, Placed
+from jobs.async_request import ASYNC_KIND
 from jobs.job import ACTIVE_STATUSES, BAD_RECORD_ERRORS
-from jobs.node_plan import JobWant, NodePlan, node_compute, plan_nodes
+from jobs.node_plan import AsyncWant, JobWant, NodePlan, node_compute, plan_nodes
 from jobs.nodes import NodeRegistry
 from jobs.store import JobRecords
 from jobs.worker_hosts import WorkerHosts
@@ -41,20 +45,40 @@ def active_wants(store: JobRecords) -> list[JobWant]:
     return wants
 
 
+def async_wants(apis: Iterable[DeployedApi], placed: Mapping[str, Placed]) -> list[AsyncWant]:
+    """Every deployed AsyncAPI that placement has seen, wanting the count its scaler last decided
+    (`Placed.desired`); one whose compute cannot be read is logged and left out."""
+    wants = []
+    for api in apis:
+        current = placed.get(api.name)
+        if api.kind != ASYNC_KIND or current is None:  # deployed since placement last ran: its next step plans it
+            continue
+        try:
+            compute = node_compute(api.spec.get("compute"))
+        except (ValueError, TypeError, AttributeError):
+            log.exception("plan-worker-nodes: skipping async api %s, whose compute could not be read", api.name)
+            continue
+        wants.append(AsyncWant(api.name, api.queue, current.desired, compute, tuple(current.nodes)))
+    return wants
+
+
 def plan_worker_nodes(
     store: JobRecords, nodes: NodeRegistry, hosts: HostDirectory, worker_hosts: WorkerHosts,
-    async_nodes: Callable[[], Iterable[str]], now: float,
+    registry: ApiRegistry, assignments: AsyncAssignments, now: float,
 ) -> NodePlan:
     """One step: plan every live worker host's nodes and write the plan (with the jobs' notes) at once.
 
-    `async_nodes()`: the nodes placed on an AsyncAPI (busy, as those placed on a job are)."""
+    The nodes placed on an AsyncAPI are busy, as those placed on a job are (a deleted API's too,
+    while it drains); a deployed AsyncAPI wants the nodes its scaler decided (`async_wants`)."""
     reports = worker_hosts.reports()
     live_hosts = [(record, reports[record.host_id]) for record in hosts.live(now)
                   if WORKERS_ROLE in record.roles and record.host_id in reports]
     wants = active_wants(store)
-    busy = {n for want in wants for n in want.nodes} | set(async_nodes())
+    placed = assignments.placed()
+    apis = async_wants(registry.all(), placed)
+    busy = {n for want in wants for n in want.nodes} | {n for p in placed.values() for n in p.nodes}
     busy |= {n for n in nodes.inflight_nodes() if nodes.inflight(n)}
-    plan = plan_nodes(live_hosts, wants, nodes.live(now), busy, now)
+    plan = plan_nodes(live_hosts, wants, nodes.live(now), busy, now, apis)
     worker_hosts.write_plan(plan)
     for host_id, host_plan in plan.hosts.items():
         if host_plan.target > len(reports[host_id].nodes):

@@ -1,11 +1,14 @@
-"""The log lines of a job, and of a realtime API, gathered from every process on every host.
+"""The log lines of a job, of an API, and of an AsyncAPI request, gathered from every process on every host.
 
 A worker's lines while it runs a job's batch or its `on_job_complete`, and every line of a
 realtime replica's processes, are JSON lines on the process's stderr (`foundation/json_logs.py`);
 a process's stderr stays on its host. So the same lines are also appended to a Redis stream, one
-per job (`sluice:logs:job:<job id>`), one per realtime API (`sluice:logs:api:<name>`) and one per
-AsyncAPI request that logged anything (`sluice:logs:async:<name>:<id>`), which
-`sluice logs` reads through the API whichever host wrote them.
+per job (`sluice:logs:job:<job id>`), one per realtime API or AsyncAPI (`sluice:logs:api:<name>`)
+and one per AsyncAPI request that logged anything (`sluice:logs:async:<name>:<id>`), which
+`sluice logs` reads through the API whichever host wrote them. A node's line while it runs AsyncAPI
+requests goes to its API's stream and to the stream of each request it runs for: a batch of
+requests (`server_side_batching`) is one `predict` call, whose lines cannot be told apart per
+request, so each of them is in every request's stream of that batch.
 
 - Bounded: each append trims its stream to about `Settings.log_lines` lines (`XADD MAXLEN ~`,
   which drops whole stream nodes, so a stream may hold up to a node's worth, 100 lines, more) and
@@ -23,10 +26,11 @@ AsyncAPI request that logged anything (`sluice:logs:async:<name>:<id>`), which
 streams in Redis, `foundation.memory.MemoryLogStreams` in memory for fast tests; both pass
 `tests/contracts/log_streams.py`.
 
-Which stream a line goes to: inside `handler.capturing(stream)` (a worker wraps each batch and
-each completion in one, and each AsyncAPI request in its request's) the lines of that thread go to
-that stream; elsewhere, to the
-handler's default stream (a replica's API), or nowhere (a worker's own lines between jobs). A
+Which streams a line goes to: inside `handler.capturing(*streams)` (a worker wraps each batch and
+each completion in the job's, each AsyncAPI request in its request's and its API's, a batch of
+requests in all of theirs) the lines of that thread go to those streams (the innermost block's);
+elsewhere, to the handler's default stream (a replica's API), or nowhere (a worker's own lines
+between jobs). A
 thread that a predictor starts itself does not inherit the job (nor its labels): its lines stay
 on stderr.
 """
@@ -41,7 +45,7 @@ import os
 import re
 import threading
 from collections import deque
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -87,7 +91,8 @@ def job_stream(job_id: str) -> str:
 
 
 def api_stream(api_name: str) -> str:
-    """The stream of a realtime API's lines, from every process of every replica."""
+    """The stream of an API's lines: a realtime API's from every process of every replica, an
+    AsyncAPI's from every node while it runs the API's requests."""
     return f"{API_STREAM_PREFIX}{api_name}"
 
 
@@ -237,7 +242,7 @@ def bounded_line(line: str) -> str | None:
     return json.dumps(cut, default=str)
 
 
-_capturing: contextvars.ContextVar[str | None] = contextvars.ContextVar("sluice_log_stream", default=None)
+_capturing: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("sluice_log_streams", default=())
 
 
 class StreamLogHandler(logging.Handler):
@@ -269,9 +274,11 @@ class StreamLogHandler(logging.Handler):
         self._failing = False
 
     @contextlib.contextmanager
-    def capturing(self, stream: str) -> Iterator[None]:
-        """The lines this thread logs inside the block go to `stream`; shipped as soon as it ends."""
-        token = _capturing.set(stream)
+    def capturing(self, *streams: str) -> Iterator[None]:
+        """The lines this thread logs inside the block go to `streams` (in place of an enclosing
+        block's: a block about one request inside a batch's is that request's alone); shipped as soon
+        as it ends."""
+        token = _capturing.set(tuple(dict.fromkeys(streams)))
         try:
             yield
         finally:
@@ -283,12 +290,17 @@ class StreamLogHandler(logging.Handler):
         return self.capturing(job_stream(job_id))
 
     def capturing_request(self, api_name: str, request_id: str) -> contextlib.AbstractContextManager[None]:
-        """`capturing` an AsyncAPI request's stream (around the node's run of it)."""
-        return self.capturing(request_stream(api_name, request_id))
+        """`capturing` an AsyncAPI request's stream and its API's (around the node's run of it)."""
+        return self.capturing_requests(api_name, [request_id])
+
+    def capturing_requests(self, api_name: str, request_ids: Sequence[str]) -> contextlib.AbstractContextManager[None]:
+        """`capturing` the API's stream and each request's (around a batch of them: one `predict`
+        call's lines are every request's of the batch); with no request, the API's alone."""
+        return self.capturing(*(request_stream(api_name, r) for r in request_ids), api_stream(api_name))
 
     def emit(self, record: logging.LogRecord) -> None:
-        stream = _capturing.get() or self.default_stream
-        if stream is None or record.name == log.name:  # this module's own warnings stay local
+        streams = _capturing.get() or ((self.default_stream,) if self.default_stream is not None else ())
+        if not streams or record.name == log.name:  # this module's own warnings stay local
             return
         try:
             line = bounded_line(self.format(record))
@@ -297,12 +309,13 @@ class StreamLogHandler(logging.Handler):
             if os.getpid() != self._pid:  # a forked child: its parent's buffer and thread are not its own
                 self._reset_for_process()
             with self._buffer_lock:
-                lines = self._buffer.get(stream)
-                if lines is None:
-                    lines = self._buffer[stream] = deque(maxlen=self.streams.max_lines)
-                elif len(lines) == lines.maxlen:
-                    self._overflowed.add(stream)
-                lines.append(line)
+                for stream in streams:
+                    lines = self._buffer.get(stream)
+                    if lines is None:
+                        lines = self._buffer[stream] = deque(maxlen=self.streams.max_lines)
+                    elif len(lines) == lines.maxlen:
+                        self._overflowed.add(stream)
+                    lines.append(line)
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name="sluice-log-shipper", daemon=True)
                     self._thread.start()

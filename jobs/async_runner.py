@@ -18,15 +18,21 @@
 6. A small result goes in the request's record, a large one to storage first; the request is
    recorded `completed` exactly once. A request whose `predict` raises (or returns what JSON cannot
    hold) is `failed`, never retried.
+
+Log lines: what the predictor logs while it is built and runs a batch goes to every request's log
+stream of the batch (`capture`), since one `predict` call's lines cannot be told apart per request;
+what is said of one request (its failure, a new delivery) goes to that request's stream alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -65,6 +71,14 @@ QUEUED_ENTRY = "queued-requests"
 # or fails when the API is gone; what is left is the next task's.
 UNBATCHED_PER_TASK = 8
 ORPHANS_PER_TASK = 100
+
+
+# Where the lines logged around some requests of an API also go: (api name, request ids) -> a block.
+Capture = Callable[[str, Sequence[str]], AbstractContextManager[None]]
+
+
+def _no_capture(api_name: str, request_ids: Sequence[str]) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
 
 
 class RequestPredictor(Protocol):
@@ -161,12 +175,13 @@ class AsyncRuntime:
         predictors: AsyncPredictors, *, end_process: Callable[[int], Any] = os._exit,
         clock: Callable[[], float] = time.time, sleep: Callable[[float], Any] = time.sleep,
         hard_stop_grace_s: float | None = None, wake: Callable[[str], Any] = lambda api_name: None,
-        deployment_ttl_s: float = DEPLOYMENT_TTL_S,
+        deployment_ttl_s: float = DEPLOYMENT_TTL_S, capture: Capture = _no_capture,
     ) -> None:
         """`clock` and `sleep` (gathering a batch) and `end_process` (the time limit) are given by
         fast tests; `hard_stop_grace_s`: seconds past `request_timeout` the kernel ends the process
         (None: never); `wake(api_name)` sends a task for an API's queued requests; `deployment_ttl_s`: how
-        old its view of an API's deployment may be (0: read for every request)."""
+        old its view of an API's deployment may be (0: read for every request); `capture(api_name, ids)`:
+        where the lines logged around those requests also go (their log streams)."""
         self.requests = requests
         self.objects = objects
         self.registry = registry
@@ -178,6 +193,7 @@ class AsyncRuntime:
         self._hard_stop_grace_s = hard_stop_grace_s
         self._wake = wake
         self._deployment_ttl_s = deployment_ttl_s
+        self._capture = capture
         self._deployments: dict[str, tuple[float, DeployedApi]] = {}
         self._configs: dict[tuple[str, str, float], ApiConfig] = {}
 
@@ -261,7 +277,8 @@ class AsyncRuntime:
     def _fail(self, api_name: str, request_id: str, message: str) -> None:
         message = one_line(message)
         if self.requests.finish(api_name, request_id, RequestStatus.FAILED, self._clock(), message=message):
-            log.warning("async request %s of api %s failed: %s", request_id, api_name, message)
+            with self._capture(api_name, [request_id]):
+                log.warning("async request %s of api %s failed: %s", request_id, api_name, message)
 
     def _run(self, api_name: str, request_id: str, owner: str) -> None:
         taken = self.requests.begin(api_name, request_id, self._clock(), owner)
@@ -333,8 +350,9 @@ class AsyncRuntime:
                 self._fail(api_name, request_id, lost_message(lost, limit))
                 continue
             if lost > 0:
-                log.warning("async request %s of api %s is delivered again (delivery %d): a node died running it",
-                            request_id, api_name, deliveries)
+                with self._capture(api_name, [request_id]):
+                    log.warning("async request %s of api %s is delivered again (delivery %d): a node died running it",
+                                request_id, api_name, deliveries)
             request = records.get(request_id)
             if request is None:  # expired between the two reads
                 continue
@@ -355,6 +373,13 @@ class AsyncRuntime:
             self._fail(member.request.api_name, member.request.request_id, message)
 
     def _predict(self, deployed: DeployedApi, members: list[Member], limit: float | None, *, batched: bool) -> None:
+        """Build (or reuse) the predictor and run it on the members, each recorded once; what is logged
+        meanwhile is every member's."""
+        with self._capture(deployed.name, [m.request.request_id for m in members]):
+            self._predict_captured(deployed, members, limit, batched=batched)
+
+    def _predict_captured(self, deployed: DeployedApi, members: list[Member], limit: float | None, *,
+                          batched: bool) -> None:
         api_name = deployed.name
         try:
             predictor = self.predictors.predictor_for(deployed)
@@ -404,7 +429,9 @@ class AsyncRuntime:
             recorded = self.requests.finish(api_name, request_id, RequestStatus.COMPLETED, self._clock(),
                                             result_uri=uri)
         if not recorded:
-            log.info("async request %s of api %s had ended already; this result is not recorded", request_id, api_name)
+            with self._capture(api_name, [request_id]):
+                log.info("async request %s of api %s had ended already; this result is not recorded", request_id,
+                         api_name)
 
 
 def lost_message(lost: int, limit: float | None) -> str:

@@ -1,4 +1,5 @@
-"""How many worker nodes each worker host should run, so that a batch job gets the `workers` it asks for.
+"""How many worker nodes each worker host should run, so that a batch job gets the `workers` it asks for
+and an AsyncAPI the nodes its scaler wants.
 
 A worker host's agent (`sluice workers`, `sluice/worker_host.py`) keeps at least `--min-nodes` nodes
 and reports them (`WorkerHostReport`). Beat, which already places jobs on live nodes
@@ -10,8 +11,15 @@ the most room first (so starts spread), each new node taking the compute of the 
 host's room is what it offers less what its nodes take: a node takes the compute of the jobs placed
 on it (per resource, the largest), and a node serving no job the compute of the node being fitted.
 
+An AsyncAPI is demand of the same kind (`AsyncWant`): its scaler's count (`jobs/async_scaler.py`,
+kept in `Placed.desired`) is its `workers`, and its placed nodes are its nodes, since async placement
+shares nodes with jobs as job placement does (`jobs/async_placement.py`). So an API scaled up past
+the live nodes of its queue, or from 0 on hosts that keep `--min-nodes 0`, gets nodes started; once
+it scales down its extra nodes are placed on nothing, and the agent stops them after its grace.
+
 What fits nowhere leaves the job on fewer nodes, and the plan says why, in the job's words
-("running on 1 of 3 workers: no host has room for 2 more nodes of 1 cpu"). The plan also names each
+("running on 1 of 3 workers: no host has room for 2 more nodes of 1 cpu"); an AsyncAPI short of nodes
+is told in beat's log and by `sluice get` (desired against placed). The plan also names each
 host's busy nodes (placed on a job or an AsyncAPI, or holding a delivery): the agent stops only
 nodes not busy, after its idle grace, and never below its minimum.
 
@@ -82,6 +90,27 @@ class JobWant:
 
 
 @dataclass(frozen=True)
+class AsyncWant:
+    """A deployed AsyncAPI as the plan sees it: its hardware queue, the node count its scaler wants,
+    the compute each of its nodes takes, and the nodes placement has given it."""
+
+    api_name: str
+    queue: str
+    desired: int
+    compute: Resources
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Demand:
+    """A job or an AsyncAPI wanting `count` nodes of `queue`, each of `compute`."""
+
+    queue: str
+    count: int
+    compute: Resources
+
+
+@dataclass(frozen=True)
 class NodePlan:
     """Host id -> its plan; job id -> why it runs on fewer nodes than it asked (only such jobs)."""
 
@@ -142,29 +171,32 @@ def plan_nodes(
     live: Mapping[str, Sequence[str]],
     busy: Set[str],
     now: float,
+    apis: Sequence[AsyncWant] = (),
 ) -> NodePlan:
     """The plan for every worker host, from the live hosts with their agents' reports, the active jobs,
-    the live nodes (name -> hardware queues) and the nodes in use (`busy`)."""
-    shape_of = {job.job_id: job.compute for job in jobs}
+    the live nodes (name -> hardware queues), the nodes in use (`busy`) and the deployed AsyncAPIs."""
+    placed = [(job.nodes, job.compute) for job in jobs] + [(api.nodes, api.compute) for api in apis]
     footprint: dict[str, Resources] = {}
-    for job in jobs:
-        for node in job.nodes:
-            footprint[node] = _largest([footprint.get(node, Resources()), shape_of[job.job_id]])
+    for placed_nodes, compute in placed:
+        for node in placed_nodes:
+            footprint[node] = _largest([footprint.get(node, Resources()), compute])
+    demands = ([_Demand(job.queue, job.workers, job.compute) for job in jobs]
+               + [_Demand(api.queue, api.desired, api.compute) for api in apis])
     views = [
         _Host(record, report, {n: footprint[n] for n in report.nodes if n in footprint})
         for record, report in sorted(hosts, key=lambda pair: pair[0].host_id)
     ]
     notes: dict[str, str] = {}
-    for queue in sorted({job.queue for job in jobs}):
+    for queue in sorted({demand.queue for demand in demands}):
         on_queue = [job for job in jobs if job.queue == queue]
         serving = [h for h in views if queue in h.report.queues]
         starting = {n for h in serving for n in h.report.nodes if n not in live}
         supply = len([n for n, queues in live.items() if queue in queues]) + len(starting)
-        wanting = [job for job in on_queue if job.workers > supply]
+        wanting = [d for d in demands if d.queue == queue and d.count > supply]
         new = 0
         if wanting:
-            shape = _largest(job.compute for job in wanting)
-            for _ in range(max(job.workers for job in wanting) - supply):
+            shape = _largest(d.compute for d in wanting)
+            for _ in range(max(d.count for d in wanting) - supply):
                 best = max(serving, key=lambda h: (h.room_for(shape), -views.index(h)), default=None)
                 if best is None or best.room_for(shape) == 0:
                     break

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -44,7 +44,10 @@ class WorkerLogs(JobLogs, Protocol):
     """Where a job's, and an AsyncAPI request's, log lines also go (`foundation.log_streams.StreamLogHandler`)."""
 
     def capturing_request(self, api_name: str, request_id: str) -> AbstractContextManager[None]:
-        """The lines this thread logs inside the block go to the request's log stream too."""
+        """The lines this thread logs inside the block go to the request's log stream and its API's too."""
+
+    def capturing_requests(self, api_name: str, request_ids: Sequence[str]) -> AbstractContextManager[None]:
+        """... to every one of these requests' streams and their API's (a batch of them: one `predict`)."""
 
 
 class WorkerRuntime:
@@ -76,7 +79,7 @@ class WorkerRuntime:
             services.async_requests, services.request_objects, RedisApiRegistry(services.redis), services.nodes,
             AsyncPredictors(BundleAsyncBuilder(services.bundles, settings)), end_process=end_process,
             hard_stop_grace_s=settings.hard_stop_grace_s,
-            wake=lambda api_name: send_queued_task(services.celery, api_name),
+            wake=lambda api_name: send_queued_task(services.celery, api_name), capture=logs.capturing_requests,
         )
 
     @classmethod
@@ -101,13 +104,17 @@ class WorkerRuntime:
 
     def run_request(self, api_name: str, request_id: str, delivery: Delivery | None = None) -> None:
         """Run one AsyncAPI request and record its outcome once (`jobs/async_runner.py`); the lines
-        logged meanwhile (the predictor's included) go to the request's log stream too."""
+        logged meanwhile (the predictor's included) go to the request's log stream and its API's too
+        (and to those of the requests it batches with)."""
         with self.logs.capturing_request(api_name, request_id):
             self.requests.run_request(api_name, request_id, delivery)
 
     def run_queued_requests(self, api_name: str, delivery: Delivery | None = None) -> None:
-        """Run a batch of an AsyncAPI's queued requests (`server_side_batching`; `jobs/async_runner.py`)."""
-        self.requests.run_queued(api_name, delivery)
+        """Run a batch of an AsyncAPI's queued requests (`server_side_batching`; `jobs/async_runner.py`);
+        the lines logged meanwhile go to the API's log stream, and those of the batch's `predict` to
+        each of its requests' streams too."""
+        with self.logs.capturing_requests(api_name, []):
+            self.requests.run_queued(api_name, delivery)
 
     def finish_job(self, job_id: str, delivery: Delivery | None = None) -> None:
         """The completion task: run `on_job_complete` once, then settle the job's final status

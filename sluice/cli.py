@@ -650,7 +650,7 @@ def _follow_logs(fetch: LogFetch, ended: Callable[[], bool], after: str | None,
 
 def _log_source(client: Client, api: str, job_id: str | None) -> tuple[LogFetch, Callable[[], bool]]:
     """Where `sluice logs` reads pages from, and how a follow knows it is over: an AsyncAPI request's
-    stream (until it has ended), a job's (until it has ended), or a realtime API's (never over)."""
+    stream (until it has ended), a job's (until it has ended), or a realtime or async API's (never over)."""
     if job_id is not None and client.api(api)["kind"] == "AsyncAPI":
         request_id = job_id
 
@@ -675,17 +675,17 @@ def _log_source(client: Client, api: str, job_id: str | None) -> tuple[LogFetch,
 @click.argument("api")
 @click.argument("job_id", required=False)
 @click.option("-f", "--follow", is_flag=True,
-              help="Keep printing new lines: until the job ends, or for a RealtimeAPI until Ctrl-C.")
+              help="Keep printing new lines: until the job or request ends, or for a whole API until Ctrl-C.")
 @output_option
 @click.pass_context
 def logs(ctx: click.Context, api: str, job_id: str | None, follow: bool, output: str) -> None:
-    """A batch job's or an AsyncAPI request's log lines from every host, or a RealtimeAPI's replicas' recent lines.
+    """A job's or an AsyncAPI request's log lines from every host, or a RealtimeAPI's or AsyncAPI's recent lines.
 
     \b
     sluice logs API JOB_ID              # the job's lines so far: its batches and on_job_complete
     sluice logs API JOB_ID --follow     # ... and new ones as they come, until the job ends
     sluice logs API REQUEST_ID          # an AsyncAPI request's lines (--follow: until it ends)
-    sluice logs API [--follow]          # a RealtimeAPI's recent lines (--follow: until Ctrl-C)
+    sluice logs API [--follow]          # a RealtimeAPI's or AsyncAPI's recent lines (--follow: until Ctrl-C)
     sluice logs API JOB_ID -o json      # each line as the JSON object it was logged as, one per line
     """
     client = _client(ctx)

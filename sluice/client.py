@@ -495,7 +495,8 @@ class Client:
     def get_logs(
         self, api_name: str, job_id: str | None = None, after: str | None = None, limit: int | None = None,
     ) -> dict[str, Any]:
-        """A page of log lines, oldest first: a batch or task job's (with `job_id`) or a realtime API's.
+        """A page of log lines, oldest first: a batch or task job's (with `job_id`), or a realtime API's
+        or an AsyncAPI's (without).
 
         Returns `{"lines": [...the JSON lines as logged...], "next": position}`; pass `next` back
         as `after` to get only the lines written since.

@@ -294,7 +294,7 @@ def test_on_one_node_a_batch_job_and_async_requests_both_make_progress(one_node_
 # -- server_side_batching ----------------------------------------------------------------------------
 
 BATCHING_PREDICTOR = '''
-import json, os, time
+import json, logging, os, time
 
 
 class PythonPredictor:
@@ -307,6 +307,7 @@ class PythonPredictor:
 
     def predict(self, payload, request_id):
         self._log(request_id, "start")
+        logging.getLogger("batching-predictor").warning("batch of %d: %s", len(payload), ",".join(request_id))
         for item in payload:
             if "hang_once" in item and not os.path.exists(item["hang_once"]):
                 with open(item["hang_once"], "w") as f:
@@ -341,6 +342,14 @@ def test_batched_requests_share_predict_calls_and_each_gets_its_own_result_once(
     assert max(sizes) > 1 and max(sizes) <= 8  # gathered, never past max_batch_size
     done = [one for e in _events(events) if e["event"] == "done" for one in e["ids"] if one in set(ids)]
     assert sorted(done) == sorted(ids)  # each predicted in exactly one call
+
+    # The batch's predict logged once; its line is in the log of each request of the batch.
+    batched = next(a for a in answers if a["result"]["batch"] > 1)
+    batch = next(e["ids"] for e in _events(events) if e["event"] == "done" and batched["id"] in e["ids"])
+    line = f"batch of {len(batch)}: {','.join(batch)}"
+    for request_id in batch:
+        wait_for(lambda r=request_id: line in [x["message"] for x in client.get_async_logs(name, r)["lines"]],
+                 30, f"the batch's line in request {request_id}'s log")
 
 
 def test_a_batch_answered_with_the_wrong_length_fails_each_of_its_requests(client, batching_api):

@@ -1,6 +1,7 @@
-"""A batch job gets the `workers` it asks for: a worker host's agent (`sluice workers`) started with
-one node starts more when a job wants them and the host has room, stops them once idle, and a job
-that cannot have them says why (real redis-server, beat, API and Celery nodes the agent starts)."""
+"""A batch job gets the `workers` it asks for, and an AsyncAPI the nodes its scaler wants: a worker
+host's agent (`sluice workers`) starts more nodes when a job or an AsyncAPI wants them and the host
+has room, stops them once idle, and a job that cannot have them says why (real redis-server, beat,
+API and Celery nodes the agent starts)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import yaml
 from click.testing import CliRunner
 
 from foundation import keys
@@ -150,3 +152,38 @@ def test_a_host_with_room_for_one_node_starts_no_other_and_the_job_says_why(
     assert client.wait(api, job["job_id"], timeout=60)["status"] == "status_succeeded"
     assert len({e["pid"] for e in read_events(events)}) == 1
     assert "workers_note" not in client.job(api, job["job_id"])
+
+
+ASYNC_HANDLER = '''
+import logging
+
+
+class Handler:
+    def handle_async(self, payload, request_id):
+        logging.getLogger("echo").info("echoing %s", request_id)
+        return {"echo": payload}
+'''
+
+
+@pytest.mark.slow
+def test_an_async_api_at_zero_on_a_host_keeping_no_node_gets_one_for_a_request_then_gives_it_back(
+    client: Client, agent: Callable[..., str], redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    host_id = agent("--min-nodes", "0", "--cpu", "2", "--idle-grace", "1")
+    name = f"a-{uuid.uuid4().hex[:8]}"
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "handler.py").write_text(ASYNC_HANDLER)
+    api = {"name": name, "kind": "AsyncAPI", "predictor": {"type": "python", "path": "handler.py"},
+           "compute": {"cpu": 1}, "autoscaling": {"min_replicas": 0, "window": "10s",
+                                                  "downscale_stabilization_period": "0s"}}
+    (folder / "cortex.yaml").write_text(yaml.safe_dump([api], sort_keys=False))
+    client.deploy(folder / "cortex.yaml")
+    assert client.api(name)["nodes"] == [] and nodes_of(redis_client, host_id) == []
+
+    request_id = client.submit_async(name, {"n": 1})
+    done = client.wait_async(name, request_id, timeout=90)
+
+    assert done["status"] == "completed" and done["result"] == {"echo": {"n": 1}}
+    assert [n.split("@")[0] for n in nodes_of(redis_client, host_id)] == [f"{host_id}-1"]
+    wait_for(lambda: nodes_of(redis_client, host_id) == [], 60, "the node stopped once the api scaled back to 0")

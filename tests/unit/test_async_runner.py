@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ import pytest
 from foundation.api_registry import DeployedApi
 from foundation.errors import BadRequest, PredictorError
 from foundation.limits import ASYNC_INLINE_RESULT_BYTES
-from foundation.memory import MemoryApiRegistry
+from foundation.log_streams import StreamLogHandler, api_stream, request_stream
+from foundation.memory import MemoryApiRegistry, MemoryLogStreams
 from jobs.async_objects import RequestObjects
 from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus, check_payload, payload_kind
 from jobs.async_runner import AsyncPredictors, AsyncRuntime
@@ -489,3 +491,41 @@ def test_queued_requests_of_an_api_redeployed_without_batching_run_one_at_a_time
     h.runtime.run_queued("echo", Delivery("node-a", "task-1"))
     assert calls == ["r1", "r2"]
     assert h.record("r2").result == b'{"one": {"n": "r2"}}'
+
+
+# -- log lines: a batch's predict is every one of its requests' ---------------------------------------
+def test_each_line_of_a_batched_predict_is_in_every_requests_log_and_a_failure_only_in_its_own(
+        tmp_path: Path) -> None:
+    user = logging.getLogger("test.async_runner.user_predictor")
+
+    def predict(payload: Any, request_id: Any) -> Any:
+        user.warning("predicting a batch of %d", len(payload))
+        return [{"ok": 1}, {1, 2}, {"ok": 3}]  # the second request's element is not JSON
+
+    h, _ = queued_harness(tmp_path, predict)
+    streams = MemoryLogStreams(max_lines=1000, retention_s=3600)
+    handler = StreamLogHandler(streams, flush_interval_s=3600)
+    runner_log = logging.getLogger("jobs.async_runner")
+    for logger in (user, runner_log):
+        logger.addHandler(handler)
+    h.runtime._capture = handler.capturing_requests
+    queue(h, "r1", "r2", "r3")
+    try:
+        with handler.capturing_requests("echo", []):  # as the worker wraps a task for queued requests
+            h.runtime.run_queued("echo", Delivery("node-a", "task-1"))
+        handler.flush()
+    finally:
+        for logger in (user, runner_log):
+            logger.removeHandler(handler)
+
+    def messages(stream: str) -> list[str]:
+        return [line["message"] for line in streams.read(stream).lines]
+
+    failure = "async request r2 of api echo failed: predict returned a set, which is not JSON-serialisable"
+    for request_id in ("r1", "r2", "r3"):
+        assert "predicting a batch of 3" in messages(request_stream("echo", request_id))
+    assert any(m.startswith(failure) for m in messages(request_stream("echo", "r2")))
+    others = messages(request_stream("echo", "r1")) + messages(request_stream("echo", "r3"))
+    assert not any("failed" in m for m in others)
+    whole = messages(api_stream("echo"))
+    assert whole.count("predicting a batch of 3") == 1 and any(m.startswith(failure) for m in whole)

@@ -24,6 +24,7 @@ from foundation.log_streams import (
     install_job_log_handler,
     job_stream,
     parse_stream_id,
+    request_stream,
 )
 from foundation.memory import MemoryLogStreams
 from foundation.redis_clients import BACKGROUND
@@ -83,6 +84,28 @@ def test_a_workers_lines_inside_a_job_go_to_that_jobs_stream_with_the_jobs_label
         ("INFO", "predicting"), ("WARNING", "a slow batch")]
     assert a_lines[0]["labels"] == {"job_id": "job-a", "batch_index": "3"} and a_lines[0]["rows"] == 12
     assert [line["message"] for line in streams.read(job_stream("job-b")).lines] == ["on_job_complete ran"]
+
+
+def test_a_nodes_lines_for_an_async_request_go_to_the_requests_stream_and_its_apis(
+    streams: MemoryLogStreams, logger: logging.Logger,
+) -> None:
+    handler = attach(logger, StreamLogHandler(streams, flush_interval_s=NEVER_S))
+
+    with handler.capturing_request("echo", "r1"):
+        logger.info("running r1")
+        with handler.capturing_requests("echo", ["r1", "r2"]):  # r1's delivery gathered r2 into its batch
+            logger.info("predicting both")
+    with handler.capturing_request("other", "r9"):
+        logger.info("another api's request")
+    handler.flush()
+
+    def messages(stream: str) -> list[str]:
+        return [line["message"] for line in streams.read(stream).lines]
+
+    assert messages(request_stream("echo", "r1")) == ["running r1", "predicting both"]
+    assert messages(request_stream("echo", "r2")) == ["predicting both"]
+    assert messages(api_stream("echo")) == ["running r1", "predicting both"]  # each line once, in order
+    assert messages(api_stream("other")) == ["another api's request"]
 
 
 def test_logging_calls_the_streams_not_once_until_the_lines_are_flushed_in_one_go(

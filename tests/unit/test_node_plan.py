@@ -1,5 +1,6 @@
-"""Beat's plan for worker hosts: a job asking for more `workers` than run gets nodes started on hosts
-with room, and one that cannot says why (`jobs/node_plan.py`, `beat/worker_nodes.py`)."""
+"""Beat's plan for worker hosts: a job asking for more `workers` than run, or an AsyncAPI whose scaler
+wants more nodes than serve its queue, gets nodes started on hosts with room, and a job that cannot
+says why (`jobs/node_plan.py`, `beat/worker_nodes.py`)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import pytest
 
 from beat.worker_nodes import plan_worker_nodes
 from foundation.hosts import HostRecord, Resources
-from foundation.memory import MemoryHostDirectory
+from foundation.memory import MemoryApiRegistry, MemoryHostDirectory
 from jobs.job import Job
+from jobs.memory_async import MemoryAsyncAssignments
 from jobs.memory_nodes import MemoryNodes
 from jobs.memory_worker_hosts import MemoryWorkerHosts
-from jobs.node_plan import JobWant, WorkerHostReport, describe, node_compute, plan_nodes
+from jobs.node_plan import AsyncWant, JobWant, WorkerHostReport, describe, node_compute, plan_nodes
 from jobs.store.memory import MemoryJobStore
+from predictors_runtime.config import ApiConfig
 from tests.contracts.worker_hosts import WorkerHostsContract
 
 T0 = 1_000_000.0
@@ -127,11 +130,118 @@ def test_beats_step_reads_the_job_store_and_writes_each_hosts_plan_and_each_jobs
     store.create(submitted)
     store.set_nodes("j1", ["a-1"])
 
-    plan_worker_nodes(store, nodes, hosts, worker_hosts, list, T0)
+    plan_worker_nodes(store, nodes, hosts, worker_hosts, MemoryApiRegistry(), MemoryAsyncAssignments(), T0)
 
     assert worker_hosts.note_of("j1") == "running on 1 of 3 workers: no host has room for 2 more nodes of 1 cpu"
     plan = worker_hosts.plan_of("a")
     assert plan is not None and plan.target == 1 and plan.busy == ("a-1",)
+
+
+# -- AsyncAPIs: their scaler's count is demand, as a job's `workers` ------------------------------------
+
+
+def async_api(name: str, desired: int, nodes: tuple[str, ...], compute: Resources = ONE_CPU,
+              queue: str = "cpu") -> AsyncWant:
+    return AsyncWant(name, queue, desired, compute, nodes)
+
+
+def test_an_async_api_woken_from_zero_gets_a_node_started_on_a_host_that_keeps_none() -> None:
+    plan = plan_nodes([host("a", cpu=4, nodes=(), min_nodes=0)], [], {}, set(), T0, [async_api("asy", 1, ())])
+
+    assert plan.hosts["a"].target == 1
+    assert plan.notes == {}  # notes are jobs' (an API's shortfall shows as desired against placed)
+
+
+def test_an_async_api_scaled_past_its_queues_live_nodes_gets_the_rest_started() -> None:
+    plan = plan_nodes([host("a", cpu=4, nodes=("a-1",))], [], {"a-1": ["cpu"]}, {"a-1"}, T0,
+                      [async_api("asy", 3, ("a-1",))])
+
+    assert plan.hosts["a"].target == 3
+    assert plan.hosts["a"].busy == ("a-1",)
+
+
+def test_an_async_api_and_a_job_on_one_queue_share_nodes_so_the_larger_count_is_started() -> None:
+    plan = plan_nodes([host("a", cpu=8, nodes=("a-1",))], [job("j1", 2, ("a-1",))], {"a-1": ["cpu"]}, {"a-1"}, T0,
+                      [async_api("asy", 3, ("a-1",))])
+
+    assert plan.hosts["a"].target == 3
+
+
+def test_an_async_api_of_the_gpu_queue_starts_nodes_only_on_gpu_hosts_with_a_gpu_free() -> None:
+    hosts = [host("cpu-box", cpu=16, nodes=(), min_nodes=0),
+             host("gpu-box", cpu=16, gpu=1, nodes=(), min_nodes=0, queues=("gpu",))]
+
+    plan = plan_nodes(hosts, [], {}, set(), T0, [async_api("asy", 2, (), Resources.parse(cpu=1, gpu=1), "gpu")])
+
+    assert (plan.hosts["cpu-box"].target, plan.hosts["gpu-box"].target) == (0, 1)
+
+
+def test_a_node_placed_on_a_big_async_api_takes_that_apis_room_from_a_jobs_new_nodes() -> None:
+    plan = plan_nodes([host("a", cpu=4, nodes=("a-1",))], [job("j1", 3, ())], {"a-1": ["cpu"]}, {"a-1"}, T0,
+                      [async_api("big", 1, ("a-1",), Resources.parse(cpu=3))])
+
+    assert plan.hosts["a"].target == 2  # 3 cpu held by the API's node: room for one more node of 1 cpu
+    assert plan.notes["j1"] == "running on 0 of 3 workers: no host has room for 1 more node of 1 cpu"
+
+
+def test_an_async_api_served_by_enough_nodes_starts_none() -> None:
+    live = {"a-1": ["cpu"], "a-2": ["cpu"]}
+
+    plan = plan_nodes([host("a", cpu=4, nodes=("a-1", "a-2"))], [], live, {"a-1"}, T0, [async_api("asy", 1, ("a-1",))])
+
+    assert plan.hosts["a"].target == 1  # a-2 is idle extra: the agent stops it after its grace
+    assert plan.hosts["a"].busy == ("a-1",)
+
+
+def test_an_async_api_scaled_back_to_zero_leaves_its_node_idle_above_the_minimum() -> None:
+    plan = plan_nodes([host("a", cpu=4, nodes=("a-1",), min_nodes=0)], [], {"a-1": ["cpu"]}, set(), T0,
+                      [async_api("asy", 0, ())])
+
+    assert plan.hosts["a"].target == 0
+    assert plan.hosts["a"].busy == ()
+
+
+def deploy_async(registry: MemoryApiRegistry, name: str, **compute: object) -> None:
+    spec = {"name": name, "kind": "AsyncAPI", "predictor": {"path": "p.py"}, "compute": compute,
+            "autoscaling": {"min_replicas": 0}}
+    registry.put(ApiConfig.model_validate(spec), "bundle-1", now=T0)
+
+
+def test_beats_step_reads_the_async_apis_placed_count_and_compute_and_plans_their_nodes() -> None:
+    store, hosts, worker_hosts = MemoryJobStore(), MemoryHostDirectory(), MemoryWorkerHosts()
+    registry, assignments = MemoryApiRegistry(), MemoryAsyncAssignments()
+    nodes = MemoryNodes(4.0, inflight=store.inflight)
+    record, report = host("a", cpu=4, nodes=(), min_nodes=0)
+    hosts.announce(record)
+    worker_hosts.report(report)
+    deploy_async(registry, "woken", cpu=2)
+    deploy_async(registry, "unplaced")  # deployed since placement's step: not planned yet
+    assignments.set("woken", [], desired=2, in_flight=1.0)  # its scaler woke it: no live node serves queue cpu
+    assignments.set("deleted", ["gone-1"], desired=0)  # a deleted API draining on a node: busy
+
+    plan = plan_worker_nodes(store, nodes, hosts, worker_hosts, registry, assignments, T0)
+
+    stored = worker_hosts.plan_of("a")
+    assert stored is not None and stored.target == 2  # room for two nodes of 2 cpu
+    assert plan.hosts["a"].target == 2
+
+
+def test_an_async_apis_nodes_are_busy_so_its_host_keeps_them() -> None:
+    store, hosts, worker_hosts = MemoryJobStore(), MemoryHostDirectory(), MemoryWorkerHosts()
+    registry, assignments = MemoryApiRegistry(), MemoryAsyncAssignments()
+    nodes = MemoryNodes(4.0, inflight=store.inflight)
+    record, report = host("a", cpu=4, nodes=("a-1", "a-2"), min_nodes=0)
+    hosts.announce(record)
+    worker_hosts.report(report)
+    nodes.heartbeat("a-1", ["cpu"], T0)
+    nodes.heartbeat("a-2", ["cpu"], T0)
+    deploy_async(registry, "asy")
+    assignments.set("asy", ["a-2"], desired=1)
+
+    plan_worker_nodes(store, nodes, hosts, worker_hosts, registry, assignments, T0)
+
+    stored = worker_hosts.plan_of("a")
+    assert stored is not None and stored.target == 1 and stored.busy == ("a-2",)
 
 
 class TestMemoryWorkerHostsKeepsTheContract(WorkerHostsContract):

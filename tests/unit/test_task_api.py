@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +154,9 @@ class NoLogStreams:
         return contextlib.nullcontext()
 
     def capturing_request(self, api_name: str, request_id: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def capturing_requests(self, api_name: str, request_ids: Sequence[str]) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
 
