@@ -861,7 +861,7 @@ def _whole_gpus(text: str) -> int:
 @capacity_options
 def up(port: int, workers: int, cpu: str | None, mem: str | None, gpu: str | None, only: str | None) -> None:
     """Start Redis (private, unless SLUICE_REDIS_URL or SLUICE_REDIS_SENTINELS is set), workers, beat,
-    the API, the proxy and a replica of each deployed realtime API; Ctrl-C stops all."""
+    the API, the proxy and the replicas placed on this host; Ctrl-C stops all."""
     import os
 
     with needs_extra("server", "`sluice up`"):

@@ -305,12 +305,14 @@ def test_beyond_concurrency_and_queue_requests_are_refused_at_once(proxy, deploy
         queued = [pool.submit(_get, url, gate=str(gate), tag=tag) for _ in range(2 * queue_length)]
         wait_for(lambda: proxy.queued("ap") == 2 * queue_length, 10, "the queue to fill")
 
+        # Answered while every held request is still held (the gate is closed): refused at once,
+        # neither queued behind them nor counted in the queue.
         refused = [_get(url, tag=tag) for _ in range(extra)]
-        for answer, elapsed in refused:
+        for answer, _ in refused:
             assert answer.status_code == 503, answer.text
             assert answer.json()["kind"] == "overloaded" and answer.headers["Retry-After"] == "1"
             assert answer.json()["request_id"] == answer.headers["X-Request-ID"]
-            assert elapsed < 0.05, f"the refusal took {elapsed * 1000:.0f} ms"
+        assert proxy.running("ap") == 2 * concurrency and proxy.queued("ap") == 2 * queue_length
         gate.touch()
         served = [future.result()[0] for future in running + queued]
     assert [answer.status_code for answer in served] == [200] * (2 * (concurrency + queue_length))
@@ -368,7 +370,7 @@ def test_a_slow_replica_answers_504_past_the_request_timeout(proxy, deploy, laun
     assert answer.json() == {"kind": "request_timeout",
                              "message": "ap did not answer within its request_timeout of 1 s",
                              "request_id": answer.headers["X-Request-ID"]}
-    assert elapsed < 5  # the proxy did not wait for the replica
+    assert elapsed < 5  # answered before the replica could have (it sleeps 5 s): the proxy did not wait
     # The replica was told when the answer is due: one request_timeout after the proxy got it.
     [seen] = tagged(backends["r1"], tag)
     assert sent_ms + 1000 - 100 <= int(seen["deadline_ms"]) <= time.time() * 1000
