@@ -80,6 +80,7 @@ bench: $(STAMP) redis-server
 	$(RUN) $(PY) bench/onnx_batch.py
 	$(RUN) $(PY) bench/async_api.py
 	$(RUN) $(PY) bench/failover.py
+	$(RUN) $(PY) bench/autoscale.py
 	@command -v wrk >/dev/null 2>&1 || $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
 	[ -x bench/.venv-bentoml/bin/bentoml ] || { python3 -m venv bench/.venv-bentoml && \
 	  bench/.venv-bentoml/bin/pip install --quiet --disable-pip-version-check -r bench/requirements-bentoml.txt; }
