@@ -15,8 +15,13 @@ from typing import Any
 import pytest
 import yaml
 
+from foundation.hosts import Resources
 from sluice.client import Client
 from sluice.embedded import Stack, free_port
+
+# The room a test stack offers to replicas: many APIs of the tests, each taking its `compute` (the
+# examples ask 1 cpu), share one stack on a 2-core machine; placement's limits have tests of their own.
+ROOM = Resources(cpu_m=256_000, mem=1024 * 2**30, gpu=0)
 
 FAST_LOOPS = {
     "SLUICE_BEAT_INTERVAL": "1",
@@ -107,7 +112,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: str, gcs_server: 
     data_dir = tmp_path_factory.mktemp("stack")
     env = {**FAST_LOOPS, "SLUICE_LOCAL_INPUT_ROOTS": str(tmp_path_factory.getbasetemp()),
            "SLUICE_LOG_LINES": str(LOG_LINES)}
-    with Stack(port=free_port(), workers=2, data_dir=data_dir, env=env) as running:
+    with Stack(port=free_port(), offers=ROOM, workers=2, data_dir=data_dir, env=env) as running:
         yield running
         print(running.logs())
 
@@ -129,7 +134,7 @@ def one_node_stack(tmp_path_factory: pytest.TempPathFactory):
     (test_time_limits.py, test_isolation.py)."""
     data_dir = tmp_path_factory.mktemp("one-node-stack")
     env = {**FAST_LOOPS, "SLUICE_HARD_STOP_GRACE_S": str(HARD_STOP_GRACE_S)}
-    with Stack(port=free_port(), workers=1, data_dir=data_dir, env=env) as running:
+    with Stack(port=free_port(), offers=ROOM, workers=1, data_dir=data_dir, env=env) as running:
         yield running
         print(running.logs())
 
@@ -154,7 +159,7 @@ def realtime_stack(tmp_path_factory: pytest.TempPathFactory, realtime_storage: s
     """
     data_dir = tmp_path_factory.mktemp("realtime-stack")
     env = {**FAST_LOOPS, "SLUICE_STORAGE": realtime_storage}
-    with Stack(port=free_port(), workers=0, beat=False, data_dir=data_dir, env=env) as running:
+    with Stack(port=free_port(), offers=ROOM, workers=0, beat=False, data_dir=data_dir, env=env) as running:
         yield running
         print(running.logs())
 

@@ -26,7 +26,7 @@ import pytest
 from sluice.client import Client, ClientError
 from sluice.embedded import Stack, free_port
 
-from .conftest import FAST_LOOPS, closing_client, read_events, write_project
+from .conftest import FAST_LOOPS, ROOM, closing_client, read_events, write_project
 from .redis_process import FAULTS_PREDICTOR, RedisProcess, read_marker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -105,7 +105,7 @@ def redis_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisPro
 @pytest.fixture(scope="module")
 def stack(redis_process: RedisProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env = {**FAST_LOOPS, "SLUICE_ENQUEUE_STALE_AFTER": "60"}
-    with Stack(port=free_port(), workers=NODES, redis_url=redis_process.url,
+    with Stack(port=free_port(), offers=ROOM, workers=NODES, redis_url=redis_process.url,
                data_dir=tmp_path_factory.mktemp("chaos-stack"), env=env) as running:
         yield running
         redis_process.resume()

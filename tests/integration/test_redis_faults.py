@@ -31,7 +31,7 @@ from jobs.store import JobStore, Recorded
 from sluice.client import Client, ClientError
 from sluice.embedded import Stack, free_port
 
-from .conftest import FAST_LOOPS, closing_client, read_events, write_project
+from .conftest import FAST_LOOPS, ROOM, closing_client, read_events, write_project
 from .redis_process import FAULTS_PREDICTOR, RedisProcess, read_marker
 from .waiting import wait_for as _wait_for
 
@@ -101,7 +101,8 @@ def stall_once_a_job_enqueues(redis_process: RedisProcess, seconds: float, after
 
 def _running_stack(redis_process: RedisProcess, data_dir: Path, roots: Path, workers: int, **env: str) -> Stack:
     environment = {**ENV, "SLUICE_LOCAL_INPUT_ROOTS": str(roots), **env}
-    return Stack(port=free_port(), workers=workers, redis_url=redis_process.url, data_dir=data_dir, env=environment)
+    return Stack(port=free_port(), offers=ROOM, workers=workers, redis_url=redis_process.url, data_dir=data_dir,
+                 env=environment)
 
 
 @pytest.fixture(scope="module")

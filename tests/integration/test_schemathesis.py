@@ -26,7 +26,7 @@ import yaml
 
 from sluice.embedded import Stack, free_port
 
-from .conftest import FAST_LOOPS, closing_client
+from .conftest import FAST_LOOPS, ROOM, closing_client
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,7 @@ def live(tmp_path_factory: pytest.TempPathFactory):
     """A stack of its own with a BatchAPI and a ready RealtimeAPI deployed; yields its public URL."""
     data_dir = tmp_path_factory.mktemp("schemathesis-stack")
     env = {**FAST_LOOPS, "SLUICE_LOCAL_INPUT_ROOTS": str(data_dir / "inputs")}
-    with Stack(port=free_port(), workers=1, data_dir=data_dir, env=env) as running:
+    with Stack(port=free_port(), offers=ROOM, workers=1, data_dir=data_dir, env=env) as running:
         project = data_dir / "project"
         project.mkdir()
         (project / "predictor.py").write_text(PREDICTOR)

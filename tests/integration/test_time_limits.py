@@ -25,7 +25,7 @@ from jobs.store import JobStore
 from sluice.client import Client
 from sluice.embedded import Stack, free_port
 
-from .conftest import FAST_LOOPS, closing_client
+from .conftest import FAST_LOOPS, ROOM, closing_client
 from .waiting import wait_for as _wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -83,7 +83,7 @@ def two_nodes_short_visibility(tmp_path_factory: pytest.TempPathFactory) -> Iter
     """A stack of this module alone: the visibility timeout is a setting of the broker connection,
     one for every process of a stack, and a short one here is what the test is about."""
     data_dir = tmp_path_factory.mktemp("stack-short-visibility")
-    with Stack(port=free_port(), workers=2, data_dir=data_dir,
+    with Stack(port=free_port(), offers=ROOM, workers=2, data_dir=data_dir,
                env={**FAST_LOOPS, "SLUICE_VISIBILITY_TIMEOUT": str(SHORT_VISIBILITY_S)}) as running:
         yield running
         print(running.logs())
