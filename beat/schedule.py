@@ -67,7 +67,7 @@ def maintenance_steps(settings: Settings) -> list[Step]:
         """Start worker nodes where jobs or AsyncAPIs want more than run, on hosts with room (`jobs/node_plan.py`)."""
         return plan_worker_nodes(
             services.store, services.nodes, RedisHostDirectory(services.redis), services.worker_hosts,
-            RedisApiRegistry(services.redis), services.async_placement.assignments, now)
+            RedisApiRegistry(services.redis), services.async_placement.assignments, now, settings.host_ttl_s)
 
     scaler = AsyncScaler()  # its samples and recommendations live as long as this process
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 
 from foundation.api_registry import ApiRegistry, DeployedApi
 from foundation.errors import JobNotFound
-from foundation.hosts import HostDirectory
+from foundation.hosts import HOST_TTL_S, HostDirectory
 from jobs.async_placement import AsyncAssignments, Placed
 from jobs.async_request import ASYNC_KIND
 from jobs.job import ACTIVE_STATUSES, BAD_RECORD_ERRORS
@@ -64,14 +64,14 @@ def async_wants(apis: Iterable[DeployedApi], placed: Mapping[str, Placed]) -> li
 
 def plan_worker_nodes(
     store: JobRecords, nodes: NodeRegistry, hosts: HostDirectory, worker_hosts: WorkerHosts,
-    registry: ApiRegistry, assignments: AsyncAssignments, now: float,
+    registry: ApiRegistry, assignments: AsyncAssignments, now: float, host_ttl_s: float = HOST_TTL_S,
 ) -> NodePlan:
     """One step: plan every live worker host's nodes and write the plan (with the jobs' notes) at once.
 
     The nodes placed on an AsyncAPI are busy, as those placed on a job are (a deleted API's too,
     while it drains); a deployed AsyncAPI wants the nodes its scaler decided (`async_wants`)."""
     reports = worker_hosts.reports()
-    live_hosts = [(record, reports[record.host_id]) for record in hosts.live(now)
+    live_hosts = [(record, reports[record.host_id]) for record in hosts.live(now, host_ttl_s)
                   if WORKERS_ROLE in record.roles and record.host_id in reports]
     wants = active_wants(store)
     placed = assignments.placed()

@@ -27,7 +27,8 @@ import redis
 from foundation import keys
 from foundation.errors import SluiceError
 
-# A host silent for this many seconds is not offered to placement any more.
+# A host silent for this many seconds is not offered to placement any more (the default of
+# `SLUICE_HOST_TTL`, `Settings.host_ttl_s`).
 HOST_TTL_S = 15.0
 
 _CPU = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)(m?)$")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import api_keys
 from .errors import ConfigError
+from .hosts import HOST_TTL_S
 from .limits import (
     DEFAULT_ASYNC_RETENTION_S,
     DEFAULT_BUNDLE_CACHE_BYTES,
@@ -127,6 +128,9 @@ class Settings:
     # A worker node whose heartbeat is older than this is considered gone.
     node_ttl_s: float = 15.0
     heartbeat_interval_s: float = 2.0
+    # A host (`sluice replicas`, `sluice workers`, `sluice up`) silent for this long is no longer
+    # offered to placement, and what it ran is placed on the others.
+    host_ttl_s: float = HOST_TTL_S
     # Finished job records are kept this long.
     job_ttl_s: float = 7 * 24 * 3600.0
     max_body_bytes: int = 10 * 1024 * 1024
@@ -194,6 +198,7 @@ class Settings:
             beat_interval_s=_number(env, "SLUICE_BEAT_INTERVAL", defaults.beat_interval_s),
             node_ttl_s=_number(env, "SLUICE_NODE_TTL", defaults.node_ttl_s),
             heartbeat_interval_s=_number(env, "SLUICE_HEARTBEAT_INTERVAL", defaults.heartbeat_interval_s),
+            host_ttl_s=_number(env, "SLUICE_HOST_TTL", defaults.host_ttl_s),
             job_ttl_s=_number(env, "SLUICE_JOB_TTL", defaults.job_ttl_s),
             max_body_bytes=int(_number(env, "SLUICE_MAX_BODY_BYTES", defaults.max_body_bytes)),
             prefetch_multiplier=int(_number(env, "SLUICE_WORKER_PREFETCH", defaults.prefetch_multiplier)),

@@ -30,7 +30,7 @@ import logging
 from dataclasses import dataclass
 
 from foundation.api_registry import ApiRegistry, DeployedApi
-from foundation.hosts import HostDirectory, HostRecord, Resources
+from foundation.hosts import HOST_TTL_S, HostDirectory, HostRecord, Resources
 from foundation.replica_placement import PlacedReplicas, ReplicaAssignments
 from foundation.replica_scale import ScaleBook
 from predictors_runtime.config import ApiConfig
@@ -122,9 +122,10 @@ class RealtimePlacement:
     """Places every RealtimeAPI's replicas on the live hosts (beat's step, and the API at deploy)."""
 
     def __init__(self, registry: ApiRegistry, hosts: HostDirectory, book: ScaleBook,
-                 assignments: ReplicaAssignments) -> None:
+                 assignments: ReplicaAssignments, host_ttl_s: float = HOST_TTL_S) -> None:
         self._registry = registry
         self._hosts = hosts
+        self._host_ttl_s = host_ttl_s  # a host silent this long loses its replicas to the others
         self._book = book
         self.assignments = assignments
 
@@ -143,7 +144,7 @@ class RealtimePlacement:
     def reconcile(self, now: float) -> dict[str, PlacedReplicas]:
         """One step: place every RealtimeAPI, forget deleted ones; returns the new placement."""
         current = self.assignments.all()
-        hosts = [h for h in self._hosts.live(now) if REPLICAS_ROLE in h.roles]
+        hosts = [h for h in self._hosts.live(now, self._host_ttl_s) if REPLICAS_ROLE in h.roles]
         placed = place_replicas(self.wants(), hosts, current)
         for name, record in placed.items():
             before = current.get(name)

@@ -74,7 +74,8 @@ class Services:
     def realtime_placement(self) -> RealtimePlacement:
         """Where each RealtimeAPI's replicas run (`jobs/realtime_placement.py`)."""
         return RealtimePlacement(RedisApiRegistry(self.redis), RedisHostDirectory(self.redis),
-                                 RedisScaleBook(self.redis), RedisReplicaAssignments(self.redis))
+                                 RedisScaleBook(self.redis), RedisReplicaAssignments(self.redis),
+                                 self.settings.host_ttl_s)
 
     @property
     def request_objects(self) -> RequestObjects:

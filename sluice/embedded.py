@@ -34,9 +34,9 @@ from foundation.hosts import RedisHostDirectory, Resources, machine_resources
 from foundation.redis_clients import HEARTBEAT
 from foundation.redis_clients import client as redis_client
 from foundation.replica_placement import RedisReplicaAssignments
-from foundation.settings import RedisAddress, redis_address_from_env
+from foundation.settings import RedisAddress, Settings, redis_address_from_env
 
-from .replica_manager import HostAgent, ReplicaManager, on_hardware
+from .replica_manager import HostAgent, ReplicaManager, host_heartbeat_s, on_hardware
 from .replica_process import no_control_socket
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -325,7 +325,8 @@ class Stack:
                 client = redis_client(self.redis_address, HEARTBEAT)
                 self.host = HostAgent(RedisHostDirectory(client), RedisReplicaAssignments(client),
                                       host_id=f"{socket.gethostname()}:{self.port}", address="127.0.0.1",
-                                      offers=self.offers or machine_resources(), hardware=self.hardware)
+                                      offers=self.offers or machine_resources(), hardware=self.hardware,
+                                      every_s=host_heartbeat_s(Settings.from_env(self._child_env()).host_ttl_s))
                 self.replicas = ReplicaManager(RedisApiRegistry(client), self._spawn_launcher,
                                                select=on_hardware(self.hardware), assigned=self.host.assigned)
                 self.host.heartbeat(time.time())

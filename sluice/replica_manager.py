@@ -267,6 +267,14 @@ class ReplicaManager:
 
 # -- the host's announcement ---------------------------------------------------------------------
 HOST_HEARTBEAT_S = 2.0  # well inside foundation.hosts.HOST_TTL_S
+# Heartbeats per host TTL at least: a host shortened to a few seconds (`SLUICE_HOST_TTL`) misses
+# one heartbeat on a loaded machine without losing its replicas.
+HEARTBEATS_PER_TTL = 4
+
+
+def host_heartbeat_s(host_ttl_s: float) -> float:
+    """How often a host announces itself: every HOST_HEARTBEAT_S, more often under a short TTL."""
+    return min(HOST_HEARTBEAT_S, host_ttl_s / HEARTBEATS_PER_TTL)
 
 
 def default_host_id(address: str, hardware: str | None) -> str:
@@ -279,18 +287,19 @@ class HostAgent:
     """This host's part in placement: announces the room it offers, and reads what it is assigned."""
 
     def __init__(self, directory: HostDirectory, assignments: ReplicaAssignments, *, host_id: str, address: str,
-                 offers: Resources, hardware: str | None) -> None:
+                 offers: Resources, hardware: str | None, every_s: float = HOST_HEARTBEAT_S) -> None:
         self.host_id = host_id
         self._directory = directory
         self._assignments = assignments
         self._address = address
         self._offers = offers
         self._hardware = hardware
-        self._announced_at = -HOST_HEARTBEAT_S
+        self._every_s = every_s
+        self._announced_at = -every_s
 
     def heartbeat(self, now: float) -> None:
-        """Announce the host every HOST_HEARTBEAT_S (a Redis error waits for the next turn)."""
-        if now - self._announced_at < HOST_HEARTBEAT_S:
+        """Announce the host every `every_s` (a Redis error waits for the next turn)."""
+        if now - self._announced_at < self._every_s:
             return
         record = HostRecord(self.host_id, self._address, self._offers, self._hardware, ("replicas",), now)
         try:
@@ -352,7 +361,8 @@ def serve_all(
 
     agent = HostAgent(RedisHostDirectory(client), RedisReplicaAssignments(client),
                       host_id=host_id or default_host_id(address, hardware), address=address,
-                      offers=offers if offers is not None else machine_resources(), hardware=hardware)
+                      offers=offers if offers is not None else machine_resources(), hardware=hardware,
+                      every_s=host_heartbeat_s(settings.host_ttl_s))
 
     def spawn(api_name: str, port: int) -> subprocess.Popen:
         argv = launcher_argv(api_name, port, host=host, advertise=address, api_url=api_url, state_dir=state_root,

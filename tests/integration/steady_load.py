@@ -1,7 +1,7 @@
 """A steady load on a realtime API: clients posting back to back, every answer kept.
 
 Shared by the tests that change an API under traffic and count what its clients saw
-(test_realtime_load.py, test_autoscaling_loop.py).
+(test_realtime_load.py, test_autoscaling_loop.py, test_autoscaling_two_hosts.py).
 """
 
 from __future__ import annotations
@@ -37,11 +37,15 @@ class Answer:
 
 class SteadyLoad:
     """`clients` threads posting to one URL back to back, each on its own connection (kept alive
-    between its requests unless `keep_alive` is false); every answer is kept, in arrival order."""
+    between its requests unless `keep_alive` is false); every answer is kept, in arrival order.
+
+    `on_thread` runs first on each client's thread: there a client joins the network namespace
+    of the host it sends from (tests/integration/netns_hosts.py)."""
 
     def __init__(self, url: str, clients: int, payload: Callable[[int], Any] = lambda n: {"n": n},
-                 keep_alive: bool = True) -> None:
+                 keep_alive: bool = True, on_thread: Callable[[], None] = lambda: None) -> None:
         self.url = url
+        self._on_thread = on_thread
         # Without keep-alive every request comes on a new connection, which any of the replica's
         # processes may accept (a kept connection stays with the process that accepted it).
         self._headers = {} if keep_alive else {"Connection": "close"}
@@ -58,6 +62,7 @@ class SteadyLoad:
             return self._counter
 
     def _client(self, index: int) -> None:
+        self._on_thread()
         session = requests.Session()
         while not self._stop.is_set():
             sent = time.monotonic()

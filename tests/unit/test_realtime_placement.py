@@ -133,6 +133,19 @@ def test_a_dead_host_s_replicas_are_placed_on_the_live_ones(world):
     assert world.place(later) == {"iris": {"a": 2}}
 
 
+def test_a_shortened_host_ttl_places_a_silent_host_s_replicas_elsewhere_sooner(world):
+    world.host("a")
+    world.host("b")
+    world.deploy("iris")
+    world.want("iris", 2)
+    world.place()
+    later = T0 + 5  # b silent 5 s: alive under the default TTL, gone under SLUICE_HOST_TTL=4
+    world.host("a", seen=later)
+    assert world.place(later) == {"iris": {"a": 1, "b": 1}}
+    short = RealtimePlacement(world.registry, world.hosts, world.book, world.assignments, host_ttl_s=4)
+    assert {name: placed.hosts for name, placed in short.reconcile(later).items()} == {"iris": {"a": 2}}
+
+
 def test_a_deleted_api_is_forgotten_and_other_kinds_are_not_placed(world):
     world.host("a")
     world.deploy("iris")

@@ -11,10 +11,12 @@ import click
 import pytest
 
 from foundation.api_registry import DeployedApi
-from foundation.hosts import Resources, machine_resources
+from foundation.hosts import HOST_TTL_S, Resources, machine_resources
+from foundation.memory import MemoryHostDirectory, MemoryReplicaAssignments
+from foundation.settings import Settings
 from predictors_runtime.config import ApiConfig
 from sluice.cli import host_capacity, main
-from sluice.replica_manager import launcher_argv, on_hardware
+from sluice.replica_manager import HostAgent, host_heartbeat_s, launcher_argv, on_hardware
 
 
 def _config(name: str, gpu: int = 0, kind: str = "RealtimeAPI") -> ApiConfig:
@@ -79,3 +81,23 @@ def test_a_host_offers_the_room_its_flags_say_and_the_machine_s_for_the_rest(com
 def test_a_capacity_not_written_as_a_quantity_is_refused(flags):
     with pytest.raises(click.BadParameter):
         _capacity("replicas", flags)
+
+
+def test_the_host_ttl_is_a_setting_of_15_seconds_by_default() -> None:
+    assert Settings.from_env({}).host_ttl_s == HOST_TTL_S == 15
+    assert Settings.from_env({"SLUICE_HOST_TTL": "4"}).host_ttl_s == 4
+
+
+def test_a_host_announces_itself_four_times_per_ttl_when_the_ttl_is_short() -> None:
+    """Every 2 s under the default TTL; under a TTL shortened to 4 s, every second, so one missed
+    heartbeat on a loaded machine does not lose the host its replicas."""
+    assert host_heartbeat_s(HOST_TTL_S) == 2
+    assert host_heartbeat_s(4) == 1
+    hosts = MemoryHostDirectory()
+    agent = HostAgent(hosts, MemoryReplicaAssignments(), host_id="h", address="10.0.0.1", offers=Resources(200),
+                      hardware=None, every_s=host_heartbeat_s(4))
+    seen = []
+    for now in (100.0, 100.5, 101.0, 101.5, 102.0):
+        agent.heartbeat(now)
+        seen.append(hosts.all()[0].seen)
+    assert seen == [100.0, 100.0, 101.0, 101.0, 102.0]
