@@ -69,7 +69,7 @@ RESTART_DELAY_S = 1.0
 FORGET_EVERY_S = 30.0
 # Records of proxies silent this long are dropped.
 FORGET_PROXIES_AFTER_S = 3600.0
-_SOCKET_PATH_MAX = 100  # sun_path is 108 bytes
+_SOCKET_PATH_MAX = 97  # haproxy refuses a longer master socket path ("max 97"), below sun_path's 108 bytes
 
 
 # -- what the proxies publish ---------------------------------------------------------------------

@@ -18,7 +18,7 @@ from foundation.memory import MemoryApiRegistry, MemoryFigureStore, MemoryReplic
 from foundation.replica_directory import REPLICA_TTL_S, ReplicaRecord
 from foundation.settings import Settings
 from predictors_runtime.config import ApiConfig
-from sluice.proxy import ProxyController, SilenceAllowance
+from sluice.proxy import HAProxy, ProxyController, SilenceAllowance
 
 KILLED = 1000.0  # the Redis primary dies; the replica was last heard from just before
 
@@ -94,3 +94,17 @@ def test_the_allowance_grows_by_the_span_redis_could_not_be_read_and_only_for_on
     silence.read(13.0)
     assert silence.ttl_at(17.9) == 8.0
     assert silence.ttl_at(18.0) == 5.0
+
+
+@pytest.mark.parametrize("length", [97, 98, 99, 120])
+def test_a_state_folder_too_deep_for_haproxys_socket_path_gets_a_short_socket_folder(length: int) -> None:
+    """haproxy refuses a master socket path over 97 bytes ("too long (max 97)") and would not start."""
+    base = "/tmp/sluice-state-"
+    deep = Path(base + "d" * (length - len(base) - len("/master.sock")))  # never created: only named
+    assert len(str(deep / "master.sock")) == length
+    proxy = HAProxy(deep, executable="haproxy")
+    try:
+        assert len(str(proxy.socket_path)) <= 97
+        assert (proxy.socket_path.parent == deep) is (length <= 97)
+    finally:
+        proxy.close()
