@@ -38,7 +38,8 @@ def submit(api_name: str, batched: bool = False) -> Any:
         content_type=request.headers.get("Content-Type"), client_request_id=request.headers.get("X-Request-ID"),
         batched=batched,
     )
-    request_id = submit_request(svc.async_requests, svc.request_objects, svc.celery, submission, time.time())
+    request_id = submit_request(svc.async_requests, svc.request_objects, svc.celery, submission, time.time(),
+                                svc.task_messages)
     response = AsyncSubmitted(id=request_id).response()
     response.headers["X-Request-ID"] = request_id
     return response

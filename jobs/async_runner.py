@@ -1,7 +1,9 @@
 """What a worker node does with one AsyncAPI request (the `sluice.run_async` task).
 
 1. The delivery enters the node's in-flight hash, so that if the node dies its message is given
-   back at once and another node (or the node's next life) runs the request (`jobs/settle.py`).
+   back at once and another node (or the node's next life) runs the request (`jobs/settle.py`):
+   in the same step as 2. (one round trip), and it leaves it in the step that records the request's
+   outcome when that is its last (one request, no batch), else after everything else.
 2. The request is taken (`AsyncRequestStore.begin`) under the delivery's task id: one that has
    ended (a duplicate delivery, a request whose time limit ended the last node), or that another
    delivery holds in its batch, is only acknowledged. One whose nodes died running it more than
@@ -199,12 +201,9 @@ class AsyncRuntime:
 
     def run_request(self, api_name: str, request_id: str, delivery: Delivery | None = None) -> None:
         """Run one delivery of a request (and its batch) and record each outcome once (see the module's steps)."""
-        if delivery is not None:
-            self.nodes.begin_delivery(delivery, request_entry(api_name, request_id))
-        owner = delivery.task_id if delivery is not None else ""
         with labelled(api_name=api_name, request_id=request_id):
-            self._run(api_name, request_id, owner)
-        if delivery is not None:  # left in place by a process that died: settling gives it back
+            ended = self._run(api_name, request_id, delivery)
+        if delivery is not None and not ended:  # left in place by a process that died: settling gives it back
             self.nodes.end_delivery(delivery)
 
     def _deployed(self, api_name: str) -> DeployedApi:
@@ -274,31 +273,36 @@ class AsyncRuntime:
         self.requests.release(api_name, owner)
         return True
 
-    def _fail(self, api_name: str, request_id: str, message: str) -> None:
+    def _fail(self, api_name: str, request_id: str, message: str, ending: Delivery | None = None) -> None:
         message = one_line(message)
-        if self.requests.finish(api_name, request_id, RequestStatus.FAILED, self._clock(), message=message):
+        if self.requests.finish(api_name, request_id, RequestStatus.FAILED, self._clock(), message=message,
+                                ending=ending):
             with self._capture(api_name, [request_id]):
                 log.warning("async request %s of api %s failed: %s", request_id, api_name, message)
 
-    def _run(self, api_name: str, request_id: str, owner: str) -> None:
-        taken = self.requests.begin(api_name, request_id, self._clock(), owner)
+    def _run(self, api_name: str, request_id: str, delivery: Delivery | None) -> bool:
+        """The delivery's steps; whether it has left its node's in-flight hash already (with the outcome
+        of its one request, recorded last)."""
+        owner = delivery.task_id if delivery is not None else ""
+        taken = self.requests.begin(api_name, request_id, self._clock(), owner,
+                                    delivery.node if delivery is not None else "")
         if taken.held:
             log.info("async request %s of api %s is in another delivery's batch; nothing to run", request_id, api_name)
-            return
+            return False
         if not taken.runs and not owner:
             log.info("async request %s of api %s is %s; nothing to run", request_id, api_name,
                      taken.status.value if taken.status else "unknown (expired)")
-            return
+            return False
         try:
             deployed = self._deployed(api_name)
         except ApiNotFound:
             if taken.runs:
                 self._fail(api_name, request_id, f"api {api_name} is not deployed any more")
-            return
+            return False
         if deployed.kind != ASYNC_KIND:
             if taken.runs:
                 self._fail(api_name, request_id, f"api {api_name} is now a {deployed.kind}, not an {ASYNC_KIND}")
-            return
+            return False
         config = self._config(deployed)
         batching = config.predictor.server_side_batching
         taking = [(request_id, taken.deliveries)] if taken.runs else []
@@ -309,10 +313,13 @@ class AsyncRuntime:
         if not taking:
             log.info("async request %s of api %s is %s; nothing to run", request_id, api_name,
                      taken.status.value if taken.status else "unknown (expired)")
-            return
+            return False
         limit = config.predictor.request_timeout
         known = {request_id: taken.request} if taken.runs and taken.request is not None else {}
         members = self._members(api_name, taking, limit, known)
+        if batching is None and not reclaiming and len(members) == 1:  # the common case: its outcome is the last step
+            self._predict(deployed, members, limit, batched=False, ending=delivery)
+            return delivery is not None
         if batching is None:
             for member in members:
                 self._predict(deployed, [member], limit, batched=False)
@@ -324,6 +331,7 @@ class AsyncRuntime:
                 self._predict(deployed, members, limit, batched=True)
         if reclaiming:
             self.requests.release(api_name, owner)
+        return False
 
     def _gather(self, api_name: str, owner: str, max_size: int, interval: float, have: int) -> list[tuple[str, int]]:
         """Queued requests claimed into this delivery's batch: up to `max_size` in all, waiting
@@ -368,23 +376,27 @@ class AsyncRuntime:
         body = request.payload if request.payload is not None else self.objects.read(request.payload_uri)
         return decode_payload(request.kind, body)
 
-    def _fail_all(self, members: list[Member], message: str) -> None:
+    def _fail_all(self, members: list[Member], message: str, ending: Delivery | None = None) -> None:
+        """Each member failed; `ending` (a delivery of one member) leaves its node's in-flight hash with it."""
         for member in members:
-            self._fail(member.request.api_name, member.request.request_id, message)
+            self._fail(member.request.api_name, member.request.request_id, message, ending)
 
-    def _predict(self, deployed: DeployedApi, members: list[Member], limit: float | None, *, batched: bool) -> None:
+    def _predict(self, deployed: DeployedApi, members: list[Member], limit: float | None, *, batched: bool,
+                 ending: Delivery | None = None) -> None:
         """Build (or reuse) the predictor and run it on the members, each recorded once; what is logged
-        meanwhile is every member's."""
+        meanwhile is every member's. `ending`: the delivery of the one member, whose last step is
+        recording its outcome (it leaves its node's in-flight hash in the same step), unless its time
+        limit ends the process (then it stays, for settling to give back)."""
         with self._capture(deployed.name, [m.request.request_id for m in members]):
-            self._predict_captured(deployed, members, limit, batched=batched)
+            self._predict_captured(deployed, members, limit, batched=batched, ending=ending)
 
     def _predict_captured(self, deployed: DeployedApi, members: list[Member], limit: float | None, *,
-                          batched: bool) -> None:
+                          batched: bool, ending: Delivery | None) -> None:
         api_name = deployed.name
         try:
             predictor = self.predictors.predictor_for(deployed)
         except PredictorError as e:
-            self._fail_all(members, f"building the predictor failed: {e.message}")
+            self._fail_all(members, f"building the predictor failed: {e.message}", ending)
             return
         ids = [m.request.request_id for m in members]
 
@@ -400,10 +412,10 @@ class AsyncRuntime:
                 else:
                     result = predictor.predict(members[0].payload, ids[0])
         except Exception as e:  # noqa: BLE001 - the user's code may raise anything: the requests fail, once
-            self._fail_all(members, f"{type(e).__name__}: {e}")
+            self._fail_all(members, f"{type(e).__name__}: {e}", ending)
             return
         if not batched:
-            self._record(members[0], result)
+            self._record(members[0], result, ending)
             return
         if not isinstance(result, list) or len(result) != len(members):
             got = f"a list of {len(result)}" if isinstance(result, list) else f"a {type(result).__name__}"
@@ -413,21 +425,22 @@ class AsyncRuntime:
         for member, one in zip(members, result, strict=True):
             self._record(member, one)
 
-    def _record(self, member: Member, result: Any) -> None:
+    def _record(self, member: Member, result: Any, ending: Delivery | None = None) -> None:
+        """The member's outcome; `ending`: its delivery, leaving its node's in-flight hash in the same step."""
         api_name, request_id = member.request.api_name, member.request.request_id
         try:
             encoded = json.dumps(result).encode()
         except (TypeError, ValueError) as e:
             self._fail(api_name, request_id,
-                       f"predict returned a {type(result).__name__}, which is not JSON-serialisable ({e})")
+                       f"predict returned a {type(result).__name__}, which is not JSON-serialisable ({e})", ending)
             return
         if len(encoded) <= ASYNC_INLINE_RESULT_BYTES:
             recorded = self.requests.finish(api_name, request_id, RequestStatus.COMPLETED, self._clock(),
-                                            result=encoded)
+                                            result=encoded, ending=ending)
         else:
             uri = self.objects.put_result(api_name, request_id, encoded, member.deliveries)
             recorded = self.requests.finish(api_name, request_id, RequestStatus.COMPLETED, self._clock(),
-                                            result_uri=uri)
+                                            result_uri=uri, ending=ending)
         if not recorded:
             with self._capture(api_name, [request_id]):
                 log.info("async request %s of api %s had ended already; this result is not recorded", request_id,

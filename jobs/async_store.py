@@ -13,6 +13,12 @@ another delivery finding it in progress under another owner leaves it alone. Wit
 `server_side_batching`, a request is also pushed on its API's queued list (`queue`), and a delivery claims
 queued requests from there into its own batch (`claim`); they stay recorded under its task id,
 so that if its node dies, its message comes back and takes them again (`reclaim`).
+
+A delivery of one request also enters its node's in-flight hash in `begin`'s script and leaves it in
+`finish`'s (`node`, `ending`), as a batch does in the batch ledger's scripts: the two steps of
+`jobs/nodes.py` that would otherwise cost a round trip each per request, with what settling a dead
+node reads (`jobs/settle.py`) unchanged. Likewise `submit` pushes the request's task message on the
+broker's list (`jobs/task_messages.py`) in the script that stores it: queued if and only if stored.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from foundation.figures import ASYNC_REQUESTS, ASYNC_SECONDS, label_field, le_la
 
 from .async_counts import SLOT_TTL_S, AsyncCounts, counts_from, slot_of, window_slots
 from .async_request import AsyncRequest, RequestStatus
+from .delivery import Delivery, request_entry
+from .task_messages import QueuedMessage
 
 # A task for an API's queued requests that never started (the submitting process died before sending
 # it) holds back the next one at most this long; beat's sweep also re-arms what it finds queued.
@@ -49,8 +57,11 @@ return 1
 
 # A delivery (ARGV[2], its owner) takes the request: counted, and in progress unless it has ended or
 # another owner holds it in progress (status, deliveries, held: 1 for that); a request taken comes
-# with its record's fields (the node needs its payload: one round trip instead of two).
+# with its record's fields (the node needs its payload: one round trip instead of two). With ARGV[3]
+# (the delivery's in-flight entry), the delivery first enters its node's in-flight hash (KEYS[3]),
+# whatever the request's state: the node's step of `jobs/nodes.py` `begin_delivery`, in the same trip.
 _BEGIN = """
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], ARGV[2], ARGV[3]) end
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'', 0, 0} end
 if status ~= 'in_queue' and status ~= 'in_progress' then return {status, 0, 0} end
@@ -92,17 +103,20 @@ return claimed
 
 # A request submitted: refused (-1) unless its API is registered (KEYS[4], field ARGV[4]; the API
 # routed it by a view of the registry up to a second old), 0 when one of its id exists already, else
-# created (`_CREATE`) and, when ARGV[6] is '1' (`server_side_batching`, payload inline), offered to
-# batches at once (`_QUEUE`: 2 when the caller sends the task for the queued requests, else 1).
-# KEYS: record, expiry set, counts, registry, queued list, wake key.
-# ARGV: expire seconds, expiry score, expiry member, api name, request id, queued, wake ttl, fields.
+# created (`_CREATE`), its task's message (ARGV[8], when given) pushed on the broker's list (KEYS[7]),
+# and, when ARGV[6] is '1' (`server_side_batching`, payload inline), offered to batches at once
+# (`_QUEUE`: 2 when the caller sends the task for the queued requests, else 1).
+# KEYS: record, expiry set, counts, registry, queued list, wake key, the task's broker list.
+# ARGV: expire seconds, expiry score, expiry member, api name, request id, queued, wake ttl, task
+# message, fields.
 _SUBMIT = """
 if redis.call('HEXISTS', KEYS[4], ARGV[4]) == 0 then return -1 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 8))
+redis.call('HSET', KEYS[1], unpack(ARGV, 9))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 redis.call('HINCRBY', KEYS[3], 'in_queue', 1)
+if ARGV[8] ~= '' then redis.call('LPUSH', KEYS[7], ARGV[8]) end
 if ARGV[6] ~= '1' then return 1 end
 redis.call('LPUSH', KEYS[5], ARGV[5])
 redis.call('EXPIRE', KEYS[5], ARGV[1])
@@ -144,14 +158,17 @@ return taken
 # The one call that ends it counts it: out of its API's queued or in-progress count, into the
 # slot of requests ended (`jobs/async_counts.py`), the outcome figure and the duration histogram
 # (submission to now, both server times; `foundation/figures.py`'s stored form).
-# KEYS: record, expiry set, counts, ended slot, outcome figure, duration figure.
+# With ARGV[9] (a delivery's task id), that delivery also leaves its node's in-flight hash (KEYS[7]),
+# whether or not this call ends the request: its last step (`jobs/nodes.py` `end_delivery`).
+# KEYS: record, expiry set, counts, ended slot, outcome figure, duration figure, in-flight hash.
 # ARGV: expire seconds, expiry score, expiry member, now, status, outcome field, duration labels,
-# slot expire seconds, then the fields to set.
+# slot expire seconds, ending delivery's task id, then the fields to set.
 _FINISH = """
+if ARGV[9] ~= '' then redis.call('HDEL', KEYS[7], ARGV[9]) end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'in_queue' and status ~= 'in_progress' then return 0 end
 local created = tonumber(redis.call('HGET', KEYS[1], 'created') or '')
-redis.call('HSET', KEYS[1], unpack(ARGV, 9))
+redis.call('HSET', KEYS[1], unpack(ARGV, 10))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 redis.call('HINCRBY', KEYS[3], status, -1)
@@ -230,13 +247,19 @@ class AsyncRequestStore(Protocol):
     def create(self, request: AsyncRequest, now: float) -> bool:
         """Store a new request; False (and nothing changed) when one of that id exists already."""
 
-    def submit(self, request: AsyncRequest, now: float, *, queued: bool = False) -> Submitted:
+    def submit(self, request: AsyncRequest, now: float, *, queued: bool = False,
+               message: QueuedMessage | None = None) -> Submitted:
         """`create` for a request its API's route sent, refused with `ApiNotFound` unless the API is
-        still registered; `queued`: also offer it to batches at once (as `queue`), in the same step."""
+        still registered; `queued`: also offer it to batches at once (as `queue`), in the same step;
+        `message`: the task that runs it, queued in the same step too, only if the request is stored
+        (the broker being this Redis)."""
 
     def queue(self, api_name: str, request_id: str) -> bool:
         """Offer a stored request (its payload stored too) to `claim` (`server_side_batching`); True
         when no task for the API's queued requests is on its way: the caller sends one (`wake`)."""
+
+    def send(self, message: QueuedMessage) -> None:
+        """Push a task's message on the broker's list (the broker being this Redis), without Celery."""
 
     def woken(self, api_name: str) -> None:
         """A task for the API's queued requests has started: the next request queued sends another."""
@@ -250,9 +273,12 @@ class AsyncRequestStore(Protocol):
     def get_many(self, api_name: str, request_ids: Sequence[str]) -> dict[str, AsyncRequest]:
         """The records of those requests still kept, by id (one round trip for a batch)."""
 
-    def begin(self, api_name: str, request_id: str, now: float, owner: str = "") -> Taken:
+    def begin(self, api_name: str, request_id: str, now: float, owner: str = "", node: str = "") -> Taken:
         """The delivery `owner` takes the request: in progress unless it has ended or another owner
-        holds it in progress (`held`); an owner taking it again (its message came back) runs it."""
+        holds it in progress (`held`); an owner taking it again (its message came back) runs it.
+        `node`: the node running `owner`, whose in-flight hash the delivery enters in the same step,
+        whatever the request's state (`NodeRegistry.begin_delivery` with its `request_entry`, one
+        round trip fewer per request)."""
 
     def claim(self, api_name: str, owner: str, limit: int, now: float) -> list[tuple[str, int]]:
         """Up to `limit` of the API's queued requests (oldest first) taken into `owner`'s batch:
@@ -265,9 +291,12 @@ class AsyncRequestStore(Protocol):
         """`owner`'s batch has ended: forget what it claimed."""
 
     def finish(self, api_name: str, request_id: str, status: RequestStatus, now: float, *,
-               result: bytes | None = None, result_uri: str = "", message: str = "") -> bool:
+               result: bytes | None = None, result_uri: str = "", message: str = "",
+               ending: Delivery | None = None) -> bool:
         """Record the outcome (a small result inline, a large one by where it is stored); True for the
-        one call that did, False once it has ended."""
+        one call that did, False once it has ended. `ending`: a delivery whose last step this is; it
+        leaves its node's in-flight hash in the same step, whether or not this call ends the request
+        (`NodeRegistry.end_delivery`, one round trip fewer per request)."""
 
     def expired(self, now: float, limit: int = 500) -> list[tuple[str, str]]:
         """(api name, request id) of requests whose retention has passed, oldest first."""
@@ -318,16 +347,19 @@ class RedisAsyncRequests:
                                      keys.async_counts(request.api_name)], args=args)
         return bool(created)
 
-    def submit(self, request: AsyncRequest, now: float, *, queued: bool = False) -> Submitted:
+    def submit(self, request: AsyncRequest, now: float, *, queued: bool = False,
+               message: QueuedMessage | None = None) -> Submitted:
         api_name, request_id = request.api_name, request.request_id
         fields: list[str | bytes] = []
         for name, value in request.to_dict().items():
             fields.extend((name, value))
         args = [*self._expiry_args(api_name, request_id, now), api_name, request_id, "1" if queued else "0",
-                WAKE_TTL_S, *fields]
+                WAKE_TTL_S, message.payload if message is not None else "", *fields]
         done = int(self._submit(keys=[keys.async_request(api_name, request_id), keys.ASYNC_EXPIRY,
                                       keys.async_counts(api_name), keys.APIS, keys.async_queued(api_name),
-                                      keys.async_wake(api_name)], args=args))
+                                      # With no message, KEYS[7] is a key the script reads anyway (pushed nothing).
+                                      keys.async_wake(api_name), message.key if message is not None else keys.APIS],
+                                args=args))
         if done < 0:
             raise not_deployed(api_name)
         return Submitted(created=done > 0, wake=done == 2)
@@ -335,6 +367,9 @@ class RedisAsyncRequests:
     def queue(self, api_name: str, request_id: str) -> bool:
         return bool(self._queue(keys=[keys.async_queued(api_name), keys.async_wake(api_name)],
                                 args=[request_id, _expire_seconds(self.retention_s), WAKE_TTL_S]))
+
+    def send(self, message: QueuedMessage) -> None:
+        self._redis.lpush(message.key, message.payload)
 
     def woken(self, api_name: str) -> None:
         self._redis.delete(keys.async_wake(api_name))
@@ -355,9 +390,11 @@ class RedisAsyncRequests:
         return {request_id: AsyncRequest.from_fields(api_name, request_id, raw)
                 for request_id, raw in zip(request_ids, pipe.execute(), strict=True) if raw and b"status" in raw}
 
-    def begin(self, api_name: str, request_id: str, now: float, owner: str = "") -> Taken:
+    def begin(self, api_name: str, request_id: str, now: float, owner: str = "", node: str = "") -> Taken:
+        entry = request_entry(api_name, request_id) if node and owner else ""
         status, deliveries, held, *fields = self._begin(
-            keys=[keys.async_request(api_name, request_id), keys.async_counts(api_name)], args=[repr(now), owner])
+            keys=[keys.async_request(api_name, request_id), keys.async_counts(api_name), keys.inflight(node)],
+            args=[repr(now), owner, entry])
         text = status.decode() if isinstance(status, bytes) else str(status)
         record = None
         if fields:
@@ -385,7 +422,8 @@ class RedisAsyncRequests:
         self._redis.delete(keys.async_claims(api_name, owner))
 
     def finish(self, api_name: str, request_id: str, status: RequestStatus, now: float, *,
-               result: bytes | None = None, result_uri: str = "", message: str = "") -> bool:
+               result: bytes | None = None, result_uri: str = "", message: str = "",
+               ending: Delivery | None = None) -> bool:
         fields: list[str | bytes] = ["status", status.value, "timestamp", repr(now)]
         if result is not None:
             fields += ["result", result]
@@ -394,10 +432,12 @@ class RedisAsyncRequests:
         if message:
             fields += ["message", message]
         args = [*self._expiry_args(api_name, request_id, now), repr(now), status.value,
-                label_field((api_name, status.value)), label_field((api_name,)), str(SLOT_TTL_S), *fields]
+                label_field((api_name, status.value)), label_field((api_name,)), str(SLOT_TTL_S),
+                ending.task_id if ending is not None else "", *fields]
         return bool(self._finish(keys=[
             keys.async_request(api_name, request_id), keys.ASYNC_EXPIRY, keys.async_counts(api_name),
             keys.async_ended(api_name, slot_of(now)), ASYNC_REQUESTS.key, ASYNC_SECONDS.key,
+            keys.inflight(ending.node if ending is not None else ""),
         ], args=args))
 
     def expired(self, now: float, limit: int = 500) -> list[tuple[str, str]]:

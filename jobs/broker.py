@@ -9,7 +9,9 @@ here builds that client once and keeps it; it uses the channel's connection pool
 a `redis.Redis` on a pool is safe to share between threads.
 
 It also reads and acknowledges unacknowledged messages by task id, for a node settling the
-deliveries it held when its connection broke (`jobs/settle.py`).
+deliveries it held when its connection broke (`jobs/settle.py`), and can keep what a publish would
+push on Redis instead of pushing it (`captured_messages`): how `jobs/task_messages.py` learns the
+exact message Celery and kombu make for a task, to make more like it without them.
 
 Plain `redis://` URLs use it, and Redis Sentinel (kombu's `sentinel://` transport, the same
 channel on a pool that asks the sentinels for the primary); other schemes (`rediss://`, whose TLS
@@ -25,6 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import quote, urlparse
 
@@ -94,10 +97,35 @@ def transport_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
+# While set (in one thread), what Sluice's channels would push on a queue's list: (its key, the message).
+_captured: ContextVar[list[tuple[str, dict[str, Any]]] | None] = ContextVar("sluice_captured_messages", default=None)
+
+
+@contextmanager
+def captured_messages() -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """Inside the block, this thread's publishes through Sluice's channels push nothing: each message
+    is kept as kombu would have pushed it (the list's key, the message before its JSON encoding).
+    Only `TRANSPORT_PATH` and `SENTINEL_TRANSPORT_PATH` channels keep them; another transport sends."""
+    kept: list[tuple[str, dict[str, Any]]] = []
+    token = _captured.set(kept)
+    try:
+        yield kept
+    finally:
+        _captured.reset(token)
+
+
 class _OwnClient:
-    """Reuses one client for a kombu Redis channel's own commands."""
+    """Reuses one client for a kombu Redis channel's own commands; keeps messages while `captured_messages`."""
 
     _own_client: Any = None
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        kept = _captured.get()
+        if kept is None:
+            super()._put(queue, message, **kwargs)  # type: ignore[misc]  # kombu's Channel's
+            return
+        priority = self._get_message_priority(message, reverse=False)  # type: ignore[attr-defined]
+        kept.append((self._q_for_pri(queue, priority), message))  # type: ignore[attr-defined]
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -123,6 +151,12 @@ class Transport(kombu_redis.Transport):
 
 class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
+
+
+def captures(transport: str | None) -> bool:
+    """Whether a Celery app configured with `broker_transport` = `transport` keeps messages in
+    `captured_messages` (Sluice's channels) rather than sending them."""
+    return transport in (TRANSPORT_PATH, SENTINEL_TRANSPORT_PATH)
 
 
 def transport_for(broker_url: str) -> str | None:

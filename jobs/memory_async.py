@@ -13,14 +13,21 @@ from .async_counts import AsyncCounts, slot_of, window_slots
 from .async_placement import Placed
 from .async_request import AsyncRequest, RequestStatus
 from .async_store import Submitted, Taken
+from .delivery import Delivery, request_entry
+from .task_messages import QueuedMessage
 
 
 class MemoryAsyncRequests:
     """Records in a dict; the same contract as `RedisAsyncRequests` (expiry by the `now` given)."""
 
-    def __init__(self, retention_s: float = 3600.0, registered: Callable[[str], bool] = lambda api_name: True) -> None:
-        """`registered(api_name)`: whether the API is deployed (`submit` refuses one that is not)."""
+    def __init__(self, retention_s: float = 3600.0, registered: Callable[[str], bool] = lambda api_name: True,
+                 inflight: dict[str, dict[str, str]] | None = None) -> None:
+        """`registered(api_name)`: whether the API is deployed (`submit` refuses one that is not);
+        `inflight`: the nodes' in-flight hashes `begin` and `finish` enter and leave deliveries in,
+        shared with a `MemoryNodes` as Redis's keys are (`MemoryNodes(ttl, inflight=store.inflight)`)."""
         self.retention_s = retention_s
+        self.inflight: dict[str, dict[str, str]] = inflight if inflight is not None else {}
+        self.pushed: dict[str, list[bytes]] = {}  # the broker's lists `submit` pushed task messages on, newest first
         self._registered = registered
         self._lock = threading.Lock()
         self._records: dict[tuple[str, str], AsyncRequest] = {}
@@ -47,12 +54,19 @@ class MemoryAsyncRequests:
             self._move(request.api_name, None, RequestStatus.IN_QUEUE)
             return True
 
-    def submit(self, request: AsyncRequest, now: float, *, queued: bool = False) -> Submitted:
+    def submit(self, request: AsyncRequest, now: float, *, queued: bool = False,
+               message: QueuedMessage | None = None) -> Submitted:
         if not self._registered(request.api_name):
             raise not_deployed(request.api_name)
         if not self.create(request, now):
             return Submitted(created=False)
+        if message is not None:
+            self.send(message)
         return Submitted(created=True, wake=self.queue(request.api_name, request.request_id) if queued else False)
+
+    def send(self, message: QueuedMessage) -> None:
+        with self._lock:
+            self.pushed.setdefault(message.key, []).insert(0, message.payload)
 
     def queue(self, api_name: str, request_id: str) -> bool:
         with self._lock:
@@ -82,9 +96,11 @@ class MemoryAsyncRequests:
             found = {request_id: self._records.get((api_name, request_id)) for request_id in request_ids}
         return {request_id: record for request_id, record in found.items() if record is not None}
 
-    def begin(self, api_name: str, request_id: str, now: float, owner: str = "") -> Taken:
+    def begin(self, api_name: str, request_id: str, now: float, owner: str = "", node: str = "") -> Taken:
         key = (api_name, request_id)
         with self._lock:
+            if node and owner:
+                self.inflight.setdefault(node, {})[owner] = request_entry(api_name, request_id)
             record = self._records.get(key)
             if record is None:
                 return Taken(None, 0)
@@ -132,9 +148,12 @@ class MemoryAsyncRequests:
             self._claims.pop((api_name, owner), None)
 
     def finish(self, api_name: str, request_id: str, status: RequestStatus, now: float, *,
-               result: bytes | None = None, result_uri: str = "", message: str = "") -> bool:
+               result: bytes | None = None, result_uri: str = "", message: str = "",
+               ending: Delivery | None = None) -> bool:
         key = (api_name, request_id)
         with self._lock:
+            if ending is not None:
+                self.inflight.get(ending.node, {}).pop(ending.task_id, None)
             record = self._records.get(key)
             if record is None or record.status.is_terminal:
                 return False

@@ -8,7 +8,8 @@ after Redis's visibility timeout (`jobs/settle.py`): a reconnecting node settles
 beat gives back what a node silent for `GIVE_BACK_AFTER_TTLS` node TTLs held (`jobs/placement.py`).
 
 A batch enters and leaves its node's in-flight hash inside the batch ledger's own scripts
-(`jobs/store/ledger.py`), atomically with its outcome; everything else about nodes is here.
+(`jobs/store/ledger.py`), atomically with its outcome, and an AsyncAPI request's delivery inside the
+request store's (`jobs/async_store.py` `begin` and `finish`); everything else about nodes is here.
 `NodeRegistry` is what callers ask; `Nodes` keeps it in Redis, `MemoryNodes` (`jobs/memory_nodes.py`)
 in memory, and both pass the same contract tests.
 """

@@ -79,7 +79,9 @@ class WorkerRuntime:
             services.async_requests, services.request_objects, RedisApiRegistry(services.redis), services.nodes,
             AsyncPredictors(BundleAsyncBuilder(services.bundles, settings)), end_process=end_process,
             hard_stop_grace_s=settings.hard_stop_grace_s,
-            wake=lambda api_name: send_queued_task(services.celery, api_name), capture=logs.capturing_requests,
+            wake=lambda api_name: send_queued_task(services.celery, api_name, services.async_requests,
+                                                   services.task_messages),
+            capture=logs.capturing_requests,
         )
 
     @classmethod

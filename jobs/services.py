@@ -30,6 +30,7 @@ from .placement import JobPlacement, Placement
 from .queues import CeleryJobQueues, JobQueues
 from .realtime_placement import RealtimePlacement
 from .store import JobStorage, JobStore
+from .task_messages import TaskMessages
 from .worker_hosts import RedisWorkerHosts, WorkerHosts
 
 
@@ -49,6 +50,16 @@ class Services:
     requests: AsyncRequestStore | None = None
     # Worker hosts' reports and beat's plan for them: made on first use from `redis` unless given.
     worker_host_store: WorkerHosts | None = None
+    # Task messages made without Celery's publishing path: made on first use from `celery`.
+    task_message_maker: TaskMessages | None = None
+
+    @property
+    def task_messages(self) -> TaskMessages:
+        """Celery's messages of a task, made to be queued by a Redis script (`jobs/task_messages.py`);
+        the broker is `redis` (one `SLUICE_REDIS_URL` for both)."""
+        if self.task_message_maker is None:
+            self.task_message_maker = TaskMessages(self.celery)
+        return self.task_message_maker
 
     @property
     def worker_hosts(self) -> WorkerHosts:

@@ -1,7 +1,8 @@
 """The AsyncAPI request store's contract (`jobs.async_store.AsyncRequestStore`): records stored once,
 taken by one delivery at a time, claimed into batches, ended exactly once, expired after retention.
 
-Fixture a subclass provides: `requests` (empty, with a retention of `RETENTION_S`). Run against the
+Fixtures a subclass provides: `requests` (empty, with a retention of `RETENTION_S`) and `nodes` (a
+`jobs.nodes.NodeRegistry` reading the in-flight hashes `requests` writes). Run against the
 in-memory store in tests/unit/test_async_store_contract.py, and against Redis's and the in-memory one
 in tests/integration/test_async_store_redis.py.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
 from jobs.async_store import AsyncRequestStore
+from jobs.delivery import Delivery, request_entry
+from jobs.nodes import NodeRegistry
 
 T0 = 1_700_000_000.0
 RETENTION_S = 60.0
@@ -88,6 +91,35 @@ class AsyncRequestStoreContract:
     def test_an_unknown_request_is_not_taken(self, requests: AsyncRequestStore) -> None:
         taken = requests.begin("echo", "nope", T0, owner="task-1")
         assert taken.status is None and not taken.runs
+
+    # -- the node's in-flight hash ----------------------------------------------------------------
+    def test_a_delivery_taking_a_request_enters_its_nodes_in_flight_hash_whatever_the_request_is(
+            self, requests: AsyncRequestStore, nodes: NodeRegistry) -> None:
+        requests.create(request("r1"), T0)
+        assert requests.begin("echo", "r1", T0 + 1, owner="task-1", node="node-a").runs
+        assert not requests.begin("echo", "r1", T0 + 2, owner="task-2", node="node-a").runs  # held by task-1
+        assert not requests.begin("echo", "nope", T0 + 2, owner="task-3", node="node-b").runs  # unknown
+        entry = request_entry("echo", "r1")
+        assert nodes.inflight("node-a") == {"task-1": entry, "task-2": entry}
+        assert nodes.inflight("node-b") == {"task-3": request_entry("echo", "nope")}
+        requests.create(request("r2"), T0)
+        assert requests.begin("echo", "r2", T0 + 3, owner="task-4").runs  # no node given: no entry
+        assert set(nodes.inflight("node-a")) == {"task-1", "task-2"}
+
+    def test_the_delivery_ending_with_an_outcome_leaves_its_nodes_in_flight_hash_even_when_too_late(
+            self, requests: AsyncRequestStore, nodes: NodeRegistry) -> None:
+        for request_id, owner in (("r1", "task-1"), ("r2", "task-2")):
+            requests.create(request(request_id), T0)
+            requests.begin("echo", request_id, T0 + 1, owner=owner, node="node-a")
+        assert requests.finish("echo", "r1", RequestStatus.COMPLETED, T0 + 2, result=b"1",
+                               ending=Delivery("node-a", "task-1"))
+        assert nodes.inflight("node-a") == {"task-2": request_entry("echo", "r2")}  # the other delivery stays
+        requests.finish("echo", "r2", RequestStatus.FAILED, T0 + 2, message="timed out")  # its watchdog: stays
+        assert nodes.inflight("node-a") == {"task-2": request_entry("echo", "r2")}
+        assert not requests.finish("echo", "r2", RequestStatus.COMPLETED, T0 + 3, result=b"2",
+                                   ending=Delivery("node-a", "task-2"))  # too late, but its delivery ends
+        assert nodes.inflight("node-a") == {}
+        assert requests.get("echo", "r2").status is RequestStatus.FAILED  # type: ignore[union-attr]
 
     # -- ending ---------------------------------------------------------------------------------
     def test_a_request_ends_exactly_once_and_is_never_taken_after(self, requests: AsyncRequestStore) -> None:

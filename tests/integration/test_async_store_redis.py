@@ -5,6 +5,8 @@ and what only Redis has: keys that expire on their own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import redis
 
@@ -15,6 +17,9 @@ from foundation.memory import MemoryApiRegistry
 from jobs.async_placement import AsyncAssignments, RedisAsyncAssignments
 from jobs.async_store import WAKE_TTL_S, AsyncRequestStore, RedisAsyncRequests, Submitted
 from jobs.memory_async import MemoryAsyncAssignments, MemoryAsyncRequests
+from jobs.memory_nodes import MemoryNodes
+from jobs.nodes import NodeRegistry, Nodes
+from jobs.task_messages import QueuedMessage
 from predictors_runtime.config import ApiConfig
 from tests.contracts.async_store import RETENTION_S, T0, AsyncRequestStoreContract, queued
 from tests.contracts.async_store import request as contract_request
@@ -26,6 +31,12 @@ class TestTheAsyncRequestStoreInRedisAndInMemory(AsyncRequestStoreContract):
         if request.param == "memory":
             return MemoryAsyncRequests(retention_s=RETENTION_S)
         return RedisAsyncRequests(request.getfixturevalue("redis_client"), retention_s=RETENTION_S)
+
+    @pytest.fixture
+    def nodes(self, requests: AsyncRequestStore, request: pytest.FixtureRequest) -> NodeRegistry:
+        if isinstance(requests, MemoryAsyncRequests):
+            return MemoryNodes(node_ttl_s=10, inflight=requests.inflight)
+        return Nodes(request.getfixturevalue("redis_client"), node_ttl_s=10)
 
 
 def test_the_queued_list_and_a_deliverys_claims_expire_with_the_retention(redis_client: redis.Redis) -> None:
@@ -85,3 +96,29 @@ def test_a_submitted_request_is_stored_and_offered_in_one_step_only_while_its_ap
     with pytest.raises(ApiNotFound):  # deleted since its route was read
         store.submit(contract_request("r4"), T0)
     assert store.get("echo", "r4") is None
+
+
+@pytest.mark.parametrize("backend", ["redis", "memory"])
+def test_a_submitted_requests_task_message_is_queued_in_the_same_step_only_when_it_is_stored(
+        backend: str, request: pytest.FixtureRequest) -> None:
+    registry = MemoryApiRegistry()
+    store: AsyncRequestStore
+    if backend == "redis":
+        client = request.getfixturevalue("redis_client")
+        registry = RedisApiRegistry(client)  # type: ignore[assignment]
+        store = RedisAsyncRequests(client, retention_s=RETENTION_S)
+        pushed: Callable[[], list[bytes]] = lambda: list(client.lrange("async.echo", 0, -1))  # noqa: E731
+    else:
+        memory = store = MemoryAsyncRequests(retention_s=RETENTION_S,
+                                             registered=lambda name: any(a.name == name for a in registry.all()))
+        pushed = lambda: list(memory.pushed.get("async.echo", []))  # noqa: E731
+    with pytest.raises(ApiNotFound):  # not deployed: neither stored nor queued
+        store.submit(contract_request("r0"), T0, message=QueuedMessage("async.echo", b"task of r0"))
+    registry.put(ApiConfig.model_validate({"name": "echo", "kind": "AsyncAPI", "predictor": {"path": "p.py"}}),
+                 "bundle-1", now=T0)
+    assert store.submit(contract_request("r1"), T0, message=QueuedMessage("async.echo", b"task of r1")).created
+    assert not store.submit(contract_request("r1"), T0, message=QueuedMessage("async.echo", b"again")).created
+    assert store.submit(contract_request("r2"), T0).created  # no message: its caller sends the task
+    assert pushed() == [b"task of r1"]
+    store.send(QueuedMessage("async.echo", b"task of the queued ones"))  # a task of no one request
+    assert pushed() == [b"task of the queued ones", b"task of r1"]

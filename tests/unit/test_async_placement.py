@@ -23,7 +23,7 @@ class World:
         self.requests = MemoryAsyncRequests()
         self.assignments = MemoryAsyncAssignments()
         self.queues = MemoryJobQueues()
-        self.nodes = MemoryNodes(node_ttl_s=10)
+        self.nodes = MemoryNodes(node_ttl_s=10, inflight=self.requests.inflight)
         self.placement = AsyncPlacement(self.registry, self.requests, self.assignments, self.queues, self.nodes,
                                         lambda: Counter(job_load or {}))
 

@@ -78,7 +78,7 @@ class Harness:
         self.objects = RequestObjects(str(tmp_path / "storage"))
         self.registry = MemoryApiRegistry()
         self.registry.put(api_config(**predictor), "bundle-1", now=1.0)
-        self.nodes = MemoryNodes(node_ttl_s=10)
+        self.nodes = MemoryNodes(node_ttl_s=10, inflight=self.requests.inflight)
         self.builder = Builder(predict)
         self.ending = Ending()
         self.runtime = AsyncRuntime(self.requests, self.objects, self.registry, self.nodes,
@@ -104,6 +104,37 @@ def test_a_request_runs_once_per_delivery_and_its_small_result_is_kept_in_its_re
     assert (record.result, record.result_uri) == (b'{"ok": {"a": 1}}', "")  # no object written for it
     assert seen == [({"a": 1}, "r1")]
     assert h.nodes.inflight("node-a") == {}  # the delivery left the node's in-flight hash
+
+
+def test_a_delivery_is_in_its_nodes_in_flight_hash_while_its_request_runs(tmp_path: Path) -> None:
+    seen: list[dict[str, str]] = []
+    h = Harness(tmp_path, lambda payload, request_id: seen.append(h.nodes.inflight("node-a")) or payload)
+    h.submit("r1", b"1")
+    h.runtime.run_request("echo", "r1", Delivery("node-a", "task-1"))
+    assert seen == [{"task-1": request_entry("echo", "r1")}]  # a node dying now has it given back
+    assert h.record("r1").status is RequestStatus.COMPLETED and h.nodes.inflight("node-a") == {}
+
+
+def _raises(payload: Any, request_id: str) -> Any:
+    raise ValueError("bad input")
+
+
+@pytest.mark.parametrize("case", ["completed", "raises", "not json", "cannot build", "ended already", "unknown",
+                                  "held by a batch", "api deleted", "large result"])
+def test_a_delivery_leaves_its_nodes_in_flight_hash_whatever_becomes_of_its_request(tmp_path: Path, case: str) -> None:
+    predict = {"raises": _raises, "not json": lambda payload, request_id: object(), "cannot build": None,
+               "large result": lambda payload, request_id: "x" * ASYNC_INLINE_RESULT_BYTES}.get(
+        case, lambda payload, request_id: payload)
+    h = Harness(tmp_path, predict)
+    h.submit("r1", b"1")
+    if case == "ended already":
+        h.runtime.run_request("echo", "r1", Delivery("node-b", "task-0"))
+    elif case == "held by a batch":
+        h.requests.begin("echo", "r1", 40.0, owner="task-0")
+    elif case == "api deleted":
+        h.registry.delete("echo")
+    h.runtime.run_request("echo", "r1" if case != "unknown" else "nope", Delivery("node-a", "task-1"))
+    assert h.nodes.inflight("node-a") == {} and h.nodes.inflight("node-b") == {}
 
 
 def test_a_result_over_the_inline_limit_goes_to_storage_not_to_the_record(tmp_path: Path) -> None:
@@ -189,10 +220,14 @@ def test_a_request_past_its_timeout_is_failed_then_its_process_ended(tmp_path: P
 
     h = Harness(tmp_path, predict, request_timeout=0.05)
     h.ending = ending_stub = Ending()
-    h.runtime._end_process = lambda status: (ending_stub(status), ending.set())
+    in_flight_at_the_end: list[dict[str, str]] = []
+    h.runtime._end_process = lambda status: (
+        ending_stub(status), in_flight_at_the_end.append(h.nodes.inflight("node-a")), ending.set())
     h.submit("r1", b"1")
     h.runtime.run_request("echo", "r1", Delivery("node-a", "task-1"))
     assert ending_stub.statuses == [EXIT_STOPPED_BATCH]
+    # The process ends holding the delivery, so that settling gives its message back (to be acknowledged).
+    assert in_flight_at_the_end == [{"task-1": request_entry("echo", "r1")}]
     record = h.record("r1")
     assert record.status is RequestStatus.FAILED and record.message == "timed out after 0.05 s"
     assert record.result_uri == ""  # the late result is not recorded

@@ -10,6 +10,7 @@ import pytest
 
 from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
 from jobs.memory_async import MemoryAsyncRequests
+from jobs.memory_nodes import MemoryNodes
 from tests.contracts.async_store import RETENTION_S, AsyncRequestStoreContract
 
 
@@ -17,6 +18,10 @@ class TestTheMemoryAsyncRequestStore(AsyncRequestStoreContract):
     @pytest.fixture
     def requests(self) -> MemoryAsyncRequests:
         return MemoryAsyncRequests(retention_s=RETENTION_S)
+
+    @pytest.fixture
+    def nodes(self, requests: MemoryAsyncRequests) -> MemoryNodes:
+        return MemoryNodes(node_ttl_s=10, inflight=requests.inflight)
 
 
 def test_each_in_memory_request_store_keeps_its_own_requests_and_counts() -> None:
