@@ -114,16 +114,17 @@ def replica_env(
     return env
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
-    """A preexec_fn: the child gets SIGTERM when the launcher dies, however it dies."""
+def die_with_parent(parent_pid: int) -> Callable[[], None]:
+    """A preexec_fn: the child gets SIGTERM when its parent (a launcher, a worker host agent) dies,
+    however it dies."""
 
     def preexec() -> None:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):  # not Linux: the launcher's exit handling still applies
+        except (OSError, AttributeError):  # not Linux: the parent's own exit handling still applies
             return
-        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os.kill(os.getpid(), signal.SIGTERM)
 
     return preexec
@@ -132,7 +133,7 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None]:
 def spawn_gunicorn(argv: list[str], env: Mapping[str, str], cwd: Path) -> subprocess.Popen:
     """gunicorn in its own process group (so the group can be killed as one), tied to our life."""
     return subprocess.Popen(
-        argv, env=dict(env), cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),
+        argv, env=dict(env), cwd=cwd, start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
     )
 
 

@@ -17,7 +17,6 @@ are made by a `spawn` function (`celery_node` here, a fake in unit tests).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import re
@@ -40,13 +39,14 @@ from jobs.node_plan import HostPlan, WorkerHostReport
 from jobs.nodes import NodeRegistry
 from jobs.worker_hosts import WorkerHosts
 
+from .replica_process import die_with_parent
+
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS_ROLE = "workers"
 STEP_S = 0.5
 STOP_GRACE_S = 60.0  # how long a stopping agent waits for its nodes' warm shutdown before SIGKILL
-PR_SET_PDEATHSIG = 1
 _HOST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -215,21 +215,6 @@ class WorkerHost:
             self._worker_hosts.remove(self.config.host_id)
 
 
-def _die_with_agent(parent_pid: int) -> Callable[[], None]:
-    """A preexec_fn: the node gets SIGTERM (warm shutdown) when the agent dies, however it dies."""
-
-    def preexec() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):  # not Linux: the agent's own stop still applies
-            return
-        if os.getppid() != parent_pid:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
 def celery_node(queues: tuple[str, ...], env: Mapping[str, str], loglevel: str = "INFO") -> Spawn:
     """Spawn real nodes: `celery -A jobs worker -Q <queues> -n <name>`, as `sluice up` starts them."""
     child_env = dict(env)
@@ -240,7 +225,7 @@ def celery_node(queues: tuple[str, ...], env: Mapping[str, str], loglevel: str =
         return subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "jobs", "worker", "-Q", ",".join(queues), "-n", name,
              "--loglevel", loglevel, "--without-gossip", "--without-mingle"],
-            env=child_env, start_new_session=True, preexec_fn=_die_with_agent(os.getpid()),
+            env=child_env, start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
         )
 
     return spawn
