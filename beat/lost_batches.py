@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from foundation.settings import Settings
+from jobs.broker import queue_lists
 from jobs.job import JobStatus, job_queue_name
 from jobs.nodes import is_request_entry, parse_inflight_entry
 from jobs.publish import BatchPublisher, send_completion
@@ -129,8 +130,8 @@ class LostBatchWatch:
             with channel.conn_or_acquire() as client:
                 pipe = client.pipeline(transaction=False)
                 for job_id in job_ids:
-                    for priority in steps:
-                        pipe.llen(channel._q_for_pri(job_queue_name(job_id), priority))
+                    for key in queue_lists(channel, job_queue_name(job_id)):
+                        pipe.llen(key)
                 lengths = pipe.execute()
         per_job = len(steps)
         return {job_id: sum(lengths[i * per_job:(i + 1) * per_job]) for i, job_id in enumerate(job_ids)}

@@ -24,6 +24,7 @@ from jobs.services import Services
 from . import steps
 from .completions import completion_grace_s, resend_completions
 from .lost_batches import LostBatchWatch, lost_grace_s
+from .lost_requests import LostRequestWatch
 from .worker_nodes import plan_worker_nodes
 
 
@@ -102,4 +103,5 @@ def maintenance_steps(settings: Settings) -> list[Step]:
         Step("recover-lost-batches", LostBatchWatch(lost_grace_s(settings)), every),
         Step("sweep-async-requests", sweep_async, every),
         Step("wake-queued-async-requests", wake_queued, every),
+        Step("recover-lost-async-requests", LostRequestWatch(lost_grace_s(settings)), every),
     ]

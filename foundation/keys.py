@@ -98,6 +98,13 @@ def async_wake(api_name: str) -> str:
     return f"{PREFIX}:async-wake:{api_name}"
 
 
+def async_unstarted(api_name: str) -> str:
+    """Sorted set of an AsyncAPI's requests stored with a task message of their own (or not yet
+    offered to batches) that no delivery has taken, scored in the order they were stored: beat sends
+    again those whose message left the API's queue without a node taking them (beat/lost_requests.py)."""
+    return f"{PREFIX}:async-unstarted:{api_name}"
+
+
 def async_claims(api_name: str, owner: str) -> str:
     """Set of the requests of an API claimed into the batch of one delivery (`owner`: its task id):
     that delivery, if its node dies and its message comes back, takes them again."""

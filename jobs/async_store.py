@@ -19,6 +19,15 @@ A delivery of one request also enters its node's in-flight hash in `begin`'s scr
 `jobs/nodes.py` that would otherwise cost a round trip each per request, with what settling a dead
 node reads (`jobs/settle.py`) unchanged. Likewise `submit` pushes the request's task message on the
 broker's list (`jobs/task_messages.py`) in the script that stores it: queued if and only if stored.
+
+A request stored without being offered to batches waits in its API's unstarted set
+(`keys.async_unstarted`), in the order stored, until a delivery takes it, a batch claims it, it is
+offered to batches or it ends. Its message can still go missing after that script: an API process
+that dies before sending one through Celery (a large payload, another transport), a node killed
+between taking the message off the queue and `begin`. Since the queue hands messages out oldest
+first, when the set holds N requests and the API's queue L messages, the oldest N - L of them have
+had their messages taken off the queue (`unstarted`); one that stays so while beat looks for a
+while is sent again (beat/lost_requests.py). `begin` keeps a second message harmless.
 """
 
 from __future__ import annotations
@@ -42,17 +51,32 @@ from .task_messages import QueuedMessage
 # A task for an API's queued requests that never started (the submitting process died before sending
 # it) holds back the next one at most this long; beat's sweep also re-arms what it finds queued.
 WAKE_TTL_S = 30
+# Most unstarted requests `unstarted` answers at once (beat sends those again, a few at a time).
+UNSTARTED_LIMIT = 500
 
 # Every script that moves a request moves its API's counts (`keys.async_counts`) with it.
 
-# Sets the record's fields unless it exists already; its expiry is remembered; one more queued.
+# Sets the record's fields unless it exists already; its expiry is remembered; one more queued; it is
+# unstarted (KEYS[4]; ARGV[4] its id) after the newest there.
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 redis.call('HINCRBY', KEYS[3], 'in_queue', 1)
+UNSTARTED(KEYS[4], ARGV[4])
 return 1
+"""
+
+# Lua: the request `id` joins the unstarted set `key` after the newest there (the set keeps the order
+# requests were stored in; scores restart from 1 once it is empty).
+_UNSTARTED = """
+local function UNSTARTED(key, id)
+  local newest = redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')
+  local score = 1
+  if newest[2] then score = tonumber(newest[2]) + 1 end
+  redis.call('ZADD', key, score, id)
+end
 """
 
 # A delivery (ARGV[2], its owner) takes the request: counted, and in progress unless it has ended or
@@ -60,8 +84,10 @@ return 1
 # with its record's fields (the node needs its payload: one round trip instead of two). With ARGV[3]
 # (the delivery's in-flight entry), the delivery first enters its node's in-flight hash (KEYS[3]),
 # whatever the request's state: the node's step of `jobs/nodes.py` `begin_delivery`, in the same trip.
+# A delivery finding the request (ARGV[4] its id) took its message: it is no longer unstarted (KEYS[4]).
 _BEGIN = """
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], ARGV[2], ARGV[3]) end
+redis.call('ZREM', KEYS[4], ARGV[4])
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'', 0, 0} end
 if status ~= 'in_queue' and status ~= 'in_progress' then return {status, 0, 0} end
@@ -78,7 +104,7 @@ return taken
 """
 
 # Up to ARGV[3] queued requests of the API (KEYS[1] its queued list, KEYS[2] the owner's claims,
-# KEYS[3] the API's counts,
+# KEYS[3] the API's counts, KEYS[4] its unstarted set,
 # ARGV[4] the record key's prefix) taken by the owner ARGV[2]: {id, deliveries, ...}. Ids of
 # requests no longer queued (taken by their own delivery, ended, expired) are dropped from the list.
 _CLAIM = """
@@ -91,6 +117,7 @@ while #claimed < 2 * wanted do
   if redis.call('HGET', record, 'status') == 'in_queue' then
     redis.call('HSET', record, 'status', 'in_progress', 'started', ARGV[1], 'owner', ARGV[2])
     redis.call('SADD', KEYS[2], id)
+    redis.call('ZREM', KEYS[4], id)
     redis.call('HINCRBY', KEYS[3], 'in_queue', -1)
     redis.call('HINCRBY', KEYS[3], 'in_progress', 1)
     claimed[#claimed + 1] = id
@@ -105,8 +132,8 @@ return claimed
 # routed it by a view of the registry up to a second old), 0 when one of its id exists already, else
 # created (`_CREATE`), its task's message (ARGV[8], when given) pushed on the broker's list (KEYS[7]),
 # and, when ARGV[6] is '1' (`server_side_batching`, payload inline), offered to batches at once
-# (`_QUEUE`: 2 when the caller sends the task for the queued requests, else 1).
-# KEYS: record, expiry set, counts, registry, queued list, wake key, the task's broker list.
+# (`_QUEUE`: 2 when the caller sends the task for the queued requests, else 1), else unstarted.
+# KEYS: record, expiry set, counts, registry, queued list, wake key, the task's broker list, unstarted set.
 # ARGV: expire seconds, expiry score, expiry member, api name, request id, queued, wake ttl, task
 # message, fields.
 _SUBMIT = """
@@ -117,16 +144,21 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 redis.call('HINCRBY', KEYS[3], 'in_queue', 1)
 if ARGV[8] ~= '' then redis.call('LPUSH', KEYS[7], ARGV[8]) end
-if ARGV[6] ~= '1' then return 1 end
+if ARGV[6] ~= '1' then
+  UNSTARTED(KEYS[8], ARGV[5])
+  return 1
+end
 redis.call('LPUSH', KEYS[5], ARGV[5])
 redis.call('EXPIRE', KEYS[5], ARGV[1])
 if redis.call('SET', KEYS[6], '1', 'NX', 'EX', ARGV[7]) then return 2 end
 return 1
 """
 
-# A request offered to batches (KEYS[1] the API's queued list, KEYS[2] its wake key): 1 when no task
-# for the queued requests is on its way (the caller sends one: the wake key is now set for it).
+# A request offered to batches (KEYS[1] the API's queued list, KEYS[2] its wake key, KEYS[3] its
+# unstarted set, which it leaves): 1 when no task for the queued requests is on its way (the caller
+# sends one: the wake key is now set for it).
 _QUEUE = """
+redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[3]) then return 1 end
@@ -160,15 +192,18 @@ return taken
 # (submission to now, both server times; `foundation/figures.py`'s stored form).
 # With ARGV[9] (a delivery's task id), that delivery also leaves its node's in-flight hash (KEYS[7]),
 # whether or not this call ends the request: its last step (`jobs/nodes.py` `end_delivery`).
-# KEYS: record, expiry set, counts, ended slot, outcome figure, duration figure, in-flight hash.
+# An ended request is not unstarted (KEYS[8]).
+# KEYS: record, expiry set, counts, ended slot, outcome figure, duration figure, in-flight hash,
+# unstarted set.
 # ARGV: expire seconds, expiry score, expiry member, now, status, outcome field, duration labels,
-# slot expire seconds, ending delivery's task id, then the fields to set.
+# slot expire seconds, ending delivery's task id, request id, then the fields to set.
 _FINISH = """
 if ARGV[9] ~= '' then redis.call('HDEL', KEYS[7], ARGV[9]) end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'in_queue' and status ~= 'in_progress' then return 0 end
+redis.call('ZREM', KEYS[8], ARGV[10])
 local created = tonumber(redis.call('HGET', KEYS[1], 'created') or '')
-redis.call('HSET', KEYS[1], unpack(ARGV, 10))
+redis.call('HSET', KEYS[1], unpack(ARGV, 11))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 redis.call('HINCRBY', KEYS[3], status, -1)
@@ -195,13 +230,26 @@ def _with_buckets(script: str, bounds: tuple[float, ...]) -> str:
     return f"local BOUNDS = {{{numbers}}}\nlocal LES = {{{fields}}}\n{script}"
 
 
-# Forgets an expired request; one whose record is still there unended leaves its API's counts.
+# Forgets an expired request (ARGV[2] its id); one whose record is still there unended leaves its API's
+# counts, and its unstarted set (KEYS[4]).
 _REMOVE = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'in_queue' or status == 'in_progress' then redis.call('HINCRBY', KEYS[3], status, -1) end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
+"""
+
+# The oldest unstarted requests (KEYS[1]) beyond as many as there are messages on the API's queue
+# (KEYS[2..], its lists), at most ARGV[1]: read in one step, so that no message moves between the counts.
+_UNSTARTED_BEYOND_QUEUE = """
+local waiting = redis.call('ZCARD', KEYS[1])
+local messages = 0
+for i = 2, #KEYS do messages = messages + redis.call('LLEN', KEYS[i]) end
+local beyond = math.min(waiting - messages, tonumber(ARGV[1]))
+if beyond <= 0 then return {} end
+return redis.call('ZRANGE', KEYS[1], 0, beyond - 1)
 """
 
 
@@ -307,6 +355,12 @@ class AsyncRequestStore(Protocol):
     def counts(self, api_name: str, now: float) -> AsyncCounts:
         """The API's requests queued and in progress now, and ended in the last minute."""
 
+    def unstarted(self, api_name: str, queue_lists: Sequence[str], limit: int = UNSTARTED_LIMIT) -> list[str]:
+        """The oldest of the API's requests stored with a message of their own (or not yet offered to
+        batches) that no delivery has taken, beyond as many as there are messages on the API's queue
+        (`queue_lists`: its lists in the broker, this Redis): their messages have left the queue
+        without a node taking them yet, or never reached it. At most `limit`, oldest first."""
+
 
 def _pairs(flat: list[bytes | str | int]) -> list[tuple[str, int]]:
     """A Lua script's {id, deliveries, id, deliveries, ...} as pairs."""
@@ -324,14 +378,15 @@ class RedisAsyncRequests:
     def __init__(self, client: redis.Redis, retention_s: float) -> None:
         self._redis = client
         self.retention_s = retention_s
-        self._create = client.register_script(_CREATE)
+        self._create = client.register_script(_UNSTARTED + _CREATE)
         self._begin = client.register_script(_BEGIN)
         self._finish = client.register_script(_with_buckets(_FINISH, ASYNC_SECONDS.buckets))
         self._remove = client.register_script(_REMOVE)
         self._claim = client.register_script(_CLAIM)
         self._reclaim = client.register_script(_RECLAIM)
         self._queue = client.register_script(_QUEUE)
-        self._submit = client.register_script(_SUBMIT)
+        self._submit = client.register_script(_UNSTARTED + _SUBMIT)
+        self._unstarted = client.register_script(_UNSTARTED_BEYOND_QUEUE)
         self._rearm = client.register_script(_REARM)
 
     def _expiry_args(self, api_name: str, request_id: str, now: float) -> list[str]:
@@ -342,9 +397,10 @@ class RedisAsyncRequests:
         fields: list[str | bytes] = []
         for name, value in request.to_dict().items():
             fields.extend((name, value))
-        args = [*self._expiry_args(request.api_name, request.request_id, now), *fields]
+        args = [*self._expiry_args(request.api_name, request.request_id, now), request.request_id, *fields]
         created = self._create(keys=[keys.async_request(request.api_name, request.request_id), keys.ASYNC_EXPIRY,
-                                     keys.async_counts(request.api_name)], args=args)
+                                     keys.async_counts(request.api_name), keys.async_unstarted(request.api_name)],
+                               args=args)
         return bool(created)
 
     def submit(self, request: AsyncRequest, now: float, *, queued: bool = False,
@@ -358,14 +414,16 @@ class RedisAsyncRequests:
         done = int(self._submit(keys=[keys.async_request(api_name, request_id), keys.ASYNC_EXPIRY,
                                       keys.async_counts(api_name), keys.APIS, keys.async_queued(api_name),
                                       # With no message, KEYS[7] is a key the script reads anyway (pushed nothing).
-                                      keys.async_wake(api_name), message.key if message is not None else keys.APIS],
+                                      keys.async_wake(api_name), message.key if message is not None else keys.APIS,
+                                      keys.async_unstarted(api_name)],
                                 args=args))
         if done < 0:
             raise not_deployed(api_name)
         return Submitted(created=done > 0, wake=done == 2)
 
     def queue(self, api_name: str, request_id: str) -> bool:
-        return bool(self._queue(keys=[keys.async_queued(api_name), keys.async_wake(api_name)],
+        return bool(self._queue(keys=[keys.async_queued(api_name), keys.async_wake(api_name),
+                                      keys.async_unstarted(api_name)],
                                 args=[request_id, _expire_seconds(self.retention_s), WAKE_TTL_S]))
 
     def send(self, message: QueuedMessage) -> None:
@@ -393,8 +451,9 @@ class RedisAsyncRequests:
     def begin(self, api_name: str, request_id: str, now: float, owner: str = "", node: str = "") -> Taken:
         entry = request_entry(api_name, request_id) if node and owner else ""
         status, deliveries, held, *fields = self._begin(
-            keys=[keys.async_request(api_name, request_id), keys.async_counts(api_name), keys.inflight(node)],
-            args=[repr(now), owner, entry])
+            keys=[keys.async_request(api_name, request_id), keys.async_counts(api_name), keys.inflight(node),
+                  keys.async_unstarted(api_name)],
+            args=[repr(now), owner, entry, request_id])
         text = status.decode() if isinstance(status, bytes) else str(status)
         record = None
         if fields:
@@ -408,7 +467,7 @@ class RedisAsyncRequests:
         if limit <= 0:
             return []
         flat = self._claim(keys=[keys.async_queued(api_name), keys.async_claims(api_name, owner),
-                                 keys.async_counts(api_name)],
+                                 keys.async_counts(api_name), keys.async_unstarted(api_name)],
                            args=[repr(now), owner, limit, self._record_prefix(api_name),
                                  _expire_seconds(self.retention_s)])
         return _pairs(flat)
@@ -433,11 +492,11 @@ class RedisAsyncRequests:
             fields += ["message", message]
         args = [*self._expiry_args(api_name, request_id, now), repr(now), status.value,
                 label_field((api_name, status.value)), label_field((api_name,)), str(SLOT_TTL_S),
-                ending.task_id if ending is not None else "", *fields]
+                ending.task_id if ending is not None else "", request_id, *fields]
         return bool(self._finish(keys=[
             keys.async_request(api_name, request_id), keys.ASYNC_EXPIRY, keys.async_counts(api_name),
             keys.async_ended(api_name, slot_of(now)), ASYNC_REQUESTS.key, ASYNC_SECONDS.key,
-            keys.inflight(ending.node if ending is not None else ""),
+            keys.inflight(ending.node if ending is not None else ""), keys.async_unstarted(api_name),
         ], args=args))
 
     def expired(self, now: float, limit: int = 500) -> list[tuple[str, str]]:
@@ -445,8 +504,13 @@ class RedisAsyncRequests:
         return [parse_expiry_member(m.decode() if isinstance(m, bytes) else str(m)) for m in members]
 
     def remove(self, api_name: str, request_id: str) -> None:
-        self._remove(keys=[keys.async_request(api_name, request_id), keys.ASYNC_EXPIRY, keys.async_counts(api_name)],
-                     args=[expiry_member(api_name, request_id)])
+        self._remove(keys=[keys.async_request(api_name, request_id), keys.ASYNC_EXPIRY, keys.async_counts(api_name),
+                           keys.async_unstarted(api_name)],
+                     args=[expiry_member(api_name, request_id), request_id])
+
+    def unstarted(self, api_name: str, queue_lists: Sequence[str], limit: int = UNSTARTED_LIMIT) -> list[str]:
+        found = self._unstarted(keys=[keys.async_unstarted(api_name), *queue_lists], args=[limit])
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in found]
 
     def counts(self, api_name: str, now: float) -> AsyncCounts:
         pipe = self._redis.pipeline(transaction=False)

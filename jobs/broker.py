@@ -222,3 +222,8 @@ def acknowledge_tags(channel: Any, tags: Iterable[str]) -> None:
         pipe.zrem(channel.unacked_index_key, *tags)
         pipe.hdel(channel.unacked_key, *tags)
         pipe.execute()
+
+
+def queue_lists(channel: Any, queue: str) -> list[str]:
+    """The broker's lists holding `queue`'s messages: one per priority level a kombu Redis channel keeps."""
+    return [channel._q_for_pri(queue, priority) for priority in getattr(channel, "priority_steps", [0])]

@@ -12,7 +12,7 @@ from foundation.api_registry import not_deployed
 from .async_counts import AsyncCounts, slot_of, window_slots
 from .async_placement import Placed
 from .async_request import AsyncRequest, RequestStatus
-from .async_store import Submitted, Taken
+from .async_store import UNSTARTED_LIMIT, Submitted, Taken
 from .delivery import Delivery, request_entry
 from .task_messages import QueuedMessage
 
@@ -38,6 +38,7 @@ class MemoryAsyncRequests:
         self._queued: dict[str, deque[str]] = {}
         self._claims: dict[tuple[str, str], set[str]] = {}
         self._woken: set[str] = set()  # APIs a task for whose queued requests is on its way (no expiry here)
+        self._unstarted: dict[str, dict[str, None]] = {}  # api -> its unstarted request ids, in the order stored
 
     def _move(self, api_name: str, before: RequestStatus | None, after: RequestStatus | None) -> None:
         for status, step in ((before, -1), (after, 1)):
@@ -52,7 +53,11 @@ class MemoryAsyncRequests:
             self._records[key] = request
             self._expires[key] = now + self.retention_s
             self._move(request.api_name, None, RequestStatus.IN_QUEUE)
+            self._unstarted.setdefault(request.api_name, {})[request.request_id] = None
             return True
+
+    def _started(self, api_name: str, request_id: str) -> None:
+        self._unstarted.get(api_name, {}).pop(request_id, None)
 
     def submit(self, request: AsyncRequest, now: float, *, queued: bool = False,
                message: QueuedMessage | None = None) -> Submitted:
@@ -70,6 +75,7 @@ class MemoryAsyncRequests:
 
     def queue(self, api_name: str, request_id: str) -> bool:
         with self._lock:
+            self._started(api_name, request_id)
             self._queued.setdefault(api_name, deque()).appendleft(request_id)
             return self._arm(api_name)
 
@@ -101,6 +107,7 @@ class MemoryAsyncRequests:
         with self._lock:
             if node and owner:
                 self.inflight.setdefault(node, {})[owner] = request_entry(api_name, request_id)
+            self._started(api_name, request_id)
             record = self._records.get(key)
             if record is None:
                 return Taken(None, 0)
@@ -130,6 +137,7 @@ class MemoryAsyncRequests:
                 if record is None or record.status is not RequestStatus.IN_QUEUE:
                     continue
                 claimed.append((request_id, self._take(key, record, owner)))
+                self._started(api_name, request_id)
                 self._claims.setdefault((api_name, owner), set()).add(request_id)
         return claimed
 
@@ -162,6 +170,7 @@ class MemoryAsyncRequests:
                                                      message=message)
             self._expires[key] = now + self.retention_s
             self._move(api_name, record.status, None)
+            self._started(api_name, request_id)
             ended = (api_name, slot_of(now), status)
             self._ended[ended] = self._ended.get(ended, 0) + 1
             return True
@@ -176,8 +185,15 @@ class MemoryAsyncRequests:
             record = self._records.pop((api_name, request_id), None)
             self._expires.pop((api_name, request_id), None)
             self._owners.pop((api_name, request_id), None)
+            self._started(api_name, request_id)
             if record is not None:
                 self._move(api_name, record.status, None)
+
+    def unstarted(self, api_name: str, queue_lists: Sequence[str], limit: int = UNSTARTED_LIMIT) -> list[str]:
+        with self._lock:
+            waiting = list(self._unstarted.get(api_name, {}))
+            messages = sum(len(self.pushed.get(key, [])) for key in queue_lists)
+        return waiting[:max(0, min(len(waiting) - messages, limit))]
 
     def counts(self, api_name: str, now: float) -> AsyncCounts:
         with self._lock:

@@ -13,6 +13,7 @@ from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
 from jobs.async_store import AsyncRequestStore
 from jobs.delivery import Delivery, request_entry
 from jobs.nodes import NodeRegistry
+from jobs.task_messages import QueuedMessage
 
 T0 = 1_700_000_000.0
 RETENTION_S = 60.0
@@ -189,3 +190,31 @@ class AsyncRequestStoreContract:
         requests.remove("echo", "r2")
         assert requests.get("echo", "r2") is None
         assert requests.expired(T0 + RETENTION_S + 10) == [("echo", "r1")]
+
+    # -- unstarted: requests whose message may have gone missing -----------------------------------
+    def test_requests_beyond_the_messages_left_on_their_queue_are_unstarted_oldest_first(
+            self, requests: AsyncRequestStore) -> None:
+        for at, request_id in enumerate(("r1", "r2", "r3")):
+            requests.create(request(request_id), T0 + at)
+        assert requests.unstarted("echo", []) == ["r1", "r2", "r3"]  # no message on the queue for any
+        assert requests.unstarted("echo", [], limit=2) == ["r1", "r2"]
+        requests.send(QueuedMessage("async.echo", b"message"))  # one message left: the newest's
+        assert requests.unstarted("echo", ["async.echo", "async.echo:priority"]) == ["r1", "r2"]
+        for _ in range(2):
+            requests.send(QueuedMessage("async.echo", b"message"))
+        assert requests.unstarted("echo", ["async.echo"]) == []
+        assert requests.unstarted("other-api", []) == []
+
+    def test_a_request_taken_claimed_offered_to_batches_or_ended_is_not_unstarted(
+            self, requests: AsyncRequestStore) -> None:
+        for request_id in ("r1", "r2", "r3", "r4", "r5"):
+            requests.create(request(request_id), T0)
+        requests.begin("echo", "r1", T0 + 1, owner="task-1")
+        requests.finish("echo", "r2", RequestStatus.FAILED, T0 + 1, message="storing its payload failed")
+        requests.queue("echo", "r3")
+        assert requests.unstarted("echo", []) == ["r4", "r5"]
+        requests.claim("echo", "task-2", 1, T0 + 2)  # claims r3, offered to batches: nothing changes
+        requests.remove("echo", "r4")
+        assert requests.unstarted("echo", []) == ["r5"]
+        requests.create(request("r6"), T0 + 3)  # stored later, listed later
+        assert requests.unstarted("echo", []) == ["r5", "r6"]

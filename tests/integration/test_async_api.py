@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -219,6 +220,20 @@ def test_a_node_killed_mid_request_gives_it_back_and_it_completes_exactly_once(c
     mine = [e for e in _events(events) if e["id"] == request_id]
     assert [e["event"] for e in mine] == ["start", "start", "done"]
     assert client.get_async(name, request_id) == answer  # recorded once: a later read is the same
+
+
+def test_a_request_whose_task_message_was_lost_is_run_by_beat(stack, client, echo_api):
+    # The API process stored the request and died before its task went out (or a node took the message
+    # and died before taking the request): beat sends it again once it stays unstarted for its grace.
+    name, events = echo_api
+    store = RedisAsyncRequests(redis.Redis.from_url(stack.redis_url), retention_s=3600)
+    request_id = f"lost-{uuid.uuid4().hex}"
+    assert store.create(AsyncRequest(name, request_id, RequestStatus.IN_QUEUE, PayloadKind.JSON, time.time(),
+                                     payload=b'{"n": 5}'), now=time.time())
+    answer = client.wait_async(name, request_id, timeout=120)
+    assert answer["status"] == "completed" and answer["result"]["echo"] == {"n": 5}
+    assert [e["event"] for e in _events(events) if e["id"] == request_id] == ["start", "done"]
+    assert store.get(name, request_id).deliveries == 1  # type: ignore[union-attr]
 
 
 # -- the store and retention against real Redis and storage ---------------------------------------

@@ -90,6 +90,7 @@ def test_a_submitted_request_is_stored_and_offered_in_one_step_only_while_its_ap
     assert store.submit(contract_request("r2"), T0, queued=True) == Submitted(created=True, wake=False)
     assert store.submit(contract_request("r1"), T0, queued=True) == Submitted(created=False)  # the same id
     assert store.submit(contract_request("r3"), T0) == Submitted(created=True)  # not offered to batches
+    assert store.unstarted("echo", []) == ["r3"]  # no message for it on the queue: its caller is to send one
     assert [r for r, _ in store.claim("echo", "task-1", 5, T0 + 1)] == ["r1", "r2"]
     assert store.counts("echo", T0 + 1).in_queue == 1  # r3
     registry.delete("echo")
@@ -120,5 +121,8 @@ def test_a_submitted_requests_task_message_is_queued_in_the_same_step_only_when_
     assert not store.submit(contract_request("r1"), T0, message=QueuedMessage("async.echo", b"again")).created
     assert store.submit(contract_request("r2"), T0).created  # no message: its caller sends the task
     assert pushed() == [b"task of r1"]
+    # Two unstarted and one message on the queue: the queue hands out its oldest first, so the oldest is
+    # the one whose message is counted as gone.
+    assert store.unstarted("echo", ["async.echo"]) == ["r1"]
     store.send(QueuedMessage("async.echo", b"task of the queued ones"))  # a task of no one request
     assert pushed() == [b"task of the queued ones", b"task of r1"]
