@@ -279,6 +279,17 @@ class Taken:
 
 
 @dataclass(frozen=True)
+class Outcome:
+    """One request's outcome, as `finish_many` records it (the arguments of `finish`)."""
+
+    request_id: str
+    status: RequestStatus
+    result: bytes | None = None
+    result_uri: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
 class Submitted:
     """What `submit` did: stored the request (False: one of that id was there already), and whether the
     caller is to send the task for the API's queued requests (none is on its way)."""
@@ -345,6 +356,10 @@ class AsyncRequestStore(Protocol):
         one call that did, False once it has ended. `ending`: a delivery whose last step this is; it
         leaves its node's in-flight hash in the same step, whether or not this call ends the request
         (`NodeRegistry.end_delivery`, one round trip fewer per request)."""
+
+    def finish_many(self, api_name: str, outcomes: Sequence[Outcome], now: float) -> list[bool]:
+        """The outcomes of a batch's requests, each recorded as `finish` records it, in one round trip;
+        for each, True when this call ended it."""
 
     def expired(self, now: float, limit: int = 500) -> list[tuple[str, str]]:
         """(api name, request id) of requests whose retention has passed, oldest first."""
@@ -483,21 +498,34 @@ class RedisAsyncRequests:
     def finish(self, api_name: str, request_id: str, status: RequestStatus, now: float, *,
                result: bytes | None = None, result_uri: str = "", message: str = "",
                ending: Delivery | None = None) -> bool:
+        outcome = Outcome(request_id, status, result=result, result_uri=result_uri, message=message)
+        return bool(self._finish_one(api_name, outcome, now, ending))
+
+    def finish_many(self, api_name: str, outcomes: Sequence[Outcome], now: float) -> list[bool]:
+        pipe = self._redis.pipeline(transaction=False)
+        for outcome in outcomes:
+            self._finish_one(api_name, outcome, now, None, pipe)
+        return [bool(done) for done in pipe.execute()] if outcomes else []
+
+    def _finish_one(self, api_name: str, outcome: Outcome, now: float, ending: Delivery | None,
+                    client: redis.client.Pipeline | None = None) -> object:
+        """`_FINISH` for one outcome, called on `client` when given (a pipeline: queued, answered by its execute)."""
+        request_id, status = outcome.request_id, outcome.status
         fields: list[str | bytes] = ["status", status.value, "timestamp", repr(now)]
-        if result is not None:
-            fields += ["result", result]
-        if result_uri:
-            fields += ["result_uri", result_uri]
-        if message:
-            fields += ["message", message]
+        if outcome.result is not None:
+            fields += ["result", outcome.result]
+        if outcome.result_uri:
+            fields += ["result_uri", outcome.result_uri]
+        if outcome.message:
+            fields += ["message", outcome.message]
         args = [*self._expiry_args(api_name, request_id, now), repr(now), status.value,
                 label_field((api_name, status.value)), label_field((api_name,)), str(SLOT_TTL_S),
                 ending.task_id if ending is not None else "", request_id, *fields]
-        return bool(self._finish(keys=[
+        return self._finish(keys=[
             keys.async_request(api_name, request_id), keys.ASYNC_EXPIRY, keys.async_counts(api_name),
             keys.async_ended(api_name, slot_of(now)), ASYNC_REQUESTS.key, ASYNC_SECONDS.key,
             keys.inflight(ending.node if ending is not None else ""), keys.async_unstarted(api_name),
-        ], args=args))
+        ], args=args, client=client)
 
     def expired(self, now: float, limit: int = 500) -> list[tuple[str, str]]:
         members = self._redis.zrangebyscore(keys.ASYNC_EXPIRY, "-inf", now, start=0, num=limit)

@@ -12,7 +12,7 @@ from foundation.api_registry import not_deployed
 from .async_counts import AsyncCounts, slot_of, window_slots
 from .async_placement import Placed
 from .async_request import AsyncRequest, RequestStatus
-from .async_store import UNSTARTED_LIMIT, Submitted, Taken
+from .async_store import UNSTARTED_LIMIT, Outcome, Submitted, Taken
 from .delivery import Delivery, request_entry
 from .task_messages import QueuedMessage
 
@@ -174,6 +174,10 @@ class MemoryAsyncRequests:
             ended = (api_name, slot_of(now), status)
             self._ended[ended] = self._ended.get(ended, 0) + 1
             return True
+
+    def finish_many(self, api_name: str, outcomes: Sequence[Outcome], now: float) -> list[bool]:
+        return [self.finish(api_name, o.request_id, o.status, now, result=o.result, result_uri=o.result_uri,
+                            message=o.message) for o in outcomes]
 
     def expired(self, now: float, limit: int = 500) -> list[tuple[str, str]]:
         with self._lock:

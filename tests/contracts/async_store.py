@@ -10,7 +10,7 @@ in tests/integration/test_async_store_redis.py.
 from __future__ import annotations
 
 from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
-from jobs.async_store import AsyncRequestStore
+from jobs.async_store import AsyncRequestStore, Outcome
 from jobs.delivery import Delivery, request_entry
 from jobs.nodes import NodeRegistry
 from jobs.task_messages import QueuedMessage
@@ -218,3 +218,24 @@ class AsyncRequestStoreContract:
         assert requests.unstarted("echo", []) == ["r5"]
         requests.create(request("r6"), T0 + 3)  # stored later, listed later
         assert requests.unstarted("echo", []) == ["r5", "r6"]
+
+    def test_a_batchs_outcomes_are_recorded_together_each_once(self, requests: AsyncRequestStore) -> None:
+        for request_id in ("r1", "r2", "r3", "r4"):
+            requests.create(request(request_id), T0)
+        requests.finish("echo", "r4", RequestStatus.FAILED, T0 + 1, message="its node gave up")
+        recorded = requests.finish_many("echo", [
+            Outcome("r1", RequestStatus.COMPLETED, result=b'{"y": 1}'),
+            Outcome("r2", RequestStatus.COMPLETED, result_uri="file:///results/r2"),
+            Outcome("r3", RequestStatus.FAILED, message="predict returned a set"),
+            Outcome("r4", RequestStatus.COMPLETED, result=b"late"),
+        ], T0 + 2)
+        assert recorded == [True, True, True, False]
+        r1, r2, r3, r4 = (requests.get("echo", r) for r in ("r1", "r2", "r3", "r4"))
+        assert (r1.status, r1.result, r1.timestamp) == (RequestStatus.COMPLETED, b'{"y": 1}', T0 + 2)  # type: ignore[union-attr]
+        assert (r2.status, r2.result_uri) == (RequestStatus.COMPLETED, "file:///results/r2")  # type: ignore[union-attr]
+        assert (r3.status, r3.message) == (RequestStatus.FAILED, "predict returned a set")  # type: ignore[union-attr]
+        assert (r4.status, r4.message) == (RequestStatus.FAILED, "its node gave up")  # type: ignore[union-attr]
+        assert requests.finish_many("echo", [Outcome("r1", RequestStatus.FAILED, message="again")], T0 + 3) == [False]
+        assert requests.finish_many("echo", [], T0 + 3) == []
+        counts = requests.counts("echo", T0 + 3 + 10)  # the per-minute figures trail by a slot of 10 s
+        assert (counts.in_queue, counts.completed_per_minute, counts.failed_per_minute) == (0, 2, 2)
