@@ -266,8 +266,8 @@ class Stack:
         if self.proxy and self.api_port is None:
             self.api_port = free_port()
         return self._spawn("api", [
-            sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{self.api_port or self.port}",
-            "-w", str(self.api_processes), "--timeout", "120", "--graceful-timeout", "10", *no_control_socket(),
+            sys.executable, "-m", "gunicorn", "-c", "python:api.gunicorn_config",
+            "-b", f"127.0.0.1:{self.api_port or self.port}", "-w", str(self.api_processes), *no_control_socket(),
             "api:create_app()",
         ])
 
