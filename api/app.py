@@ -18,6 +18,7 @@ from jobs.services import Services
 from jobs.wiring import init_services
 
 from . import apis, async_api, auth, batch, context, fallback, health, logs, tasks
+from .async_front import AsyncSubmitFront
 from .errors import register_error_handlers
 from .metrics import HTTP_RESPONSES
 
@@ -64,4 +65,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     for module in (health, apis, batch, tasks, logs, async_api, fallback):
         app.register_blueprint(module.blueprint)
     register_error_handlers(app)
+    # AsyncAPI submissions are answered before Flask's own work (`api/async_front.py`).
+    app.wsgi_app = AsyncSubmitFront(app, app.wsgi_app, settings)  # type: ignore[method-assign]
     return app

@@ -2,8 +2,10 @@
 
 `POST /<name>` stores the request and answers `{"id"}` at once (the client's `X-Request-ID` is
 the id when it is a valid one); `GET /<name>/<id>` answers its status, and once completed its
-result and when it completed. The proxy routes both here (an AsyncAPI has no replicas), the POST
-through `api/fallback.py`'s `/<name>`. Requests run on worker nodes (`jobs/async_runner.py`).
+result and when it completed. The proxy routes both here (an AsyncAPI has no replicas); the POST
+is answered in front of Flask (`api/async_front.py`), or, when that layer leaves it to Flask (a
+refused key, a body over the limit), by `api/fallback.py`'s `/<name>`. Requests run on worker nodes
+(`jobs/async_runner.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from flask import Blueprint, request
 
+from foundation.api_registry import DeployedApi
 from foundation.errors import ApiNotFound, NotFound
 from jobs.async_request import ASYNC_KIND, RequestStatus
 from jobs.async_submit import Submission, submit_request
@@ -28,6 +31,11 @@ class RequestNotFound(NotFound):
     """No AsyncAPI request of that id is kept (never submitted, or its retention has passed)."""
 
     kind = "request_not_found"
+
+
+def is_batched(api: DeployedApi) -> bool:
+    """Whether an AsyncAPI has `server_side_batching` (its requests are queued for nodes to claim)."""
+    return (api.spec.get("predictor") or {}).get("server_side_batching") is not None
 
 
 def submit(api_name: str, batched: bool = False) -> Any:

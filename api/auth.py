@@ -6,8 +6,8 @@ this module turns its verdicts into HTTP answers before any endpoint runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from flask import Response, request
 
@@ -23,6 +23,19 @@ if TYPE_CHECKING:
 OPEN_PATHS = frozenset({"/healthz"})
 
 
+def open_bind_address(environ: Mapping[str, Any]) -> str | None:
+    """The address a request reached this server on, when gunicorn took it on a non-loopback one;
+    None for loopback, a Unix socket, or a server other than gunicorn."""
+    sock = environ.get("gunicorn.socket")
+    try:
+        local = sock.getsockname() if sock is not None else None
+    except OSError:
+        local = None
+    if not isinstance(local, tuple) or is_loopback(str(local[0])):
+        return None
+    return str(local[0])
+
+
 def _open_bind_refusal() -> Response | None:
     """Without keys, a request that reached this server on a non-loopback address is refused (403).
 
@@ -30,16 +43,12 @@ def _open_bind_refusal() -> Response | None:
     (`refuse_open_bind`); this covers a management gunicorn started by hand with `-b 0.0.0.0`,
     judged by the address each connection actually arrived on.
     """
-    sock = request.environ.get("gunicorn.socket")
-    try:
-        local = sock.getsockname() if sock is not None else None
-    except OSError:
-        local = None
-    if not isinstance(local, tuple) or is_loopback(str(local[0])):
-        return None  # not gunicorn, a Unix socket, or loopback
+    address = open_bind_address(request.environ)
+    if address is None:
+        return None
     return error_response(
         403, InsecureBind.kind,
-        f"this Sluice was reached on {local[0]} without API keys: anyone who reaches it could deploy and run code. "
+        f"this Sluice was reached on {address} without API keys: anyone who reaches it could deploy and run code. "
         f"Set {KEYS_VARIABLE} (or {KEYS_FILE_VARIABLE}), bind 127.0.0.1, or set {ALLOW_ANONYMOUS_VARIABLE}=1",
     )
 

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import time
-from typing import cast
+from typing import Any, cast
 
 from flask import current_app
 
@@ -57,12 +57,18 @@ def figure_store() -> FigureStore:
 def routed_api(name: str) -> DeployedApi:
     """The API a request to `/<name>` goes to, read from the registry at most once a `ROUTE_TTL_S` per
     process (`ApiNotFound` is never kept: a new deploy is routed at once)."""
-    routes: dict[str, tuple[float, DeployedApi]] = current_app.extensions.setdefault(ROUTES, {})
+    return route_in(current_app.extensions, name)
+
+
+def route_in(extensions: dict[str, Any], name: str) -> DeployedApi:
+    """`routed_api` from an app's extensions, for a caller outside any request context (the WSGI
+    front of `api/async_front.py`): the same kept routes."""
+    routes: dict[str, tuple[float, DeployedApi]] = extensions.setdefault(ROUTES, {})
     now = time.monotonic()
     kept = routes.get(name)
     if kept is not None and now - kept[0] < ROUTE_TTL_S:
         return kept[1]
-    api = registry().get(name)
+    api = cast(ApiRegistry, extensions[REGISTRY]).get(name)
     routes[name] = (now, api)
     return api
 

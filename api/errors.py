@@ -54,12 +54,22 @@ def with_exception_headers(response: BaseResponse, e: HTTPException) -> BaseResp
     return response
 
 
+def error_of(e: Exception) -> tuple[int, Error]:
+    """The status and body every handler answers an exception with (logged when it is the server's fault):
+    a `SluiceError` its own, anything else a 500 `unexpected_error`. Werkzeug's HTTP errors are Flask's."""
+    if isinstance(e, SluiceError):
+        if e.http_status >= 500:
+            log.error("%s: %s", e.kind, e.message)
+        return e.http_status, Error(kind=e.kind, message=e.message)
+    log.exception("unexpected error", exc_info=e)
+    return 500, Error(kind="unexpected_error", message=f"{type(e).__name__}: {e}")
+
+
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(SluiceError)
     def _sluice_error(e: SluiceError):
-        if e.http_status >= 500:
-            log.error("%s: %s", e.kind, e.message)
-        return error_response(e.http_status, e.kind, e.message)
+        status, body = error_of(e)
+        return body.response(status)
 
     @app.errorhandler(HTTPException)
     def _http_error(e: HTTPException):
@@ -75,5 +85,5 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def _unexpected(e: Exception):
-        log.exception("unexpected error")
-        return error_response(500, "unexpected_error", f"{type(e).__name__}: {e}")
+        status, body = error_of(e)
+        return body.response(status)

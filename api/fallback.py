@@ -77,8 +77,7 @@ def unrouted_api(api_name: str) -> Response:
             return refusal
         if request.method != "POST":
             raise MethodNotAllowed(valid_methods=["POST"])
-        batched = (api.spec.get("predictor") or {}).get("server_side_batching") is not None
-        return async_api.submit(name, batched=batched)
+        return async_api.submit(name, batched=async_api.is_batched(api))
     if api.kind != REALTIME_KIND:
         return _answer(404, ApiNotFound.kind, f"{name} is a {api.kind}: it answers nothing at /{name}")
     if request.method not in REALTIME_METHODS:
