@@ -78,6 +78,8 @@ bench: $(STAMP) redis-server
 	$(RUN) $(PY) bench/batch_overhead.py
 	$(RUN) $(PY) bench/enqueue.py
 	$(RUN) $(PY) bench/onnx_batch.py
+	[ -x bench/.venv-ray/bin/python ] || { python3 -m venv bench/.venv-ray && \
+	  bench/.venv-ray/bin/pip install --quiet --disable-pip-version-check -r bench/requirements-ray.txt; }
 	$(RUN) $(PY) bench/async_api.py
 	$(RUN) $(PY) bench/failover.py
 	$(RUN) $(PY) bench/autoscale.py

@@ -13,8 +13,11 @@ the MLP's AsyncAPI with `server_side_batching` (up to 32 queued requests in one 
 the same one-row Celery task. Figures:
 completed requests/s (requests / (last outcome - first submission)), p50 and p99 seconds from
 submission to outcome, and Sluice/Celery ratios (throughput: above 1 Sluice is faster; latency:
-below 1 Sluice is faster). Ray Serve's asynchronous inference is measured only where it installs
-(it is not in bench/requirements.txt: a note says so). Median of `--repeat` runs.
+below 1 Sluice is faster). Median of `--repeat` runs.
+Ray Serve's asynchronous inference (a `@task_consumer` on Celery and Redis, `bench/ray_async_serve.py`)
+is measured where its virtual environment is (`bench/.venv-ray`, from `bench/requirements-ray.txt`;
+`make bench` makes it), after the table above, on the same rows with the same number of processes:
+its own table compares Sluice's figures above with it.
 Run: `python bench/async_api.py [--requests N] [--models iris,mlp,mlp+batching] [--repeat R]`.
 """
 
@@ -162,12 +165,53 @@ def run_celery(model: dict, rows: list[dict], clients: int) -> list[tuple[float,
     return spans
 
 
-def ray_serve_note() -> str:
-    try:
-        import ray.serve  # noqa: F401
-    except ImportError:
-        return "Ray Serve: not installed here (not in bench/requirements.txt); skipped"
-    return "Ray Serve: installed, but its asynchronous inference is not measured by this bench yet; skipped"
+RAY_PYTHON = ROOT / "bench" / ".venv-ray" / "bin" / "python"
+RAY_REDIS_DB = 5  # apart from the stack's (0) keys
+
+
+def run_ray(redis_url: str, model: dict, tmp: Path, runs: int, clients: int) -> list[list[tuple[float, float]]]:
+    """`runs` runs of Ray Serve's asynchronous inference on the model's rows (`bench/ray_async_serve.py`,
+    in its own environment): each run's (enqueued, done) pairs."""
+    rows = tmp / f"ray-rows-{model['api']}.json"
+    rows.write_text(json.dumps(model["rows"]))
+    url = redis_url.rsplit("/", 1)[0] + f"/{RAY_REDIS_DB}"
+    done = subprocess.run(
+        [str(RAY_PYTHON), str(ROOT / "bench" / "ray_async_serve.py"), "--redis", url, "--model", model["model"],
+         "--features", str(model["features"]), "--rows", str(rows), "--runs", str(runs), "--clients", str(clients),
+         "--processes", str(PROCESSES)],
+        capture_output=True, text=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"bench/ray_async_serve.py exited {done.returncode}: {done.stderr[-2000:]}")
+    return [[tuple(span) for span in json.loads(line)] for line in done.stdout.splitlines() if line.startswith("[")]
+
+
+def ray_table(redis_url: str, models: dict[str, dict], sluice: dict[str, tuple[float, float, float]], tmp: Path,
+              runs: int, clients: int) -> None:
+    """Ray Serve's figures per model (one row a task, as plain Celery), against Sluice's from the table above."""
+    if not RAY_PYTHON.exists():
+        print("\nRay Serve: bench/.venv-ray is missing (`make bench` makes it from bench/requirements-ray.txt); "
+              "skipped")
+        return
+    print(f"\nRay Serve asynchronous inference ({PROCESSES} task-consumer replicas, one task at a time each; "
+          "tasks enqueued through its Celery adapter, no HTTP; one row a task)")
+    print(f"{'model':>12} {'ray req/s':>10} {'p50':>7} {'p99':>7} {'sluice/ray req/s':>17} {'p50 ratio':>10} "
+          f"{'p99 ratio':>10}")
+    measured: dict[str, tuple[float, float, float]] = {}
+    for name, m in models.items():
+        base = name.removesuffix("+batching")
+        if base not in measured:
+            try:
+                results = [figures(spans) for spans in run_ray(redis_url, m, tmp, runs, clients)]
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                print(f"{name:>12} failed: {e}")
+                return
+            rate, p50, p99 = (statistics.median(r) for r in zip(*results, strict=True))
+            measured[base] = (rate, p50, p99)
+        rate, p50, p99 = measured[base]
+        s_rate, s_p50, s_p99 = sluice[name]
+        print(f"{name:>12} {rate:>10,.0f} {p50:>7.3f} {p99:>7.3f} {s_rate / rate:>17.2f} {s_p50 / p50:>10.2f} "
+              f"{s_p99 / p99:>10.2f}")
 
 
 def main() -> None:
@@ -211,6 +255,7 @@ def main() -> None:
               "from submission to outcome (server timestamps)\n")
         print(f"{'model':>12} {'sluice req/s':>13} {'p50':>7} {'p99':>7} {'celery req/s':>13} {'p50':>7} "
               f"{'p99':>7} {'req/s ratio':>12} {'p50 ratio':>10} {'p99 ratio':>10}")
+        sluice_figures: dict[str, tuple[float, float, float]] = {}
         for name, m in models.items():
             sluice_runs, celery_runs = [], []
             for _ in range(args.repeat):  # interleaved, so drift on the machine hits both alike
@@ -220,9 +265,12 @@ def main() -> None:
                 celery_runs.append(figures(run_celery(m, m["rows"], args.clients)))
             s_rate, s_p50, s_p99 = (statistics.median(r) for r in zip(*sluice_runs, strict=True))
             c_rate, c_p50, c_p99 = (statistics.median(r) for r in zip(*celery_runs, strict=True))
+            sluice_figures[name] = (s_rate, s_p50, s_p99)
             print(f"{name:>12} {s_rate:>13,.0f} {s_p50:>7.3f} {s_p99:>7.3f} {c_rate:>13,.0f} {c_p50:>7.3f} "
                   f"{c_p99:>7.3f} {s_rate / c_rate:>12.2f} {s_p50 / c_p50:>10.2f} {s_p99 / c_p99:>10.2f}")
-        print(f"\n{ray_serve_note()}")
+        for worker in plain_workers:  # Ray's run has the machine without them
+            worker.terminate()
+        ray_table(redis_url, models, sluice_figures, tmp, args.repeat, args.clients)
     finally:
         for worker in plain_workers:
             worker.terminate()
