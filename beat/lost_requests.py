@@ -1,8 +1,8 @@
 """Beat's net under an AsyncAPI request's task message: a request whose message went missing is sent again.
 
 A request stored with a task message of its own leaves its API's unstarted set only when a
-delivery takes it (`jobs/async_store.py`). Its message can still go missing: the API process that
-stored a request with a large payload (or on another broker transport) dies before sending the
+delivery takes it (`jobs/async_store.py`). Its message can still go missing: on a broker transport
+whose messages Sluice cannot make, the API process that stored a request dies before sending its
 task through Celery; a node is killed between taking the message off the queue and taking the
 request, which leaves it in kombu's unacknowledged hash until Redis's visibility timeout (an
 hour), or takes it along. Nothing else would ever run such a request: it would stay `in_queue`.

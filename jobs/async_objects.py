@@ -6,12 +6,16 @@ nothing large sits in Redis; beat removes them when the request's retention ends
 
 from __future__ import annotations
 
+import logging
+import uuid
 from contextlib import suppress
 
-from foundation.errors import StorageNotFound
+from foundation.errors import SluiceError, StorageNotFound
 from predictors_runtime.storage import join_uri, storage_for
 
 PAYLOAD = "payload"
+
+log = logging.getLogger(__name__)
 
 
 class RequestObjects:
@@ -24,7 +28,9 @@ class RequestObjects:
         return join_uri(self._root, "async", api_name, request_id, name)
 
     def put_payload(self, api_name: str, request_id: str, body: bytes) -> str:
-        uri = self.uri(api_name, request_id, PAYLOAD)
+        """Each submission writes its own object, before its request is stored: a second submission of the
+        same id never replaces the payload the request was stored with."""
+        uri = self.uri(api_name, request_id, f"{PAYLOAD}-{uuid.uuid4().hex}")
         storage_for(uri).write_bytes(uri, body)
         return uri
 
@@ -37,6 +43,15 @@ class RequestObjects:
     @staticmethod
     def read(uri: str) -> bytes:
         return storage_for(uri).read_bytes(uri)
+
+    @staticmethod
+    def discard(uri: str) -> None:
+        """Delete one object no request refers to; one that cannot be deleted now goes with its request's
+        folder when that request's retention ends."""
+        try:
+            storage_for(uri).delete(uri)
+        except SluiceError as e:
+            log.warning("could not delete %s (it goes when its request's retention ends): %s", uri, e)
 
     def remove(self, api_name: str, request_id: str) -> None:
         """Delete what a request left in storage (nothing happens for what is not there)."""

@@ -23,8 +23,8 @@ broker's list (`jobs/task_messages.py`) in the script that stores it: queued if 
 A request stored without being offered to batches waits in its API's unstarted set
 (`keys.async_unstarted`), in the order stored, until a delivery takes it, a batch claims it, it is
 offered to batches or it ends. Its message can still go missing after that script: an API process
-that dies before sending one through Celery (a large payload, another transport), a node killed
-between taking the message off the queue and `begin`. Since the queue hands messages out oldest
+that dies before sending one through Celery (on a broker transport whose messages it cannot make),
+a node killed between taking the message off the queue and `begin`. Since the queue hands messages out oldest
 first, when the set holds N requests and the API's queue L messages, the oldest N - L of them have
 had their messages taken off the queue (`unstarted`); one that stays so while beat looks for a
 while is sent again (beat/lost_requests.py). `begin` keeps a second message harmless.
@@ -131,7 +131,7 @@ return claimed
 # A request submitted: refused (-1) unless its API is registered (KEYS[4], field ARGV[4]; the API
 # routed it by a view of the registry up to a second old), 0 when one of its id exists already, else
 # created (`_CREATE`), its task's message (ARGV[8], when given) pushed on the broker's list (KEYS[7]),
-# and, when ARGV[6] is '1' (`server_side_batching`, payload inline), offered to batches at once
+# and, when ARGV[6] is '1' (`server_side_batching`), offered to batches at once
 # (`_QUEUE`: 2 when the caller sends the task for the queued requests, else 1), else unstarted.
 # KEYS: record, expiry set, counts, registry, queued list, wake key, the task's broker list, unstarted set.
 # ARGV: expire seconds, expiry score, expiry member, api name, request id, queued, wake ttl, task

@@ -1,17 +1,18 @@
 """Submitting an AsyncAPI request: store it, then queue a task for it on the API's own queue, which
 the nodes placed on the API consume (`jobs/async_placement.py`).
 
-Without `server_side_batching`, one task per request: with its payload inline, its message is pushed
-on the queue by the same script that stores the request (`jobs/task_messages.py`: one round trip, and
-none of Celery's publishing cost), else sent through Celery once the payload is stored. With it, the
-request's id joins the API's queued list and a task is sent only when none is on its way already
-(`AsyncRequestStore.queue`): the node running it claims up to `max_batch_size` of the queued
+Without `server_side_batching`, one task per request: its message is pushed on the queue by the same
+script that stores the request (`jobs/task_messages.py`: one round trip, and none of Celery's
+publishing cost), or, on a broker transport that cannot make it, sent through Celery just after.
+With it, the request's id joins the API's queued list in that script, and a task is sent only when
+none is on its way already: the node running it claims up to `max_batch_size` of the queued
 requests and sends the next task when some are left, so a burst costs one task per batch instead of
 one per request.
 
 The task carries only the API's name and the request's id; the payload sits in the request's
-record when small, else in storage (`jobs/async_objects.py`). A client that sends the same
-`X-Request-ID` twice gets the same request, queued once.
+record when small, else in storage (`jobs/async_objects.py`), written before the request is stored.
+A client that sends the same `X-Request-ID` twice gets the same request, queued once (the second
+submission's copy of a large payload is deleted again).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from celery import Celery
 
 from foundation.limits import ASYNC_INLINE_PAYLOAD_BYTES
 
-from .async_objects import PAYLOAD, RequestObjects
+from .async_objects import RequestObjects
 from .async_placement import async_queue
 from .async_request import AsyncRequest, RequestStatus, check_payload, payload_kind, valid_request_id
 from .async_store import AsyncRequestStore
@@ -76,30 +77,35 @@ def submit_request(store: AsyncRequestStore, objects: RequestObjects, celery: Ce
     request_id = given if given is not None and valid_request_id(given) else uuid.uuid4().hex
     api_name = submission.api_name
     small = len(submission.body) <= ASYNC_INLINE_PAYLOAD_BYTES
-    payload_uri = "" if small else objects.uri(api_name, request_id, PAYLOAD)
+    # A large payload is in storage before its request exists, so that the request can be queued (or offered
+    # to batches) in the step that stores it: a node never takes a request whose payload is still on its way.
+    payload_uri = "" if small else objects.put_payload(api_name, request_id, submission.body)
     request = AsyncRequest(
         api_name=api_name, request_id=request_id, status=RequestStatus.IN_QUEUE, kind=kind, created=now,
         payload=submission.body if small else None, payload_uri=payload_uri,
     )
-    # With its payload inline, a batched request is offered to batches in the same step it is stored,
-    # and another's task queued in that step too.
     task_message = None
-    if small and not submission.batched and messages is not None:
+    if not submission.batched and messages is not None:
         task_message = messages.message(RUN_ASYNC, (api_name, request_id), async_queue(api_name))
-    submitted = store.submit(request, now, queued=submission.batched and small, message=task_message)
+    try:
+        submitted = store.submit(request, now, queued=submission.batched, message=task_message)
+    except Exception:
+        if payload_uri:
+            objects.discard(payload_uri)
+        raise
     if not submitted.created:
         log.info("async request %s of api %s exists already; not queued again", request_id, api_name)
+        if payload_uri:  # this submission's own copy: the request of that id keeps the one it was stored with
+            objects.discard(payload_uri)
         return request_id
     try:
-        if not small:  # written only for the request it belongs to: a duplicate id never overwrites it
-            objects.put_payload(api_name, request_id, submission.body)
         if not submission.batched:
             if task_message is None:  # else queued with the record already
                 send_request(celery, api_name, request_id)
-        elif submitted.wake or (not small and store.queue(api_name, request_id)):  # offered once its payload is stored
+        elif submitted.wake:
             send_queued_task(celery, api_name, store, messages)
     except Exception as e:
-        message = f"storing or queueing the request failed: {e}"
+        message = f"queueing the request failed: {e}"
         store.finish(api_name, request_id, RequestStatus.FAILED, now, message=message)
         if submission.batched:  # no task went out for the queue: the next request sends one
             store.woken(api_name)

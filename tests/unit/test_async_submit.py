@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from celery import Celery
 
+from foundation.errors import ApiNotFound
 from foundation.limits import ASYNC_INLINE_PAYLOAD_BYTES
 from jobs.async_objects import RequestObjects
 from jobs.async_request import RequestStatus
@@ -56,16 +58,53 @@ def test_a_resubmitted_request_id_queues_no_second_task(tmp_path: Path) -> None:
     assert len(store.pushed["async.echo"]) == 1 and celery.sent == []
 
 
-def test_a_large_payload_or_another_transport_sends_through_celery(tmp_path: Path) -> None:
+def test_another_transport_sends_through_celery(tmp_path: Path) -> None:
     store, celery = MemoryAsyncRequests(), SentTasks()
     objects = RequestObjects(str(tmp_path))
-    large = b'"' + b"x" * ASYNC_INLINE_PAYLOAD_BYTES + b'"'
-    first = submit_request(store, objects, celery, submission(large), 10.0, Messages(celery))  # stored first
-    second = submit_request(store, objects, celery, submission(), 10.0, TaskMessages(celery))  # memory://
+    first = submit_request(store, objects, celery, submission(), 10.0, TaskMessages(celery))  # memory://
     submit_request(store, objects, celery, submission(batched=True), 10.0, TaskMessages(celery))
     assert store.pushed == {}
-    assert celery.sent == [(RUN_ASYNC, ("echo", first), "async.echo"), (RUN_ASYNC, ("echo", second), "async.echo"),
-                           (RUN_ASYNC_QUEUED, ("echo",), "async.echo")]
+    assert celery.sent == [(RUN_ASYNC, ("echo", first), "async.echo"), (RUN_ASYNC_QUEUED, ("echo",), "async.echo")]
+
+
+LARGE = b'"' + b"x" * ASYNC_INLINE_PAYLOAD_BYTES + b'"'
+
+
+def test_a_large_payload_is_in_storage_before_its_request_is_stored_with_its_task(tmp_path: Path) -> None:
+    store, celery = MemoryAsyncRequests(), SentTasks()
+    objects = RequestObjects(str(tmp_path))
+    request_id = submit_request(store, objects, celery, submission(LARGE), 10.0, Messages(celery))
+    stored = store.get("echo", request_id)
+    assert stored is not None and stored.payload is None
+    assert objects.read(stored.payload_uri) == LARGE
+    assert store.pushed == {"async.echo": [json.dumps([RUN_ASYNC, ["echo", request_id]]).encode()]}
+    assert celery.sent == []
+
+
+def test_a_large_batched_request_is_offered_to_batches_in_the_step_that_stores_it(tmp_path: Path) -> None:
+    store, celery = MemoryAsyncRequests(), SentTasks()
+    request_id = submit_request(store, RequestObjects(str(tmp_path)), celery, submission(LARGE, batched=True), 10.0,
+                                Messages(celery))
+    assert store.pushed == {"async.echo": [json.dumps([RUN_ASYNC_QUEUED, ["echo"]]).encode()]}
+    assert [r for r, _ in store.claim("echo", "task-1", 5, 11.0)] == [request_id]
+
+
+def test_a_resubmitted_id_keeps_the_payload_it_was_stored_with_and_leaves_no_other(tmp_path: Path) -> None:
+    store, celery = MemoryAsyncRequests(), SentTasks()
+    objects = RequestObjects(str(tmp_path))
+    submit_request(store, objects, celery, submission(LARGE, client_request_id="mine"), 10.0, Messages(celery))
+    other = b'"' + b"y" * ASYNC_INLINE_PAYLOAD_BYTES + b'"'
+    submit_request(store, objects, celery, submission(other, client_request_id="mine"), 11.0, Messages(celery))
+    assert objects.read(store.get("echo", "mine").payload_uri) == LARGE  # type: ignore[union-attr]
+    assert [p.name for p in (tmp_path / "async" / "echo" / "mine").iterdir()] == [
+        Path(store.get("echo", "mine").payload_uri).name]  # type: ignore[union-attr]
+
+
+def test_a_payload_whose_request_could_not_be_stored_is_deleted(tmp_path: Path) -> None:
+    store, celery = MemoryAsyncRequests(registered=lambda name: False), SentTasks()  # the API was deleted
+    with pytest.raises(ApiNotFound):
+        submit_request(store, RequestObjects(str(tmp_path)), celery, submission(LARGE), 10.0, Messages(celery))
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 
 def test_a_burst_of_batched_requests_pushes_one_task_for_the_queued_ones_until_it_starts(tmp_path: Path) -> None:
