@@ -44,7 +44,7 @@ from .async_api import is_batched
 from .auth import open_bind_address
 from .errors import error_of
 from .metrics import HTTP_RESPONSES
-from .schemas import AsyncSubmitted
+from .schemas import AsyncSubmitted, Error
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,9 @@ class AsyncSubmitFront:
             return self._flask(environ, start_response)
         length = int(environ["CONTENT_LENGTH"])
         body = environ["wsgi.input"].read(length) if length else b""
+        if len(body) != length:  # the client went away mid-body: nothing half-sent is stored
+            error = Error(kind="bad_request", message=f"the body ended after {len(body)} of its {length} bytes")
+            return _answer(start_response, 400, error.model_dump_json().encode())
         services: Services = self._extensions[context.SERVICES]
         submission = Submission(api_name=api.name, body=body, content_type=environ.get("CONTENT_TYPE") or None,
                                 client_request_id=environ.get("HTTP_X_REQUEST_ID"), batched=is_batched(api))

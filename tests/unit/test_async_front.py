@@ -130,6 +130,14 @@ def test_a_body_its_type_cannot_read_is_a_400_and_nothing_is_stored(api: Managem
     assert api.requests.get("echo", "bad-1") is None and api.flask_saw == []
 
 
+def test_a_body_shorter_than_its_length_is_a_400_and_nothing_is_stored(api: Management) -> None:
+    answer = api.client.post("/echo", input_stream=io.BytesIO(b'{"n": 1}'), content_type="application/json",
+                             headers={"X-Request-ID": "cut-1"}, environ_overrides={"CONTENT_LENGTH": "100"})
+    assert answer.status_code == 400
+    assert answer.get_json() == {"kind": "bad_request", "message": "the body ended after 8 of its 100 bytes"}
+    assert api.requests.get("echo", "cut-1") is None
+
+
 def test_an_api_deleted_since_it_was_routed_is_a_404(api: Management) -> None:
     assert api.client.post("/echo", json={"n": 1}).status_code == 200  # routed, and the route kept
     api.registry.delete("echo")  # by another process: this one's kept route still says AsyncAPI
