@@ -30,6 +30,7 @@ from foundation.replica_scale import RedisScaleBook
 from jobs.async_counts import AsyncCounts
 from jobs.async_placement import Placed
 from jobs.async_request import ASYNC_KIND
+from jobs.broker import queue_lengths
 from jobs.job import job_queue_name
 from jobs.services import Services
 
@@ -87,16 +88,9 @@ def queue_depths(services: Services) -> dict[str, int]:
     names = [(q, q) for q in HARDWARE_QUEUES] + [(hw, name) for name, hw in queue_of.items()]
     depths = dict.fromkeys(HARDWARE_QUEUES, 0)
     with services.celery.connection_for_write() as conn:
-        channel = conn.default_channel
-        steps = list(getattr(channel, "priority_steps", [0]))
-        with channel.conn_or_acquire() as client:
-            pipe = client.pipeline(transaction=False)
-            for _, name in names:
-                for priority in steps:
-                    pipe.llen(channel._q_for_pri(name, priority))
-            lengths = pipe.execute()
-    for i, (hardware, _) in enumerate(names):
-        depths[hardware] = depths.get(hardware, 0) + sum(lengths[i * len(steps):(i + 1) * len(steps)])
+        lengths = queue_lengths(conn.default_channel, [name for _, name in names])
+    for hardware, name in names:
+        depths[hardware] = depths.get(hardware, 0) + lengths[name]
     return depths
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from foundation.settings import Settings
-from jobs.broker import queue_lists
+from jobs.broker import queue_lengths
 from jobs.job import JobStatus, job_queue_name
 from jobs.nodes import is_request_entry, parse_inflight_entry
 from jobs.publish import BatchPublisher, send_completion
@@ -125,16 +125,8 @@ class LostBatchWatch:
     def _queued(services: Services, job_ids: list[str]) -> dict[str, int]:
         """Messages waiting in each job's queue (every priority level of it)."""
         with services.celery.connection_for_write() as conn:
-            channel = conn.default_channel
-            steps = getattr(channel, "priority_steps", [0])
-            with channel.conn_or_acquire() as client:
-                pipe = client.pipeline(transaction=False)
-                for job_id in job_ids:
-                    for key in queue_lists(channel, job_queue_name(job_id)):
-                        pipe.llen(key)
-                lengths = pipe.execute()
-        per_job = len(steps)
-        return {job_id: sum(lengths[i * per_job:(i + 1) * per_job]) for i, job_id in enumerate(job_ids)}
+            lengths = queue_lengths(conn.default_channel, [job_queue_name(job_id) for job_id in job_ids])
+        return {job_id: lengths[job_queue_name(job_id)] for job_id in job_ids}
 
     @staticmethod
     def _unacked(services: Services) -> dict[str, list[Unacked]]:

@@ -227,3 +227,15 @@ def acknowledge_tags(channel: Any, tags: Iterable[str]) -> None:
 def queue_lists(channel: Any, queue: str) -> list[str]:
     """The broker's lists holding `queue`'s messages: one per priority level a kombu Redis channel keeps."""
     return [channel._q_for_pri(queue, priority) for priority in getattr(channel, "priority_steps", [0])]
+
+
+def queue_lengths(channel: Any, queues: Iterable[str]) -> dict[str, int]:
+    """Messages waiting in each of `queues` (every priority level of it), read in one round trip."""
+    lists = {queue: queue_lists(channel, queue) for queue in queues}
+    with channel.conn_or_acquire() as client:
+        pipe = client.pipeline(transaction=False)
+        for keys in lists.values():
+            for key in keys:
+                pipe.llen(key)
+        lengths = iter(pipe.execute())
+    return {queue: sum(next(lengths) for _ in keys) for queue, keys in lists.items()}
