@@ -53,6 +53,10 @@ SERVER = [
     # The model clients handed to predictors (predictors_runtime/clients) hold arrays in numpy,
     # whatever the predictor type.
     "numpy>=1.26",
+    # Per-API environments (predictors_runtime/environments): uv resolves a project's requirements
+    # at deploy and installs them on each host; packaging reads requirement lines.
+    "uv>=0.5",
+    "packaging>=23",
 ]
 
 ONNX = ["onnxruntime>=1.17"]

@@ -12,6 +12,7 @@ import redis
 from flask import Blueprint, request
 
 from foundation.api_registry import DeployedApi
+from foundation.environment_states import RedisEnvironmentStates
 from foundation.errors import AccessDenied, BadRequest, ConfigError, Conflict, NotFound, SluiceError
 from foundation.replica_scale import RedisScaleBook
 from jobs.async_request import ASYNC_KIND
@@ -19,6 +20,8 @@ from jobs.enqueue import stop_job
 from jobs.job import ACTIVE_STATUSES
 from predictors_runtime.builder import resolve_model_paths
 from predictors_runtime.config import ApiConfig, parse_api_configs
+from predictors_runtime.environments import EnvironmentSpec, HostEnvironments, lock_environment, read_dependency_files
+from predictors_runtime.environments.lock import index_arguments
 from predictors_runtime.storage import split_uri
 
 from .batch import endpoint_url
@@ -84,6 +87,7 @@ def deploy():
     for api in apis:
         if api.kind not in DEPLOYABLE_KINDS:
             raise ConfigError(f"{source}: api {api.name}: kind {api.kind} cannot be deployed by this version")
+    environments: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="sluice-deploy-") as tmp:
         services().bundles.unpack(project, Path(tmp))  # within the limits on unpacked size and files
         for api in apis:
@@ -91,8 +95,12 @@ def deploy():
                 raise ConfigError(f"{source}: api {api.name}: {api.code_section}.path: {api.predictor.path} "
                                   "is not in the project folder")
             _validate_models(api, Path(tmp), source)
+        for api in apis:
+            locked = lock_api_environment(api, Path(tmp), source)
+            if locked is not None:
+                environments[api.name] = locked.to_dict()
     bundle = services().bundles.put(project)
-    deployed = [registry().put(api, bundle) for api in apis]
+    deployed = [registry().put(api, bundle, environment=environments.get(api.name)) for api in apis]
     now = time.time()
     for one in deployed:
         forget_route(one.name)
@@ -100,7 +108,45 @@ def deploy():
             place_async_api(one, now)
     if any(one.kind == REALTIME_KIND for one in deployed):
         place_realtime_replicas(now)
-    return ApiList.model_validate({"apis": [d.summary() for d in deployed]}).response(201)
+    return ApiList.model_validate({"apis": [view_of(d) for d in deployed]}).response(201)
+
+
+def lock_api_environment(api: ApiConfig, project_dir: Path, source: str) -> EnvironmentSpec | None:
+    """Resolve the API's requirements once, for every host to install the same versions; None when
+    its project installs nothing (it runs in Sluice's own environment, as always)."""
+    files = read_dependency_files(project_dir, api, source)
+    if files.empty:
+        return None
+    settings = services().settings
+    started = time.monotonic()
+    spec = lock_environment(
+        files, project_dir, cache_dir=HostEnvironments.under(settings.cache_dir).uv_cache,
+        where=f"{source}: api {api.name}",
+        index_args=index_arguments(settings.package_index_url, settings.find_links, settings.no_index))
+    log.info("api %s: environment %s locked in %.2f s (%d packages)", api.name, spec.key, time.monotonic() - started,
+             len(spec.resolved()), extra={"api": api.name, "environment": spec.key})
+    return spec
+
+
+def environment_view(api: DeployedApi, states: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The API's environment as `GET /apis` shows it: its key, the versions it resolved, and (in
+    `GET /apis/<name>`) its state on each host that built it, with the build time or the error."""
+    if not api.environment:
+        return None
+    view = EnvironmentSpec.from_dict(api.environment).summary()
+    if states is not None:
+        view["hosts"] = states
+        failed = [s for s in states.values() if s.get("state") == "failed"]
+        view["state"] = ("failed" if failed else "ready" if any(s.get("state") == "ready" for s in states.values())
+                         else "building" if states else "locked")
+        if failed:
+            view["error"] = failed[0].get("error", "")
+    return view
+
+
+def view_of(api: DeployedApi) -> dict[str, Any]:
+    """`GET /apis`'s entry of one API."""
+    return {**api.summary(), "environment": environment_view(api)}
 
 
 def place_async_api(api: DeployedApi, now: float) -> None:
@@ -122,7 +168,7 @@ def place_realtime_replicas(now: float) -> None:
 
 @blueprint.get("/apis")
 def list_apis():
-    return ApiList.model_validate({"apis": [api.summary() for api in registry().all()]}).response()
+    return ApiList.model_validate({"apis": [view_of(api) for api in registry().all()]}).response()
 
 
 def replicas_of(api: DeployedApi, now: float) -> list[dict[str, Any]]:
@@ -144,6 +190,9 @@ def get_api(name: str):
     api = registry().get(name)
     body = api.summary()
     body["endpoint"] = endpoint_url(api.name)
+    if api.environment:
+        key = str(api.environment.get("key", ""))
+        body["environment"] = environment_view(api, RedisEnvironmentStates(services().redis).states(key))
     now = time.time()
     if api.kind == REALTIME_KIND:
         body["replicas"] = replicas_of(api, now)

@@ -67,7 +67,7 @@ def submit(api_name: str):
     plan = plan_job(services(), parse_job_request(_json_body()), api.name)
     if query.dryRun:
         return DryRun.model_validate(plan.dry_run_view()).response()
-    job = submit_job(services(), plan, api.name, api.spec, api.bundle, api.queue)
+    job = submit_job(services(), plan, api.name, api.spec, api.bundle, api.queue, environment=api.environment)
     JOBS_SUBMITTED.labels(api=api.name).inc()
     return JobSpec.model_validate(job.spec()).response()
 

@@ -265,6 +265,30 @@ class RealtimeScaling(Body):
     hosts: dict[str, HostReplicas] = Field(description="placement host id -> its replicas of this API")
 
 
+class EnvironmentOnHost(Body):
+    """One host's build of an API's environment."""
+
+    state: Literal["building", "ready", "failed"]
+    seconds: float | None = Field(default=None, description="how long the build took (ready)")
+    error: str | None = Field(default=None, description="what failed, in the installer's words (failed)")
+    at: float | None = None
+
+
+class ApiEnvironment(Body):
+    """An API's environment: what it resolved to at deploy and, in GET /apis/{name}, how it fares on each host."""
+
+    key: str = Field(description="the hash every host keeps the environment under")
+    python: str
+    platform: str
+    packages: dict[str, str] = Field(description="package -> the version locked at deploy")
+    requirements: str | None = Field(default=None, description="the requirements file installed")
+    shell: str | None = Field(default=None, description="the dependencies.sh run before the requirements")
+    state: Literal["locked", "building", "ready", "failed"] | None = Field(
+        default=None, description="in GET /apis/{name}: locked (built on no host yet), building, ready, failed")
+    error: str | None = Field(default=None, description="in GET /apis/{name}: why a host could not build it")
+    hosts: dict[str, EnvironmentOnHost] | None = Field(default=None, description="in GET /apis/{name}: host -> state")
+
+
 class Api(Body):
     """A deployed API; `GET /apis/<name>` adds its endpoint, for a realtime API its live replicas and
     scaling, and for an AsyncAPI its request counts, serving nodes and scaling."""
@@ -285,6 +309,9 @@ class Api(Body):
                                     "worker nodes placed on it, which run its requests")
     scaling: RealtimeScaling | AsyncScaling | None = Field(
         default=None, description="RealtimeAPI and AsyncAPI, in GET /apis/{name}: a RealtimeAPI's has `hosts`")
+    environment: ApiEnvironment | None = Field(
+        default=None, description="the API's own Python environment (its project's requirements.txt and "
+        "dependencies.sh, locked at deploy); null when it runs in Sluice's own")
 
 
 class ApiList(Body):

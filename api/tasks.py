@@ -51,7 +51,8 @@ def _body() -> Any:
 @blueprint.post("/tasks/<api_name>")
 def submit(api_name: str):
     api = task_api(api_name)
-    job = submit_task(services(), parse_task_request(_body()), api.name, api.spec, api.bundle, api.queue)
+    job = submit_task(services(), parse_task_request(_body()), api.name, api.spec, api.bundle, api.queue,
+                      environment=api.environment)
     JOBS_SUBMITTED.labels(api=api.name).inc()
     return TaskJobSpec.model_validate(job.spec()).response()
 

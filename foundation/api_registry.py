@@ -52,10 +52,14 @@ class DeployedApi:
     queue: str
     deployed_at: float
     ignored_fields: list[str]
+    # The environment locked at deploy (`predictors_runtime.environments.EnvironmentSpec.to_dict()`),
+    # None when the project installs nothing: its nodes and replicas run in Sluice's own.
+    environment: dict[str, Any] | None = None
 
     @classmethod
-    def of(cls, api: ApiDefinition, bundle: str, now: float | None = None) -> DeployedApi:
-        """The deployment of `api` with `bundle`, at `now` (default: the current time)."""
+    def of(cls, api: ApiDefinition, bundle: str, now: float | None = None,
+           environment: dict[str, Any] | None = None) -> DeployedApi:
+        """The deployment of `api` with `bundle` (and its locked `environment`), at `now` (default: now)."""
         return cls(
             name=api.name,
             kind=api.kind,
@@ -64,6 +68,7 @@ class DeployedApi:
             queue=api.queue,
             deployed_at=time.time() if now is None else now,
             ignored_fields=list(api.ignored_fields),
+            environment=environment,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,8 +99,9 @@ class ApiRegistry(Protocol):
     """The deployed APIs. A registry that cannot be reached raises `redis.RedisError` (a
     `redis.ConnectionError` when it cannot be reached at all)."""
 
-    def put(self, api: ApiDefinition, bundle: str, now: float | None = None) -> DeployedApi:
-        """Register (or replace) an API. Running jobs keep the bundle they started with."""
+    def put(self, api: ApiDefinition, bundle: str, now: float | None = None,
+            environment: dict[str, Any] | None = None) -> DeployedApi:
+        """Register (or replace) an API. Running jobs keep the bundle (and environment) they started with."""
         ...
 
     def get(self, name: str) -> DeployedApi:
@@ -121,8 +127,9 @@ class RedisApiRegistry(ApiRegistry):
     def __init__(self, client: redis.Redis) -> None:
         self._redis = client
 
-    def put(self, api: ApiDefinition, bundle: str, now: float | None = None) -> DeployedApi:
-        deployed = DeployedApi.of(api, bundle, now)
+    def put(self, api: ApiDefinition, bundle: str, now: float | None = None,
+            environment: dict[str, Any] | None = None) -> DeployedApi:
+        deployed = DeployedApi.of(api, bundle, now, environment)
         self._redis.hset(_KEY, api.name, deployed.to_json())
         return deployed
 

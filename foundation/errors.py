@@ -141,3 +141,15 @@ class MissingExtra(SluiceError):
     """This installation lacks the extra a feature needs (`pip install 'sluice[s3]'`); see setup.py."""
 
     kind = "missing_extra"
+
+
+class DependencyConflict(ConfigError):
+    """A project's requirements would replace a library Sluice runs on (refused at deploy, both versions named)."""
+
+    kind = "dependency_conflict"
+
+
+class EnvironmentBuildFailed(SluiceError):
+    """An API's Python environment could not be built on a host (the installer's or `dependencies.sh`'s message)."""
+
+    kind = "environment_build_failed"

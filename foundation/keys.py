@@ -186,3 +186,13 @@ API_LOG_PREFIX = f"{PREFIX}:logs:api:"
 
 ASYNC_LOG_PREFIX = f"{PREFIX}:logs:async:"
 """Stream of one AsyncAPI request's JSON log lines: ASYNC_LOG_PREFIX + "<api name>:<request id>"."""
+
+
+# -- per-API environments ------------------------------------------------------------------------
+def environment_states(env_key: str) -> str:
+    """Hash of one API environment's state on each host: host -> {state, seconds, error, at} (JSON)."""
+    return f"{PREFIX}:environment:{env_key}"
+
+
+ENVIRONMENT_FIGURES = f"{PREFIX}:environment-figures"
+"""Hash of counters over every host: builds, reused, failed, build_seconds."""

@@ -86,8 +86,9 @@ class MemoryApiRegistry(_Fake, ApiRegistry):
         super().__init__()
         self._apis: dict[str, str] = {}
 
-    def put(self, api: ApiDefinition, bundle: str, now: float | None = None) -> DeployedApi:
-        deployed = DeployedApi.of(api, bundle, now)
+    def put(self, api: ApiDefinition, bundle: str, now: float | None = None,
+            environment: dict[str, Any] | None = None) -> DeployedApi:
+        deployed = DeployedApi.of(api, bundle, now, environment)
         with self.lock:
             self._reach()
             self._apis[api.name] = deployed.to_json()

@@ -173,6 +173,13 @@ class Settings:
     log_retention_s: float = 7 * 24 * 3600.0
     # How long an AsyncAPI request (its record, payload and result) is kept after its last change.
     async_retention_s: float = DEFAULT_ASYNC_RETENTION_S
+    # Where a project's requirements are resolved from at deploy (and installed from on every host):
+    # an index in place of PyPI, folders or pages of wheels, and whether to use no index at all.
+    package_index_url: str | None = None
+    find_links: tuple[str, ...] = ()
+    no_index: bool = False
+    # How long an environment no deployed API or active job uses stays on a host before it is removed.
+    environment_grace_s: float = 3600.0
 
     @property
     def redis_address(self) -> RedisAddress:
@@ -223,4 +230,8 @@ class Settings:
             log_lines=int(_number(env, "SLUICE_LOG_LINES", defaults.log_lines)),
             log_retention_s=_number(env, "SLUICE_LOG_RETENTION_S", defaults.log_retention_s),
             async_retention_s=_number(env, "SLUICE_ASYNC_RETENTION_S", defaults.async_retention_s),
+            package_index_url=env.get("SLUICE_PACKAGE_INDEX_URL") or None,
+            find_links=tuple(link for link in (env.get("SLUICE_FIND_LINKS") or "").split(",") if link.strip()),
+            no_index=api_keys.flag(env, "SLUICE_NO_INDEX"),
+            environment_grace_s=_number(env, "SLUICE_ENVIRONMENT_GRACE_S", defaults.environment_grace_s),
         )

@@ -47,6 +47,8 @@ from foundation.settings import Settings
 from predictors_runtime.async_predictor import AsyncPredictor
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.config import ApiConfig
+from predictors_runtime.environments import HostEnvironments
+from predictors_runtime.environments.remote import start_in_environment
 
 from .async_objects import RequestObjects
 from .async_request import ASYNC_KIND, AsyncRequest, RequestStatus, decode_payload, one_line
@@ -106,10 +108,11 @@ class AsyncBuilder(Protocol):
 class BundleAsyncBuilder:
     """`AsyncBuilder` from the deployment's bundle, models cached under `<cache_dir>/models/async-<api>`."""
 
-    def __init__(self, bundles: BundleStore, settings: Settings) -> None:
+    def __init__(self, bundles: BundleStore, settings: Settings, environments: HostEnvironments | None = None) -> None:
         self._bundles = bundles
         self._cache_dir = Path(settings.cache_dir).expanduser()
         self._poll_interval_s = settings.model_poll_interval_s
+        self._environments = environments or HostEnvironments.under(settings.cache_dir)
 
     def _models(self, deployed: DeployedApi) -> Path:
         return self._cache_dir / "models" / f"async-{deployed.name}-{deployed.bundle[:16]}"
@@ -117,6 +120,11 @@ class BundleAsyncBuilder:
     def build(self, deployed: DeployedApi) -> RequestPredictor:
         folder = self._bundles.local_folder(deployed.bundle)
         log.info("building predictor of async api %s (bundle %s)", deployed.name, deployed.bundle[:12])
+        if deployed.environment:  # in a process of the API's own environment (jobs/predictors.py says why)
+            recipe = {"kind": "async", "model_cache_dir": str(self._models(deployed)),
+                      "poll_interval_s": self._poll_interval_s}
+            return start_in_environment(self._environments, deployed.environment, folder,
+                                        ApiConfig.from_dict(deployed.spec), recipe)
         return AsyncPredictor.build(folder, ApiConfig.from_dict(deployed.spec), model_cache_dir=self._models(deployed),
                                     poll_interval_s=self._poll_interval_s)
 

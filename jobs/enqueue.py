@@ -193,6 +193,7 @@ def submit_job(
     hardware_queue: str,
     now: float | None = None,
     background: bool = True,
+    environment: dict[str, Any] | None = None,
 ) -> Job:
     """Create the job and start enqueueing it; returns as soon as the record exists.
 
@@ -218,6 +219,7 @@ def submit_job(
         source=request.source,
         output=plan.output,
         batch_timeout=batch_time_limit(request.batch_timeout, api_spec, services.settings),
+        environment=environment,
     )
     start_job(services, job, _batches(plan), now, background)
     return job

@@ -85,6 +85,8 @@ class Job:
     batch_timeout: float | None = None
 
     kind: str = BATCH_KIND
+    # The API's environment as locked at deploy (`DeployedApi.environment`); None: Sluice's own.
+    environment: dict[str, Any] | None = None
 
     @property
     def queue(self) -> str:

@@ -19,6 +19,8 @@ from foundation.settings import Settings
 from predictors_runtime.batch_predictor import BatchPredictor
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.config import TASK_KIND, ApiConfig
+from predictors_runtime.environments import HostEnvironments
+from predictors_runtime.environments.remote import start_in_environment
 from predictors_runtime.task_predictor import TaskPredictor
 
 from .job import Job
@@ -54,17 +56,28 @@ class PredictorBuilder(Protocol):
 
 
 class BundlePredictors:
-    """`PredictorBuilder` from the job's bundle, with models cached under `<cache_dir>/models/<job id>`."""
+    """`PredictorBuilder` from the job's bundle, with models cached under `<cache_dir>/models/<job id>`.
 
-    def __init__(self, bundles: BundleStore, settings: Settings) -> None:
+    A job whose API has an environment of its own (`Job.environment`) has its predictor built in a
+    process of that environment (`predictors_runtime/environments/remote.py`), the environment
+    built on this host first if it is not here yet.
+    """
+
+    def __init__(self, bundles: BundleStore, settings: Settings, environments: HostEnvironments | None = None) -> None:
         self._bundles = bundles
         self._cache_dir = Path(settings.cache_dir).expanduser()
         self._poll_interval_s = settings.model_poll_interval_s
+        self._environments = environments or HostEnvironments.under(settings.cache_dir)
 
     def build(self, job: Job) -> JobPredictor:
         folder = self._bundles.local_folder(job.bundle)
         api = ApiConfig.from_dict(job.api_spec)
         log.info("building predictor of api %s for job %s", job.api_name, job.job_id)
+        if job.environment:
+            recipe = {"kind": "task" if api.kind == TASK_KIND else "batch", "job_spec": job.predictor_job_spec(),
+                      "job_config": job.config, "model_cache_dir": str(self._cache_dir / "models" / job.job_id),
+                      "poll_interval_s": self._poll_interval_s}
+            return start_in_environment(self._environments, job.environment, folder, api, recipe)
         if api.kind == TASK_KIND:
             return TaskPredictor.build(folder, api, job.predictor_job_spec(), job.config,
                                        model_cache_dir=self._cache_dir / "models" / job.job_id)

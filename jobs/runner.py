@@ -20,10 +20,12 @@ from typing import Any, Protocol
 
 from foundation import figure_sink as process_figures
 from foundation.api_registry import RedisApiRegistry
+from foundation.environment_states import RedisEnvironmentStates
 from foundation.figure_sink import FigureSink
 from foundation.figures import Recorder
 from foundation.json_logs import labelled
 from foundation.log_streams import install_job_log_handler
+from predictors_runtime.environments import HostEnvironments
 
 from .async_runner import AsyncPredictors, AsyncRuntime, BundleAsyncBuilder
 from .async_submit import send_queued_task
@@ -62,8 +64,9 @@ class WorkerRuntime:
         from the jobs' bundles unless given) and `end_process` (how the watchdog stops a batch) are
         given by fast tests."""
         settings = services.settings
+        environments = HostEnvironments.under(settings.cache_dir, events=RedisEnvironmentStates(services.redis))
         self.predictors = predictors if predictors is not None else JobPredictors(
-            services.store, BundlePredictors(services.bundles, settings))
+            services.store, BundlePredictors(services.bundles, settings, environments))
         self.logs = logs
         send_completion = completion_sender(services.celery)
         self.watchdog = BatchWatchdog(services.store, services.store, send_completion, end_process=end_process,
@@ -77,7 +80,7 @@ class WorkerRuntime:
                                         settings.local_input_roots)
         self.requests = AsyncRuntime(
             services.async_requests, services.request_objects, RedisApiRegistry(services.redis), services.nodes,
-            AsyncPredictors(BundleAsyncBuilder(services.bundles, settings)), end_process=end_process,
+            AsyncPredictors(BundleAsyncBuilder(services.bundles, settings, environments)), end_process=end_process,
             hard_stop_grace_s=settings.hard_stop_grace_s,
             wake=lambda api_name: send_queued_task(services.celery, api_name, services.async_requests,
                                                    services.task_messages),

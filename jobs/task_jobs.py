@@ -51,7 +51,7 @@ def parse_task_request(body: Any) -> TaskRequest:
 
 
 def task_job(request: TaskRequest, api_name: str, api_spec: dict[str, Any], bundle: str, hardware_queue: str,
-             now: float) -> Job:
+             now: float, environment: dict[str, Any] | None = None) -> Job:
     """The job record of a task: one worker, one batch, one try, no batch time limit (`timeout` is its limit)."""
     return Job(
         job_id=new_job_id(now),
@@ -68,15 +68,16 @@ def task_job(request: TaskRequest, api_name: str, api_spec: dict[str, Any], bund
         source=TASK_SOURCE,
         batch_timeout=None,
         kind=TASK_KIND,
+        environment=environment,
     )
 
 
 def submit_task(
     services: Services, request: TaskRequest, api_name: str, api_spec: dict[str, Any], bundle: str,
-    hardware_queue: str, now: float | None = None,
+    hardware_queue: str, now: float | None = None, environment: dict[str, Any] | None = None,
 ) -> Job:
     """Create the task's job and publish its one batch; returns once it is queued (`status_running`)."""
     now = time.time() if now is None else now
-    job = task_job(request, api_name, api_spec, bundle, hardware_queue, now)
+    job = task_job(request, api_name, api_spec, bundle, hardware_queue, now, environment)
     start_job(services, job, [(None, None)], now, background=False)
     return job

@@ -39,11 +39,11 @@ ASYNC_BATCHING_TYPES = ("python", "onnx")
 RESERVED_NAMES = frozenset({"apis", "batch", "healthz", "metrics", "openapi.json", "tasks"})
 # A TaskAPI's `definition:` (Cortex's name for its code section) takes these fields, and is held
 # as the API's `predictor` section (type python) so that one builder makes tasks and predictors.
-TASK_DEFINITION_FIELDS = ("path", "config", "env", "python_path", "log_level")
+TASK_DEFINITION_FIELDS = ("path", "config", "env", "python_path", "log_level", "dependencies")
 # Cortex fields accepted for compatibility but without effect here, by section (`autoscaling`
 # only for the kinds outside SCALED_KINDS).
 IGNORED_API_FIELDS = ("autoscaling", "networking", "update_strategy", "monitoring")
-IGNORED_PREDICTOR_FIELDS = ("image", "tensorflow_serving_image", "shm_size", "dependencies")
+IGNORED_PREDICTOR_FIELDS = ("image", "tensorflow_serving_image", "shm_size")
 # Bounds of the realtime fields: generous, but finite so no value can overflow a timer or a proxy setting.
 MAX_PROCESSES = 64
 MAX_THREADS = 1024
@@ -172,6 +172,20 @@ class ServerSideBatching(_Model):
         return value
 
 
+class DependenciesConfig(_Model):
+    """Where a project keeps what its API installs (Cortex v0.30's `predictor.dependencies`), each
+    relative to the project folder; a file that is not there is not used."""
+
+    pip: str = "requirements.txt"
+    shell: str = "dependencies.sh"
+    conda: str = "conda-packages.txt"
+
+    @field_validator("pip", "shell", "conda")
+    @classmethod
+    def _inside_project(cls, value: str) -> str:
+        return _relative_path(value)
+
+
 class PredictorConfig(_Model):
     """How to load and run the user's predictor class."""
 
@@ -184,6 +198,8 @@ class PredictorConfig(_Model):
     processes_per_replica: int = Field(default=1, ge=1, le=MAX_PROCESSES)
     threads_per_process: int = Field(default=1, ge=1, le=MAX_THREADS)
     log_level: str = "info"
+    # None: the default file names (`DependenciesConfig()`); kept unset so existing specs do not change.
+    dependencies: DependenciesConfig | None = None
     # Realtime only (a BatchAPI ignores them): requests one replica runs at once (default
     # processes x threads), requests it queues beyond that, and the bound on wait plus run.
     server_side_batching: ServerSideBatching | None = None

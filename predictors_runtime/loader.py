@@ -20,7 +20,11 @@ TASK_CLASS_NAMES = ("Task",)
 
 
 def error_text(exc: BaseException) -> str:
-    """`Type: message` and the traceback, as users see it in job statuses and logs."""
+    """`Type: message` and the traceback, as users see it in job statuses and logs (for an error
+    raised in another process, the traceback there)."""
+    remote = getattr(exc, "remote_text", None)
+    if isinstance(remote, str) and remote:
+        return remote
     return "".join(traceback.format_exception(exc)).strip()
 
 

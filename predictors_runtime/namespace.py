@@ -26,8 +26,11 @@ Limits, by the nature of one Python process:
   that run while a namespace is active (a model-polling thread calling `load_model` on a
   reload, threads the user's code started) see whatever namespace is active at that moment,
   or none. A process that serves one API from many threads calls `install()` instead.
-- A user module whose name is already taken by a module the process imported elsewhere (a
-  top-level `utils` of an installed package, say) is shadowed by that one, as in any process.
+- A top-level module of the API's folders wins over one of the same name the process imported
+  from elsewhere (a project's `api.py` or `jobs.py` over Sluice's packages, its `utils.py` over
+  an installed `utils`): while the namespace is in place that other module is out of
+  `sys.modules` under its top-level name, so the API's code imports its own. Its submodules stay
+  where they are, so code that imported them before keeps working.
 - Compiled extension modules cannot be unloaded; one imported from a project folder stays
   loaded in the process even when its namespace takes it out of `sys.modules`.
 """
@@ -170,6 +173,7 @@ class ApiNamespace:
         self._displaced: dict[str, Any] = {}
         self._installed = False
         self._closed = False
+        self._provided: frozenset[str] | None = None  # top-level module names the folders hold
 
     def __repr__(self) -> str:
         return f"ApiNamespace({str(self.project_dir)!r})"
@@ -246,6 +250,27 @@ class ApiNamespace:
                 if isinstance(key, str) and os.path.join(key, "").startswith(self._roots):
                     sys.path_importer_cache.pop(key, None)
 
+    def provided_names(self) -> frozenset[str]:
+        """The top-level module names the API's folders hold (`x.py`, a package `x/`, an extension `x.*.so`)."""
+        if self._provided is None:
+            names: set[str] = set()
+            for folder in self.folders:
+                try:
+                    entries = list(os.scandir(folder))
+                except OSError:
+                    continue
+                for entry in entries:
+                    name = entry.name
+                    if entry.is_dir():
+                        if os.path.exists(os.path.join(entry.path, "__init__.py")) and name.isidentifier():
+                            names.add(name)
+                    elif name.endswith((".py", ".so", ".pyd")):
+                        stem = name.split(".", 1)[0]
+                        if stem.isidentifier():
+                            names.add(stem)
+            self._provided = frozenset(names)
+        return self._provided
+
     # -- swapping ---------------------------------------------------------------------------
     def _enter(self) -> None:
         global _outside
@@ -297,8 +322,12 @@ class ApiNamespace:
         self._applied_environ = environ
         own = set(self._path_front) | set(self._path_back)
         sys.path[:] = [*self._path_front, *(p for p in outside.path if p not in own), *self._path_back]
-        self._modules_before = set(sys.modules)
         self._displaced = {name: sys.modules[name] for name in self._modules if name in sys.modules}
+        for name in self.provided_names() - self._modules.keys():  # the API's own modules win over others
+            module = sys.modules.get(name)
+            if module is not None and not self.owns(module):
+                self._displaced[name] = sys.modules.pop(name)
+        self._modules_before = set(sys.modules)
         self._modules_put_back = set(self._modules)
         sys.modules.update(self._modules)
         self._modules = {}

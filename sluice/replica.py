@@ -39,14 +39,18 @@ from typing import Literal
 import redis
 
 from foundation.api_registry import ApiRegistry, DeployedApi, RedisApiRegistry
+from foundation.environment_states import RedisEnvironmentStates
 from foundation.errors import ApiNotFound, ConfigError, NotReady, SluiceError
 from foundation.redis_clients import heartbeat_client
 from foundation.replica_directory import ReadinessMarkers, RedisReplicaDirectory, ReplicaDirectory, ReplicaRecord
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.config import ApiConfig
+from predictors_runtime.environments import HostEnvironments
 from predictors_runtime.project import BundleLimits
 
 from .local_socket import host_identity, remove_stale, socket_path_for
+from .replica_environment import RETRY_AFTER_S as ENVIRONMENT_RETRY_S
+from .replica_environment import BackgroundBuild
 from .replica_process import graceful_timeout_s, gunicorn_argv, replica_env, signal_group, spawn_gunicorn
 
 log = logging.getLogger("sluice.serve")
@@ -164,6 +168,9 @@ class Generation:
     unix_socket: str = ""             # where it also listens, for a proxy on this host ("" if nowhere)
     # Every process of this gunicorn has been ready at least once (reset when gunicorn restarts).
     has_been_ready: bool = False
+    # The API's own environment being built (None: it has none, or it is built and argv runs in it).
+    environment: BackgroundBuild | None = None
+    environment_used: BackgroundBuild | None = None
     markers: ReadinessMarkers = field(init=False)
 
     def __post_init__(self) -> None:
@@ -212,7 +219,7 @@ class ReplicaLauncher:
         base_env: Mapping[str, str] | None = None, drain_cap_s: float = DRAIN_CAP_S,
         unrouted: Unrouted | None = None, spawn: Callable[..., subprocess.Popen] = spawn_gunicorn,
         registry: ApiRegistry | None = None, directory: ReplicaDirectory | None = None,
-        placement_host: str = "",
+        placement_host: str = "", environments: HostEnvironments | None = None,
     ) -> None:
         """`registry` and `directory` default to Redis's through `redis_client`; a fast test hands in
         `foundation.memory`'s fakes and its own `unrouted` (its client is then never used)."""
@@ -231,6 +238,7 @@ class ReplicaLauncher:
         self._drain_cap_s = drain_cap_s
         self._unrouted = unrouted or _proxy_unrouted()
         self._spawn = spawn
+        self._environments = environments or HostEnvironments(self._state_root / "environments")
         self.serving: Generation | None = None
         self.incoming: Generation | None = None
         self.retiring: list[Generation] = []
@@ -356,10 +364,38 @@ class ReplicaLauncher:
             replica_id=replica_id, api_url=self.api_url,
         )
         unix_socket = socket_path_for(replica_id)
-        argv = gunicorn_argv(ApiConfig.from_dict(api.spec).predictor, f"{self.host}:{port}", unix_socket=unix_socket)
-        return Generation(replica_id, api, port, project_dir, state_dir, env, argv, unix_socket=unix_socket or "")
+        config = ApiConfig.from_dict(api.spec)
+        argv = gunicorn_argv(config.predictor, f"{self.host}:{port}", unix_socket=unix_socket)
+        gen = Generation(replica_id, api, port, project_dir, state_dir, env, argv, unix_socket=unix_socket or "")
+        if api.environment:
+            gen.environment = BackgroundBuild(self._environments, api.environment, project_dir, config)
+        return gen
+
+    def _environment_ready(self, gen: Generation, now: float) -> bool:
+        """Whether the generation may start: it has no environment of its own, or it is built (then
+        its gunicorn runs with the environment's interpreter). Until then it says why it waits."""
+        build = gen.environment
+        if build is None:
+            return True
+        if not build.done():
+            gen.message = f"building its environment {build.key}: {build.stage}"
+            return False
+        if build.environment is None:
+            gen.message = f"building its environment {build.key} failed: {build.error}"
+            if now - build.finished_at >= ENVIRONMENT_RETRY_S:
+                log.info("%s: building environment %s again", gen.replica_id, build.key)
+                gen.environment = build.again()
+            return False
+        gen.argv[0] = str(build.environment.python)
+        gen.environment, gen.environment_used = None, build
+        log.info("%s runs in environment %s", gen.replica_id, build.key)
+        return True
 
     def _launch(self, gen: Generation, now: float) -> None:
+        if not self._environment_ready(gen, now):
+            gen.process = None
+            gen.restart_at = now  # looked at again on the next step
+            return
         remove_stale(gen.unix_socket)  # a gunicorn of this generation that died left it behind
         gen.process = self._spawn(gen.argv, gen.env, gen.project_dir)
         gen.has_been_ready = False
@@ -435,6 +471,9 @@ class ReplicaLauncher:
         if gen.process is not None:
             signal_group(gen.process, signal.SIGKILL)  # workers left behind by a dead arbiter
         self._bundles.release(gen.api.bundle)  # the cache may evict it once nothing else uses it
+        for build in (gen.environment_used, gen.environment):
+            if build is not None:
+                build.release()
         try:
             self._directory.remove(gen.replica_id)
         except redis.RedisError as e:
@@ -489,6 +528,7 @@ def serve(
         api_name, redis_client=client, bundles=bundles,
         state_root=state_dir or Path(settings.cache_dir).expanduser() / "replicas", port=port, host=host,
         advertise=advertise, api_url=api_url, base_env=env, placement_host=placement_host,
+        environments=HostEnvironments.under(settings.cache_dir, events=RedisEnvironmentStates(client)),
     )
     signals = 0
 

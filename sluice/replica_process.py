@@ -10,15 +10,14 @@ life, so that nothing outlives the launcher.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from foundation.api_registry import DeployedApi
+from foundation.processes import die_with_parent
 from predictors_runtime.config import ApiConfig, PredictorConfig
 from predictors_runtime.project import read_dotenv
 
@@ -32,7 +31,6 @@ BATCHING_KEEP_ALIVE_S = 120
 # gunicorn's --timeout kills a *sync* worker that has not reported for this long, and a sync
 # worker cannot report while it runs predict: make it long enough never to hit a real request.
 MIN_WORKER_TIMEOUT_S = 3600
-PR_SET_PDEATHSIG = 1
 
 
 def worker_class_argv(predictor: PredictorConfig) -> list[str]:
@@ -112,22 +110,6 @@ def replica_env(
         dict.fromkeys(p for p in [str(ROOT), *env.get("PYTHONPATH", "").split(os.pathsep)] if p)
     )
     return env
-
-
-def die_with_parent(parent_pid: int) -> Callable[[], None]:
-    """A preexec_fn: the child gets SIGTERM when its parent (a launcher, a worker host agent) dies,
-    however it dies."""
-
-    def preexec() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):  # not Linux: the parent's own exit handling still applies
-            return
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
 
 
 def spawn_gunicorn(argv: list[str], env: Mapping[str, str], cwd: Path) -> subprocess.Popen:

@@ -35,11 +35,10 @@ import redis
 
 from foundation.errors import SluiceError
 from foundation.hosts import HostDirectory, HostRecord, Resources
+from foundation.processes import die_with_parent
 from jobs.node_plan import HostPlan, WorkerHostReport
 from jobs.nodes import NodeRegistry
 from jobs.worker_hosts import WorkerHosts
-
-from .replica_process import die_with_parent
 
 log = logging.getLogger(__name__)
 

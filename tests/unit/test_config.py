@@ -251,8 +251,7 @@ def test_ignored_fields_can_not_be_set_by_the_user() -> None:
 
 def test_cortex_fields_without_meaning_here_are_accepted_and_listed_as_ignored() -> None:
     text = api(
-        "{path: p.py, image: 'quay.io/x', tensorflow_serving_image: y, shm_size: 1G, "
-        "dependencies: {pip: requirements.txt}}",
+        "{path: p.py, image: 'quay.io/x', tensorflow_serving_image: y, shm_size: 1G}",
         extra="  autoscaling: {min_replicas: 1}\n  networking: {endpoint: /x}\n"
         "  update_strategy: {max_surge: 1}\n  monitoring: {model_type: classification}\n",
     )
@@ -261,12 +260,25 @@ def test_cortex_fields_without_meaning_here_are_accepted_and_listed_as_ignored()
         "autoscaling",
         "monitoring",
         "networking",
-        "predictor.dependencies",
         "predictor.image",
         "predictor.shm_size",
         "predictor.tensorflow_serving_image",
         "update_strategy",
     ]
+
+
+def test_dependency_files_are_read_where_predictor_dependencies_says() -> None:
+    [cfg] = parse(api("{path: p.py, dependencies: {pip: deps/requirements.txt, shell: setup/install.sh}}"))
+    assert cfg.ignored_fields == []
+    assert cfg.predictor.dependencies is not None
+    assert (cfg.predictor.dependencies.pip, cfg.predictor.dependencies.shell) == ("deps/requirements.txt",
+                                                                                   "setup/install.sh")
+    assert cfg.predictor.dependencies.conda == "conda-packages.txt"
+
+
+def test_a_dependency_file_outside_the_project_is_refused() -> None:
+    message = error_of(api("{path: p.py, dependencies: {pip: ../requirements.txt}}"))
+    assert "predictor.dependencies.pip" in message and "must not leave the project folder" in message
 
 
 def test_models_need_exactly_one_of_path_paths_or_dir() -> None:

@@ -1,0 +1,178 @@
+"""Locking an API's requirements at deploy, held to the exact versions of Sluice's own libraries.
+
+An environment layers the project's packages over Sluice's own (`host.py`): its worker nodes and
+replicas import Sluice's runtime, Celery's, Flask's and numpy's code from the same process. A
+requirement that replaced one of those would break Sluice under the API, and uv resolves without
+looking at what is already installed. So the deploy resolves the requirements with every
+distribution Sluice depends on (`server_pins`, the closure of its requirements as installed here)
+as a `==` constraint: a direct pin that disagrees is refused naming both versions, and one that
+disagrees through a dependency is refused with uv's explanation, which names both as well. The
+output is the lock every host installs, so all of them run the same versions.
+"""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+
+from packaging.markers import UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from foundation.errors import ConfigError, DependencyConflict
+
+from .project_files import DependencyFiles
+from .spec import EnvironmentSpec
+from .uv_tool import run_uv, tail
+
+# Where Sluice's own requirements start when it runs from a checkout that was not installed.
+SERVER_ROOTS = (
+    "celery", "kombu", "redis", "flask", "gunicorn", "gevent", "pydantic", "prometheus-client", "orjson",
+    "wcmatch", "pyarrow", "numpy", "click", "rich", "requests", "pyyaml", "pathspec", "python-dotenv", "uv",
+    "onnxruntime", "tensorflow", "tensorflow-cpu", "boto3", "google-cloud-storage",
+)
+
+
+def _installed() -> dict[str, metadata.Distribution]:
+    found: dict[str, metadata.Distribution] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(canonicalize_name(name), dist)
+    return found
+
+
+def _requirements_of(dist: metadata.Distribution, extras: set[str], any_extra: bool) -> list[Requirement]:
+    kept = []
+    for text in dist.requires or []:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue
+        marker = requirement.marker
+        if marker is not None and not any_extra:
+            try:
+                if not any(marker.evaluate({"extra": extra}) for extra in extras | {""}):
+                    continue
+            except UndefinedEnvironmentName:
+                continue
+        elif marker is not None:
+            try:
+                if not marker.evaluate({"extra": ""}) and "extra" not in str(marker):
+                    continue  # a platform or Python condition that does not hold here
+            except UndefinedEnvironmentName:
+                continue
+        kept.append(requirement)
+    return kept
+
+
+def server_pins() -> dict[str, str]:
+    """Every distribution Sluice runs on, as installed in this interpreter: canonical name -> version.
+
+    The closure of the `sluice` distribution's requirements (every extra that is installed), or of
+    `SERVER_ROOTS` when Sluice runs from a checkout that was not installed.
+    """
+    installed = _installed()
+    pins: dict[str, str] = {}
+    pending: list[tuple[str, set[str]]] = []
+    own = installed.get("sluice")
+    if own is not None:
+        for requirement in _requirements_of(own, set(), any_extra=True):
+            pending.append((canonicalize_name(requirement.name), set(requirement.extras)))
+    else:
+        pending.extend((name, set()) for name in SERVER_ROOTS)
+    while pending:
+        name, extras = pending.pop()
+        dist = installed.get(name)
+        if dist is None or name in pins:
+            continue
+        pins[name] = dist.version
+        for requirement in _requirements_of(dist, extras, any_extra=False):
+            pending.append((canonicalize_name(requirement.name), set(requirement.extras)))
+    return dict(sorted(pins.items()))
+
+
+def sluice_version() -> str:
+    try:
+        return metadata.version("sluice")
+    except metadata.PackageNotFoundError:
+        return "0+checkout"
+
+
+def python_tag() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def check_direct_pins(requirements: str, pins: dict[str, str], where: str) -> None:
+    """Refuse a requirement line that names one of Sluice's libraries at a version other than the one it runs."""
+    for number, raw in enumerate(requirements.splitlines(), start=1):
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            continue  # uv reads it, or says what is wrong with it
+        name = canonicalize_name(requirement.name)
+        if name in pins and requirement.specifier and not requirement.specifier.contains(pins[name], prereleases=True):
+            raise DependencyConflict(
+                f"{where} line {number}: {line} conflicts with Sluice's own {requirement.name} {pins[name]}, which "
+                f"its worker nodes and replicas run on: require {requirement.name}=={pins[name]} (or drop the pin)")
+
+
+def index_arguments(index_url: str | None, find_links: Sequence[str], no_index: bool) -> tuple[str, ...]:
+    """uv's options for where packages come from, as the settings give them."""
+    args: list[str] = []
+    if index_url:
+        args += ["--index-url", index_url]
+    for link in find_links:
+        args += ["--find-links", link]
+    if no_index:
+        args.append("--no-index")
+    return tuple(args)
+
+
+def lock_environment(files: DependencyFiles, project_dir: Path, *, cache_dir: Path, where: str,
+                     index_args: Sequence[str] = ()) -> EnvironmentSpec:
+    """Resolve the project's requirements once, held to Sluice's own versions: the spec every host builds.
+
+    `DependencyConflict` names both versions of a library Sluice runs on; `ConfigError` carries
+    uv's message for requirements that cannot be resolved otherwise (a package or version that
+    does not exist). `where` names the API in messages.
+    """
+    pins = server_pins()
+    pip_where = f"{where}: {files.pip_path}"
+    check_direct_pins(files.requirements, pins, pip_where)
+    lock = ""
+    if files.requirements.strip():
+        with tempfile.TemporaryDirectory(prefix="sluice-lock-") as tmp:
+            constraints = Path(tmp) / "sluice-server.txt"
+            constraints.write_text("".join(f"{name}=={version}\n" for name, version in pins.items()))
+            requirements = project_dir / files.pip_path  # its own `-r`/`-c` lines are relative to it
+            result = run_uv(
+                ["pip", "compile", str(requirements), "--constraint", str(constraints), "--python", sys.executable,
+                 "--no-header", "--no-annotate", "--quiet", "--emit-index-url", "--emit-find-links",
+                 *index_args],
+                cwd=project_dir, cache_dir=cache_dir,
+            )
+        if result.returncode != 0:
+            message = tail(result.stderr or result.stdout).replace(str(requirements), files.pip_path)
+            message = message.replace(str(constraints), "Sluice's server libraries")
+            named = [name for name in pins if name in message.lower()]
+            if named:
+                raise DependencyConflict(f"{pip_where} conflicts with the libraries Sluice runs on ("
+                                         + ", ".join(f"{name} {pins[name]}" for name in named)
+                                         + f"): {message}")
+            raise ConfigError(f"{pip_where} cannot be resolved: {message}")
+        lock = result.stdout
+    return EnvironmentSpec(
+        requirements=files.requirements, shell=files.shell, lock=lock, server_pins=pins, python=python_tag(),
+        platform=sysconfig.get_platform(), sluice_version=sluice_version(), index_args=tuple(index_args),
+        pip_path=files.pip_path, shell_path=files.shell_path,
+    )
+
+
