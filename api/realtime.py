@@ -50,7 +50,7 @@ from foundation.replica_directory import ReadinessMarkers
 from foundation.settings import Settings
 from predictors_runtime.batching import BatchFailed
 from predictors_runtime.config import ApiConfig
-from predictors_runtime.loader import error_text
+from predictors_runtime.loader import error_text, one_line
 from predictors_runtime.payloads import FormPayload, close_payload, parse_payload
 from predictors_runtime.realtime_predictor import RealtimePredictor, RequestArgs
 from predictors_runtime.responses import json_response, to_response
@@ -233,8 +233,10 @@ class _Replica:
             log.info("predictor built; this process is ready")
 
     def not_ready_message(self) -> str:
+        """What a caller is told: one line, no traceback and no path of this server (the whole
+        failure is in the replica's record, `sluice get` and `sluice logs`, behind the API keys)."""
         if self.failure:
-            return f"building the predictor failed: {self.failure}"
+            return f"building the predictor failed: {one_line(self.failure)}"
         return "the predictor is still being built"
 
     def readiness(self, predictor: RealtimePredictor, request_id: str) -> Response:
@@ -245,7 +247,7 @@ class _Replica:
                 message = f"{ready} of {expected} processes of this replica are ready"
                 failure = self.markers.failure()
                 if failure:
-                    message += f"; a process failed to build the predictor: {failure}"
+                    message += f"; a process failed to build the predictor: {one_line(failure)}"
                 return _error(503, "not_ready", message, request_id)
         try:
             models = predictor.models()

@@ -28,6 +28,18 @@ def error_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc)).strip()
 
 
+def one_line(text: str) -> str:
+    """A failure in one line, for callers who should not see tracebacks or the server's paths: the
+    text's first line without a trailing "Traceback ...:", and its last line (the exception)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    first = lines[0].removesuffix("Traceback (most recent call last):").strip()
+    if not first:
+        return lines[-1]
+    return f"{first} {lines[-1]}" if first.endswith(":") else f"{first}: {lines[-1]}"
+
+
 def load_predictor_class(
     project_dir: Path, predictor_path: str, module_tag: str = "", class_names: tuple[str, ...] = PREDICTOR_CLASS_NAMES,
 ) -> type:

@@ -397,7 +397,10 @@ class ReplicaLauncher:
             gen.restart_at = now  # looked at again on the next step
             return
         remove_stale(gen.unix_socket)  # a gunicorn of this generation that died left it behind
-        gen.process = self._spawn(gen.argv, gen.env, gen.project_dir)
+        # Started in its state folder, not the project: `python -m gunicorn` puts its working folder
+        # first on sys.path, where a project's own `api.py` would be imported for Sluice's `api`. The
+        # predictor's namespace moves into the project folder when it is built (namespace.py).
+        gen.process = self._spawn(gen.argv, gen.env, gen.state_dir)
         gen.has_been_ready = False
         gen.started_at = now
         gen.message = "starting"

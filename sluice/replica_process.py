@@ -80,8 +80,8 @@ def gunicorn_argv(predictor: PredictorConfig, bind: str, python: str = sys.execu
     argv += [
         "--graceful-timeout", str(int(graceful_timeout_s(predictor))),
         "--timeout", str(worker_timeout),
-        # Sluice's own packages first: gunicorn puts the working directory (the user's project)
-        # at the front of sys.path, where a project module named `api` would shadow ours.
+        # Sluice's own packages found before anything else on the path; gunicorn runs in the
+        # replica's state folder, and the project's folder comes first only inside its namespace.
         "--pythonpath", str(ROOT),
         *no_control_socket(),
         REPLICA_APP,

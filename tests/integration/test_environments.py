@@ -9,6 +9,7 @@ built on this host by the node or launcher that first needs it.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sluice.client import Client
+from sluice.client import Client, ClientError
 from sluice.embedded import Stack, free_port
 from tests.integration.conftest import FAST_LOOPS, ROOM, closing_client
 from tests.wheelhouse import GREETING, GREETING_MODULE, make_wheelhouse
@@ -28,6 +29,7 @@ READY_S = 180
 # A predictor that answers, in batch and realtime alike, with the version of the package it imports.
 GREETING_PREDICTOR = f'''
 import json
+import time
 import {GREETING_MODULE}
 
 
@@ -134,3 +136,123 @@ def test_an_api_without_requirements_runs_in_sluices_own_environment(client: Cli
     client.wait_ready(name, timeout=READY_S)
     assert "/environments/" not in client.predict(name, {})["python"]
     assert environments_on(env_stack) == before
+
+
+def wait_for(check: Any, what: str, timeout: float = READY_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_a_requirement_a_host_cannot_install_leaves_its_api_in_error_naming_the_package_and_no_other_api_affected(
+        client: Client, tmp_path: Path) -> None:
+    suffix = uuid.uuid4().hex[:6]
+    good, broken, broken_batch = f"good-{suffix}", f"broken-{suffix}", f"brokenb-{suffix}"
+    client.deploy(project(tmp_path / good, good, "RealtimeAPI", requirements=f"{GREETING}==1.0.0\n"))
+    client.deploy(project(tmp_path / broken, broken, "RealtimeAPI", requirements="sluice-test-broken==1.0\n"))
+    client.deploy(project(tmp_path / broken_batch, broken_batch, "BatchAPI",
+                          requirements="sluice-test-broken==1.0\n"))
+
+    def failed() -> dict[str, Any] | None:
+        environment = client.get_api(broken)["environment"]
+        return environment if environment.get("state") == "failed" else None
+
+    environment = wait_for(failed, "the broken environment to fail")
+    assert "sluice-test-broken" in environment["error"] and "Unsupported wheel" in environment["error"]
+    wait_for(lambda: any("failed" in r["message"] and "sluice-test-broken" in r["message"]
+                         for r in client.get_api(broken)["replicas"]), "the replica to say why it does not start")
+    with pytest.raises(ClientError) as refused:
+        client.predict(broken, {})
+    assert refused.value.http_status == 503
+    final = run_job(client, broken_batch, tmp_path / "never.jsonl")
+    assert final["status"] == "status_worker_error"
+    assert "building the api's environment" in final["message"] and "sluice-test-broken" in final["message"]
+    client.wait_ready(good, timeout=READY_S)
+    assert client.predict(good, {})["version"] == "1.0.0"
+
+
+@pytest.mark.parametrize(("requirements", "named"), [
+    ("celery==4.4.7\n", ["celery==4.4.7", "Sluice's own celery 5."]),
+    ("sluice-test-old-celery==1.0\n", ["celery<5", "celery 5."]),
+])
+def test_a_pin_of_a_library_sluice_runs_on_is_refused_at_deploy_naming_both_versions(
+        client: Client, tmp_path: Path, requirements: str, named: list[str]) -> None:
+    name = f"conflict-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(ClientError) as refused:
+        client.deploy(project(tmp_path / name, name, "BatchAPI", requirements=requirements))
+    assert refused.value.http_status == 400
+    assert refused.value.kind == "dependency_conflict"
+    for text in named:
+        assert text in refused.value.message
+    with pytest.raises(ClientError):
+        client.get_api(name)  # nothing was deployed
+
+
+HELPERS = {
+    "api.py": "def where():\n    return 'the project api.py'\n",
+    "jobs.py": "def where():\n    return 'the project jobs.py'\n",
+    "config.py": "SETTING = 'the project config.py'\n",
+}
+HELPER_PREDICTOR = '''
+import api
+import config
+import jobs
+
+
+class PythonPredictor:
+    def __init__(self, config=None, job_spec=None):
+        self.out = (config or {}).get("out")
+
+    def predict(self, payload, batch_id=None):
+        import api as again  # imported again at call time, as code does
+        answer = {"api": again.where(), "jobs": jobs.where(), "config": config.SETTING}
+        if self.out:
+            with open(self.out, "a") as out:
+                out.write(__import__("json").dumps(answer) + "\\n")
+        return answer
+'''
+EXPECTED = {"api": "the project api.py", "jobs": "the project jobs.py", "config": "the project config.py"}
+
+
+@pytest.mark.parametrize("requirements", [None, f"{GREETING}==1.0.0\n"], ids=["sluice-environment", "own-environment"])
+def test_a_project_with_its_own_api_jobs_and_config_modules_works_in_batch_and_realtime(
+        client: Client, tmp_path: Path, requirements: str | None) -> None:
+    suffix = uuid.uuid4().hex[:6]
+    realtime, batch = f"mods-{suffix}", f"modsb-{suffix}"
+    client.deploy(project(tmp_path / realtime, realtime, "RealtimeAPI", requirements=requirements,
+                          source=HELPER_PREDICTOR, files=HELPERS))
+    client.deploy(project(tmp_path / batch, batch, "BatchAPI", requirements=requirements, source=HELPER_PREDICTOR,
+                          files=HELPERS))
+    client.wait_ready(realtime, timeout=READY_S)
+    assert client.predict(realtime, {}) == EXPECTED
+    assert client.predict(realtime, {}) == EXPECTED
+    out = tmp_path / "mods.jsonl"
+    final = run_job(client, batch, out)
+    assert final["status"] == "status_succeeded", final
+    assert lines(out) == [EXPECTED] * 3
+
+
+def test_dependencies_sh_runs_once_per_build_with_the_environments_python_first_on_path(
+        client: Client, tmp_path: Path) -> None:
+    name = f"shell-{uuid.uuid4().hex[:6]}"
+    runs = tmp_path / "runs.txt"
+    shell = f'echo "$VIRTUAL_ENV $(command -v python)" >> {runs}\n'
+    source = ("class PythonPredictor:\n    def __init__(self, config, job_spec):\n        self.out = config['out']\n"
+              "    def predict(self, payload, batch_id):\n        import sys\n"
+              "        open(self.out, 'a').write(sys.prefix + '\\n')\n")
+    client.deploy(project(tmp_path / name, name, "BatchAPI", shell=shell, source=source))
+    out = tmp_path / "prefixes.txt"
+    for _ in range(2):
+        spec = client.submit_job(name, {"workers": 2, "item_list": {"items": list(range(8)), "batch_size": 1},
+                                        "config": {"out": str(out)}})
+        assert client.wait_job(name, spec["job_id"], timeout=READY_S)["status"] == "status_succeeded"
+    [run] = runs.read_text().splitlines()  # two jobs, on two nodes: built once
+    venv, python = run.split()
+    assert "/environments/.build-" in venv and python == f"{venv}/bin/python"
+    prefixes = set(out.read_text().split())
+    assert len(prefixes) == 1 and "/environments/" in prefixes.pop()  # every batch ran in the environment

@@ -495,6 +495,27 @@ def test_a_predictor_that_fails_to_build_keeps_answering_503_with_the_reason(tmp
     assert "model.pkl not found" in ReadinessMarkers(tmp_path / "state").failure()
 
 
+def test_a_caller_of_a_broken_replica_gets_one_line_without_the_traceback_or_the_servers_paths(tmp_path):
+    traceback_text = ('importing predictor.py failed: Traceback (most recent call last):\n'
+                      '  File "/srv/sluice/cache/bundles/0a1b/predictor.py", line 1, in <module>\n'
+                      '    import humanize\n'
+                      "ModuleNotFoundError: No module named 'humanize'")
+
+    def failing_build(settings, api):
+        raise PredictorError(traceback_text)
+
+    client = replica_app(tmp_path, build=failing_build).test_client()
+    for answer in (client.get("/iris"), client.post("/iris", json={})):
+        assert answer.status_code == 503
+        body = answer.get_json()
+        body.pop("request_id")
+        assert body == {
+            "kind": "not_ready",
+            "message": "building the predictor failed: importing predictor.py failed: "
+                       "ModuleNotFoundError: No module named 'humanize'"}
+    assert ReadinessMarkers(tmp_path / "state").failure() == traceback_text  # the whole of it, for operators
+
+
 def test_a_replica_of_several_processes_is_ready_only_when_all_are(tmp_path, live_pids):
     client = replica_app(tmp_path, Echo(), processes_per_replica=2).test_client()
     waiting = client.get("/iris")
