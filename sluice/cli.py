@@ -857,11 +857,16 @@ def _whole_gpus(text: str) -> int:
 
 @main.command()
 @click.option("--port", default=8888, show_default=True)
-@click.option("--workers", default=1, show_default=True, help="Worker nodes (one predictor process each).")
+@click.option("--workers", default=1, show_default=True,
+              help="Worker nodes kept running however idle (one predictor process each); more are started "
+                   "while jobs ask more `workers` and the room allows.")
+@click.option("--idle-grace", default=60.0, show_default=True,
+              help="Seconds a worker node above --workers stays idle before it is stopped.")
 @capacity_options
-def up(port: int, workers: int, cpu: str | None, mem: str | None, gpu: str | None, only: str | None) -> None:
-    """Start Redis (private, unless SLUICE_REDIS_URL or SLUICE_REDIS_SENTINELS is set), workers, beat,
-    the API, the proxy and the replicas placed on this host; Ctrl-C stops all."""
+def up(port: int, workers: int, idle_grace: float, cpu: str | None, mem: str | None, gpu: str | None,
+       only: str | None) -> None:
+    """Start Redis (private, unless SLUICE_REDIS_URL or SLUICE_REDIS_SENTINELS is set), a worker host
+    (`sluice workers`), beat, the API, the proxy and the replicas placed on this host; Ctrl-C stops all."""
     import os
 
     with needs_extra("server", "`sluice up`"):
@@ -869,7 +874,7 @@ def up(port: int, workers: int, cpu: str | None, mem: str | None, gpu: str | Non
 
     offers, hardware = host_capacity(cpu, mem, gpu, only)
     stack = Stack(port=port, workers=workers, redis_url=os.environ.get("SLUICE_REDIS_URL") or None,
-                  offers=offers, hardware=hardware)
+                  offers=offers, hardware=hardware, worker_host=True, idle_grace_s=idle_grace)
     click.echo("starting redis, the API, the proxy, beat and workers ...", err=True)
     try:
         stack.start()

@@ -108,6 +108,12 @@ class Stack:
     hardware: str | None = None
     # The management API's internal port (a free one unless given).
     api_port: int | None = None
+    # Worker nodes kept by a worker-host agent (`sluice workers`), as on any other host: `workers` is
+    # its minimum, more are started while jobs want more `workers` (and AsyncAPIs more nodes) and the
+    # room allows, and those above the minimum stop after `idle_grace_s` idle. Without it the stack
+    # runs exactly `workers` nodes of its own (what most tests want: nodes they can name and kill).
+    worker_host: bool = False
+    idle_grace_s: float = 60.0
     children: list[Child] = field(default_factory=list)
     replicas: ReplicaManager | None = None
     host: HostAgent | None = None
@@ -251,6 +257,38 @@ class Stack:
 
         _wait_until(all_registered, timeout, "worker nodes " + ", ".join(child.name for child, _ in started))
 
+    @property
+    def worker_host_id(self) -> str:
+        """The placement name of the stack's worker host (with `worker_host`)."""
+        return f"{socket.gethostname()}-{self.port}-workers"
+
+    def _spawn_worker_host(self) -> Child:
+        """`sluice workers` offering the stack's room to worker nodes, keeping at least `workers` of them."""
+        offers = self.offers or machine_resources()
+        return self._spawn("workers", [
+            sys.executable, "-m", "sluice.cli", "workers", "--queues", ",".join(self.queues),
+            "--min-nodes", str(self.workers), "--idle-grace", str(self.idle_grace_s), "--host-id", self.worker_host_id,
+            "--cpu", f"{offers.cpu_m}m", "--mem", str(offers.mem), "--gpu", str(offers.gpu),
+        ])
+
+    def _wait_for_agent_nodes(self, agent: Child, timeout: float = 60) -> None:
+        """Wait until the agent's first `workers` nodes have registered; its exit fails the start, with its log."""
+        client = redis_client(self.redis_address, HEARTBEAT)
+        prefix = f"{self.worker_host_id}-"
+
+        def registered() -> bool:
+            if self._died(agent):
+                raise NotReady(f"the worker host exited:\n{agent.log_tail()}")
+            names = [n.decode() if isinstance(n, bytes) else str(n) for n in client.hkeys(keys.NODES)]
+            return len([n for n in names if n.startswith(prefix)]) >= self.workers
+
+        _wait_until(registered, timeout, f"{self.workers} worker node(s) of the worker host")
+
+    def worker_nodes(self) -> list[str]:
+        """The live worker nodes' Celery names (the stack's own, or its worker host's)."""
+        client = redis_client(self.redis_address, HEARTBEAT)
+        return sorted(n.decode() if isinstance(n, bytes) else str(n) for n in client.hkeys(keys.NODES))
+
     @staticmethod
     def _died(child: Child) -> bool:
         return child.process.poll() is not None
@@ -316,11 +354,14 @@ class Stack:
             proxy = self._spawn_proxy() if self.proxy else None
             if self.beat:
                 self._start_beat()
-            workers = [self._spawn_worker() for _ in range(self.workers)]
+            workers = [] if self.worker_host else [self._spawn_worker() for _ in range(self.workers)]
+            agent = self._spawn_worker_host() if self.worker_host else None
             self._wait_for_api(api)
             if proxy is not None:
                 self._wait_for_proxy(proxy)
             self._wait_for_workers(workers)
+            if agent is not None:
+                self._wait_for_agent_nodes(agent)
             if self.realtime:
                 client = redis_client(self.redis_address, HEARTBEAT)
                 self.host = HostAgent(RedisHostDirectory(client), RedisReplicaAssignments(client),

@@ -348,6 +348,10 @@ def serve_all(
     which stops them in order) and get SIGTERM should this process die.
     """
     from foundation.settings import Settings
+    from jobs.store import JobStore
+    from predictors_runtime.environments import HostEnvironments
+
+    from .environment_upkeep import EnvironmentUpkeep
 
     env = dict(os.environ if env is None else env)
     settings = Settings.from_env(env)
@@ -369,6 +373,8 @@ def serve_all(
                              placement_host=agent.host_id)
         return spawn_gunicorn(argv, env, Path.cwd())  # any command: own session, dies with us
     manager = ReplicaManager(RedisApiRegistry(client), spawn, select=select, assigned=agent.assigned)
+    upkeep = EnvironmentUpkeep(HostEnvironments.under(settings.cache_dir), RedisApiRegistry(client),
+                               JobStore(client, settings.job_ttl_s), grace_s=settings.environment_grace_s)
     stopping = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     log.info("host %s serves %s realtime APIs on %s (advertised as %s)", agent.host_id, hardware or "all", host,
@@ -377,6 +383,7 @@ def serve_all(
         while not stopping.is_set():
             agent.heartbeat(time.time())
             manager.step(time.time())
+            upkeep.step(time.time())
             stopping.wait(STEP_S)
         return 0
     finally:

@@ -232,17 +232,31 @@ def celery_node(queues: tuple[str, ...], env: Mapping[str, str], loglevel: str =
 
 def run_agent(config: AgentConfig, env: Mapping[str, str] | None = None, step_s: float = STEP_S) -> int:
     """`sluice workers`: the agent's loop until SIGTERM/SIGINT, which warm-stops every node; the exit status."""
+    from foundation.api_registry import RedisApiRegistry
+    from foundation.environment_states import RedisEnvironmentStates
     from foundation.hosts import RedisHostDirectory
     from foundation.redis_clients import heartbeat_client
     from foundation.settings import Settings
     from jobs.nodes import Nodes
+    from jobs.store import JobStore
     from jobs.worker_hosts import RedisWorkerHosts
+    from predictors_runtime.bundles import BundleStore
+    from predictors_runtime.environments import HostEnvironments
+    from predictors_runtime.project import BundleLimits
+
+    from .environment_upkeep import EnvironmentUpkeep
 
     env = dict(os.environ if env is None else env)
     settings = Settings.from_env(env)
     client = heartbeat_client(settings)  # short timeouts, no retries: the next step is the retry
     agent = WorkerHost(config, celery_node(config.queues, env), RedisHostDirectory(client), RedisWorkerHosts(client),
                        Nodes(client, settings.node_ttl_s))
+    upkeep = EnvironmentUpkeep(
+        HostEnvironments.under(settings.cache_dir, events=RedisEnvironmentStates(client)), RedisApiRegistry(client),
+        JobStore(client, settings.job_ttl_s), grace_s=settings.environment_grace_s,
+        bundles=BundleStore(settings.storage, settings.cache_dir, cache_bytes=settings.bundle_cache_bytes,
+                            limits=BundleLimits(settings.max_unpacked_bundle_bytes, settings.max_bundle_files)),
+        queues=config.queues)
     stopping = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     log.info("worker host %s: queues %s, at least %d node(s), offering %s", config.host_id, ",".join(config.queues),
@@ -252,6 +266,7 @@ def run_agent(config: AgentConfig, env: Mapping[str, str] | None = None, step_s:
         while not stopping.is_set():
             try:
                 agent.step(time.time())
+                upkeep.step(time.time())
                 failing = False
             except redis.RedisError as e:  # Redis away: the nodes run on; said once, tried every step
                 if not failing:

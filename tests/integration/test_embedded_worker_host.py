@@ -1,0 +1,86 @@
+"""The embedded stack places worker nodes as any worker host does (`sluice up` runs one this way).
+
+Its nodes are kept by a worker-host agent: at least `--workers` of them, more while a job asks for
+more `workers` and the stack's room allows, and those above the minimum stop after the idle grace.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sluice.embedded import Stack, free_port
+from tests.integration.conftest import FAST_LOOPS, ROOM, closing_client, read_events, write_project
+from tests.wheelhouse import GREETING, GREETING_MODULE, make_wheelhouse
+
+pytestmark = pytest.mark.integration
+
+IDLE_GRACE_S = 2.0
+ENVIRONMENT_GRACE_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def agent_stack(tmp_path_factory: pytest.TempPathFactory):
+    data_dir = tmp_path_factory.mktemp("agent-stack")
+    wheelhouse = make_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
+    env = {**FAST_LOOPS, "SLUICE_FIND_LINKS": str(wheelhouse), "SLUICE_NO_INDEX": "1",
+           "SLUICE_ENVIRONMENT_GRACE_S": str(ENVIRONMENT_GRACE_S)}
+    with Stack(port=free_port(), offers=ROOM, workers=1, data_dir=data_dir, env=env, worker_host=True,
+               idle_grace_s=IDLE_GRACE_S, realtime=False) as running:
+        yield running
+        print(running.logs())
+
+
+def test_a_job_asking_three_workers_runs_on_three_nodes_that_stop_after_the_idle_grace(
+        agent_stack: Stack, tmp_path: Path, events_file: Path) -> None:
+    assert len(agent_stack.worker_nodes()) == 1
+    client = closing_client(agent_stack.url)
+    name = f"three-{uuid.uuid4().hex[:6]}"
+    client.deploy(write_project(tmp_path / name, name, {"events": str(events_file), "sleep": 0.3}))
+    spec = client.submit_job(name, {"workers": 3, "item_list": {"items": list(range(36)), "batch_size": 1},
+                                    "config": {"events": str(events_file), "sleep": 0.3}})
+    final = client.wait_job(name, spec["job_id"], timeout=180)
+    assert final["status"] == "status_succeeded", final
+    pids = {event["pid"] for event in read_events(events_file) if event.get("event") == "predict"}
+    assert len(pids) == 3, pids  # three nodes took batches
+    deadline = time.monotonic() + 60
+    while len(agent_stack.worker_nodes()) > 1:  # the two extra ones stop once idle for the grace
+        assert time.monotonic() < deadline, agent_stack.worker_nodes()
+        time.sleep(0.5)
+
+
+def test_a_worker_host_builds_a_deployed_apis_environment_ahead_and_removes_the_old_one_after_a_redeploy(
+        agent_stack: Stack, tmp_path: Path) -> None:
+    client = closing_client(agent_stack.url)
+    name = f"warm-{uuid.uuid4().hex[:6]}"
+    folder = tmp_path / name
+    config = write_project(folder, name, source=f"import {GREETING_MODULE}\n" + SIMPLE_PREDICTOR)
+    root = agent_stack.data_dir / "cache" / "environments"  # type: ignore[operator]
+    keys = []
+    for version in ("1.0.0", "2.0.0"):
+        (folder / "requirements.txt").write_text(f"{GREETING}=={version}\n")
+        [deployed] = client.deploy(config)
+        keys.append(deployed["environment"]["key"])
+        deadline = time.monotonic() + 60
+        while client.get_api(name)["environment"].get("state") != "ready":  # built with no job submitted
+            assert time.monotonic() < deadline, client.get_api(name)["environment"]
+            time.sleep(0.2)
+        assert (root / keys[-1]).is_dir()
+    deadline = time.monotonic() + 60
+    while (root / keys[0]).exists():  # no API uses the old one: removed after its grace
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert (root / keys[1]).is_dir()
+
+
+SIMPLE_PREDICTOR = """
+class PythonPredictor:
+    def __init__(self, config, job_spec):
+        pass
+
+    def predict(self, payload, batch_id):
+        return None
+"""
