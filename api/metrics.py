@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from foundation import figure_sink as process_figures
 from foundation import figures
 from foundation.api_registry import ApiRegistry
+from foundation.environment_states import RedisEnvironmentStates
 from foundation.errors import JobNotFound
 from foundation.figure_store import FigureStore, RedisFigureStore
 from foundation.replica_directory import RedisReplicaDirectory, ReplicaDirectory
@@ -48,6 +49,15 @@ REPLICAS = ("sluice_replicas", "Replicas of an API by state (ready: serving; sta
             "pending: wanted, no room yet)")
 REPLICAS_DESIRED = ("sluice_replicas_desired", "Replicas of an API its scaler wants")
 IN_FLIGHT = ("sluice_in_flight", "Requests of an API queued and running that its scaler's last decision saw")
+# Per-API environments over every host (`foundation/environment_states.py`): figure name -> (its
+# counter in Redis, help).
+ENVIRONMENT_COUNTERS = {
+    "sluice_environment_builds": ("builds", "API environments built on a host (each host builds each one once)"),
+    "sluice_environment_reuses": ("reused", "Times a process found its API's environment already built on its host"),
+    "sluice_environment_build_failures": ("failed", "API environment builds that failed (a package that cannot "
+                                          "be installed, dependencies.sh exiting non-zero)"),
+    "sluice_environment_build_seconds": ("build_seconds", "Seconds spent building API environments"),
+}
 
 __all__ = ["CONTENT_TYPE_LATEST", "HTTP_RESPONSES", "JOBS_SUBMITTED", "FiguresCollector", "exposition"]
 
@@ -101,12 +111,14 @@ class FiguresCollector(Collector):
     def __init__(self, store: FigureStore, depths: Callable[[], dict[str, int]],
                  async_counts: Callable[[], dict[str, AsyncCounts]] = dict,
                  scaling: Callable[[], dict[str, Placed]] = dict,
-                 realtime: Callable[[], dict[str, RealtimeCounts]] = dict) -> None:
+                 realtime: Callable[[], dict[str, RealtimeCounts]] = dict,
+                 environments: Callable[[], dict[str, float]] = dict) -> None:
         self._store = store
         self._depths = depths
         self._async_counts = async_counts
         self._scaling = scaling
         self._realtime = realtime
+        self._environments = environments
 
     def collect(self) -> Iterator[Metric]:
         totals = figures.read_figures(self._store)
@@ -140,6 +152,11 @@ class FiguresCollector(Collector):
         yield replicas
         yield desired
         yield in_flight
+        environment_figures = self._environments()
+        for name, (field, text) in ENVIRONMENT_COUNTERS.items():
+            counter = CounterMetricFamily(name, text)
+            counter.add_metric([], environment_figures.get(field, 0.0))
+            yield counter
 
 
 def _family(figure: figures.Figure, totals: dict[tuple[str, ...], Any]) -> Metric:
@@ -187,5 +204,6 @@ def exposition(services: Services, store: FigureStore | None = None, apis: ApiRe
         (lambda: async_scaling(services, apis, time.time())) if apis is not None else dict,
         (lambda: realtime_scaling(services, apis, replicas or RedisReplicaDirectory(services.redis), time.time()))
         if apis is not None else dict,
+        RedisEnvironmentStates(services.redis).figures,
     ))
     return generate_latest(registry)

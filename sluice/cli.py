@@ -22,6 +22,7 @@ import click
 from foundation.errors import SluiceError
 from predictors_runtime.extras import needs_extra
 
+from .cli_environments import env_group
 from .client import ACTIVE_STATUSES, TERMINAL_STATUSES, Client
 
 if TYPE_CHECKING:
@@ -221,19 +222,31 @@ def version(ctx: click.Context, output: str) -> None:
 
 @main.command()
 @click.argument("config", default="cortex.yaml", type=click.Path(exists=True, path_type=Path))
+@click.option("--no-wait", is_flag=True, help="Return once deployed, without following environment builds.")
 @output_option
 @click.pass_context
-def deploy(ctx: click.Context, config: Path, output: str) -> None:
-    """Deploy the APIs of a cortex.yaml (its folder is the project)."""
-    deployed = _client(ctx).deploy(config)
+def deploy(ctx: click.Context, config: Path, no_wait: bool, output: str) -> None:
+    """Deploy the APIs of a cortex.yaml (its folder is the project); a project's requirements.txt and
+    dependencies.sh are locked now and their environment's build on a host is followed."""
+    from .cli_environments import environment_line, follow_builds
+
+    client = _client(ctx)
+    started = time.monotonic()
+    deployed = client.deploy(config)
     if output == "json":
         _print(deployed)
         return
     for api in deployed:
         where = f"at /{api['name']}" if api["kind"] == "RealtimeAPI" else f"queue {api['queue']}"
         click.echo(f"deployed {api['name']} ({api['kind']}, {where}, bundle {api['bundle'][:12]})")
+        if api.get("environment"):
+            click.echo(f"  {environment_line(api['environment'])} (locked in {time.monotonic() - started:.1f} s)")
         for ignored in api["ignored_fields"]:
             click.echo(f"  note: {ignored} means nothing to Sluice and was ignored", err=True)
+    if not no_wait and any(api.get("environment") for api in deployed):
+        failed = [name for name, state in follow_builds(client, deployed).items() if state == "failed"]
+        if failed:
+            raise Failure(f"the environment of {', '.join(failed)} could not be built (sluice get API says why)")
 
 
 @main.command()
@@ -292,6 +305,7 @@ def _get_all(client: Client, output: str) -> None:
 
 
 def _get_api(client: Client, name: str, output: str) -> None:
+    from .cli_environments import environment_line
     from .client import ClientError
 
     now = time.time()
@@ -309,6 +323,7 @@ def _get_api(client: Client, name: str, output: str) -> None:
             return
         click.echo(f"{name}  RealtimeAPI  {view['status']}  deployed {_ago(api['deployed_at'], now)}")
         click.echo(f"endpoint: {view['url']}")
+        click.echo(environment_line(api.get("environment")))
         click.echo(f"replicas: {ready}/{wanted} ready")
         _echo_realtime_scaling(api.get("scaling"))
         for replica in api.get("replicas", []):
@@ -327,6 +342,7 @@ def _get_api(client: Client, name: str, output: str) -> None:
             return
         click.echo(f"{name}  AsyncAPI  queue {api['queue']}  deployed {_ago(api['deployed_at'], now)}")
         click.echo(f"endpoint: {api['endpoint']} (POST a request; GET {api['endpoint']}/<id> for its result)")
+        click.echo(environment_line(api.get("environment")))
         counts = api.get("requests") or {}
         click.echo(f"requests: {counts.get('in_queue', 0)} in queue, {counts.get('in_progress', 0)} in progress, "
                    f"{counts.get('completed_per_minute', 0)} completed and {counts.get('failed_per_minute', 0)} "
@@ -344,6 +360,7 @@ def _get_api(client: Client, name: str, output: str) -> None:
         return
     click.echo(f"{name}  {api['kind']}  queue {api['queue']}  deployed {_ago(api['deployed_at'], now)}")
     click.echo(f"endpoint: {api['endpoint']}")
+    click.echo(environment_line(api.get("environment")))
     if not jobs:
         click.echo("no jobs")
         return
@@ -1031,6 +1048,9 @@ def proxy(port: int, bind: str, management: str, state_dir: Path | None) -> None
         raise click.ClickException(f"cannot reach Redis at {settings.redis_address}: {e}") from e
     finally:
         controller.stop(grace=5.0)
+
+
+main.add_command(env_group)
 
 
 def run() -> None:

@@ -9,12 +9,16 @@ built on this host by the node or launcher that first needs it.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 import yaml
 
 from sluice.client import Client, ClientError
@@ -25,6 +29,7 @@ from tests.wheelhouse import GREETING, GREETING_MODULE, make_wheelhouse
 pytestmark = pytest.mark.integration
 
 READY_S = 180
+ROOT = Path(__file__).resolve().parents[2]
 
 # A predictor that answers, in batch and realtime alike, with the version of the package it imports.
 GREETING_PREDICTOR = f'''
@@ -256,3 +261,61 @@ def test_dependencies_sh_runs_once_per_build_with_the_environments_python_first_
     assert "/environments/.build-" in venv and python == f"{venv}/bin/python"
     prefixes = set(out.read_text().split())
     assert len(prefixes) == 1 and "/environments/" in prefixes.pop()  # every batch ran in the environment
+
+
+def sluice(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SLUICE_CACHE_DIR": str(stack.data_dir / "cache"),  # type: ignore[operator]
+           "SLUICE_REDIS_URL": stack.redis_url or "", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "sluice.cli", "--url", stack.url, *args], capture_output=True,
+                          text=True, env=env, timeout=READY_S)
+
+
+def test_sluice_deploy_follows_the_build_and_get_and_env_ls_show_the_environment(env_stack: Stack,
+                                                                                   tmp_path: Path) -> None:
+    name = f"cli-{uuid.uuid4().hex[:6]}"
+    config = project(tmp_path / name, name, "RealtimeAPI", requirements=f"{GREETING}==2.0.0\n")
+    deployed = sluice(env_stack, "deploy", str(config))
+    assert deployed.returncode == 0, deployed.stderr
+    assert f"{GREETING}==2.0.0" in deployed.stdout
+    assert "built in" in deployed.stderr  # the build was followed to its end on the host
+    shown = sluice(env_stack, "get", name)
+    assert shown.returncode == 0, shown.stderr
+    [line] = [line for line in shown.stdout.splitlines() if line.startswith("environment:")]
+    assert " ready on 1 host (built in " in line and f"{GREETING}==2.0.0" in line
+    listed = json.loads(sluice(env_stack, "env", "ls", "-o", "json").stdout)
+    key = closing_client(env_stack.url).get_api(name)["environment"]["key"]
+    [entry] = [e for e in listed if e["key"] == key]
+    assert entry["complete"] and entry["in_use"] and entry["packages"] == {GREETING: "2.0.0"}
+    # In use by the replica: pruning with no grace leaves it (and every environment a deployed API names).
+    pruned = json.loads(sluice(env_stack, "env", "prune", "--grace", "0", "-o", "json").stdout)
+    assert key not in pruned["removed"]
+    assert (env_stack.data_dir / "cache" / "environments" / key).is_dir()  # type: ignore[operator]
+
+
+def test_sluice_deploy_of_a_conflicting_pin_fails_with_both_versions_on_one_line(env_stack: Stack,
+                                                                                   tmp_path: Path) -> None:
+    name = f"clic-{uuid.uuid4().hex[:6]}"
+    refused = sluice(env_stack, "deploy", str(project(tmp_path / name, name, "BatchAPI",
+                                                      requirements="celery==4.4.7\n")))
+    assert refused.returncode != 0
+    assert "celery==4.4.7" in refused.stderr and "Sluice's own celery 5." in refused.stderr
+
+
+def metric(stack: Stack, name: str) -> float:
+    text = requests.get(f"{stack.url}/metrics", timeout=10).text
+    [value] = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"{name} ")]
+    return value
+
+
+def test_metrics_count_builds_their_seconds_and_reuses(env_stack: Stack, client: Client, tmp_path: Path) -> None:
+    before = {name: metric(env_stack, name) for name in (
+        "sluice_environment_builds_total", "sluice_environment_reuses_total", "sluice_environment_build_seconds_total")}
+    name = f"figures-{uuid.uuid4().hex[:6]}"
+    client.deploy(project(tmp_path / name, name, "BatchAPI", requirements=f"{GREETING}==1.0.0\n",
+                          shell=f"# a build of its own: {name}\n"))
+    for run in range(2):
+        assert run_job(client, name, tmp_path / f"{run}.jsonl")["status"] == "status_succeeded"
+    assert metric(env_stack, "sluice_environment_builds_total") == before["sluice_environment_builds_total"] + 1
+    assert metric(env_stack, "sluice_environment_reuses_total") >= before["sluice_environment_reuses_total"] + 1
+    seconds = "sluice_environment_build_seconds_total"
+    assert metric(env_stack, seconds) > before[seconds]

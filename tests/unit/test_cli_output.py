@@ -17,7 +17,11 @@ from sluice.cli import main
 
 # Commands that run a server until stopped, printing only where it runs: no document to shape.
 SERVERS = {"up", "serve", "replicas", "proxy", "workers"}
-PRINTING = sorted(set(main.commands) - SERVERS)
+# A group's commands are listed as "group command" (`sluice env ls`).
+PRINTING = sorted(
+    [f"{name} {sub}" for name, command in main.commands.items() if isinstance(command, click.Group)
+     for sub in command.commands]
+    + [name for name, command in main.commands.items() if not isinstance(command, click.Group) and name not in SERVERS])
 
 
 def test_the_servers_are_the_only_commands_left_out():
@@ -27,7 +31,12 @@ def test_the_servers_are_the_only_commands_left_out():
 
 @pytest.mark.parametrize("name", PRINTING)
 def test_every_printing_command_takes_output_json(name):
-    [option] = [p for p in main.commands[name].params if isinstance(p, click.Option) and "-o" in p.opts]
+    group, _, sub = name.partition(" ")
+    command = main.commands[group]
+    if sub:
+        assert isinstance(command, click.Group)
+        command = command.commands[sub]
+    [option] = [p for p in command.params if isinstance(p, click.Option) and "-o" in p.opts]
 
     assert "--output" in option.opts
     assert isinstance(option.type, click.Choice) and "json" in option.type.choices
