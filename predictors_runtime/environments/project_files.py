@@ -29,7 +29,12 @@ class DependencyFiles:
     @property
     def empty(self) -> bool:
         """Nothing to install: the API runs in Sluice's own environment, as it always did."""
-        return not self.requirements.strip() and not self.shell.strip()
+        return not _meaningful(self.requirements) and not _meaningful(self.shell)
+
+
+def _meaningful(text: str) -> bool:
+    """Whether a requirements file or a shell script says anything (more than comments and blank lines)."""
+    return any(line.strip() and not line.strip().startswith("#") for line in text.splitlines())
 
 
 def _read(project_dir: Path, relative: str, what: str) -> str:
