@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import random as _random
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -204,6 +206,15 @@ def _retry_after_s(response: requests.Response) -> float | None:
     return max(when.timestamp() - time.time(), 0.0)
 
 
+def _with_requirements(root: Path, copy: Path, requirements: list[str]) -> Path:
+    """A copy of the project folder whose requirements.txt also lists `requirements` (create_api's)."""
+    shutil.copytree(root, copy, symlinks=True)
+    existing = (copy / "requirements.txt").read_text() if (copy / "requirements.txt").is_file() else ""
+    lines = [line for line in existing.splitlines() if line.strip()] + [str(r) for r in requirements]
+    (copy / "requirements.txt").write_text("\n".join(lines) + "\n")
+    return copy
+
+
 class Client:
     """Sluice's HTTP API as methods; Cortex's client's names (`get_job`, `create_api`, ...) among them.
 
@@ -294,22 +305,26 @@ class Client:
         `api_spec` is one API's entry (or a list of them) as cortex.yaml spells it; the project
         folder (default: the working directory) is packed as `sluice deploy` packs it, and the
         entries are sent as its cortex.yaml. `wait=True` waits until realtime APIs are ready.
-        Cortex's `predictor=`/`task=` (a pickled class) and `requirements`/`conda_packages`
-        (an image build) have no Sluice equivalent and are refused; `force` is accepted and
-        means nothing (a deploy always replaces).
+        `requirements` are added to the project's `requirements.txt` (its environment is built from
+        them, as a deploy's is). Cortex's `predictor=`/`task=` (a pickled class) and
+        `conda_packages` have no Sluice equivalent and are refused; `force` is accepted and means
+        nothing (a deploy always replaces).
         """
         if predictor is not None or task is not None:
             raise Unsupported(0, "unsupported", "create_api(predictor=/task=) is not supported; pass project_dir= "
                               "with the predictor's file named in api_spec['predictor']['path'] (a TaskAPI's Task: in "
                               "api_spec['definition']['path'])")
-        if requirements or conda_packages:
-            raise Unsupported(0, "unsupported", "create_api(requirements=/conda_packages=) is not supported; "
-                              "install the packages on the workers")
+        if conda_packages:
+            raise Unsupported(0, "unsupported", "create_api(conda_packages=) is not supported; pass them as "
+                              "requirements= (pip packages)")
         specs = [api_spec] if isinstance(api_spec, dict) else list(api_spec)
         root = Path(project_dir) if project_dir is not None else Path.cwd()
         config_text = yaml.safe_dump(specs, sort_keys=False).encode()
         # An existing cortex.yaml of the folder is left out of the bundle, as `deploy` does.
-        deployed = self._deploy("cortex.yaml", config_text, pack_project(root, root / "cortex.yaml"))
+        with tempfile.TemporaryDirectory(prefix="sluice-create-api-") as tmp:
+            if requirements:
+                root = _with_requirements(root, Path(tmp) / "project", requirements)
+            deployed = self._deploy("cortex.yaml", config_text, pack_project(root, root / "cortex.yaml"))
         if wait:
             for api in deployed:
                 if api["kind"] == "RealtimeAPI":

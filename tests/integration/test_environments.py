@@ -319,3 +319,19 @@ def test_metrics_count_builds_their_seconds_and_reuses(env_stack: Stack, client:
     assert metric(env_stack, "sluice_environment_reuses_total") >= before["sluice_environment_reuses_total"] + 1
     seconds = "sluice_environment_build_seconds_total"
     assert metric(env_stack, seconds) > before[seconds]
+
+
+def test_create_api_with_requirements_builds_the_api_an_environment_of_them(client: Client, tmp_path: Path) -> None:
+    name = f"create-{uuid.uuid4().hex[:6]}"
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "predictor.py").write_text(GREETING_PREDICTOR)
+    spec = {"name": name, "kind": "RealtimeAPI", "predictor": {"type": "python", "path": "predictor.py"},
+            "compute": {"cpu": 1}}
+    [deployed] = client.create_api(spec, requirements=[f"{GREETING}==2.0.0"], project_dir=folder, wait=True)
+    assert deployed["environment"]["packages"] == {GREETING: "2.0.0"}
+    assert client.predict(name, {})["version"] == "2.0.0"
+    assert not (folder / "requirements.txt").exists()  # the user's folder is left as it was
+    with pytest.raises(ClientError) as refused:
+        client.create_api(spec, conda_packages=["rdkit"], project_dir=folder)
+    assert "requirements=" in refused.value.message
