@@ -83,6 +83,7 @@ bench: $(STAMP) redis-server
 	$(RUN) $(PY) bench/async_api.py
 	$(RUN) $(PY) bench/failover.py
 	$(RUN) $(PY) bench/autoscale.py
+	$(RUN) $(PY) bench/environments.py
 	@command -v wrk >/dev/null 2>&1 || $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
 	[ -x bench/.venv-bentoml/bin/bentoml ] || { python3 -m venv bench/.venv-bentoml && \
 	  bench/.venv-bentoml/bin/pip install --quiet --disable-pip-version-check -r bench/requirements-bentoml.txt; }

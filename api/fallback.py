@@ -23,6 +23,7 @@ from foundation.errors import ApiNotFound
 from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS
 from jobs.async_request import ASYNC_KIND
 from predictors_runtime.config import RESERVED_NAMES
+from predictors_runtime.loader import one_line
 
 from . import async_api, auth, batch, tasks
 from .apis import REALTIME_KIND
@@ -88,7 +89,9 @@ def unrouted_api(api_name: str) -> Response:
     if not replicas:
         message = f"api {name} has no replica running yet"
     elif reasons:
-        message = f"api {name} is not ready: {reasons[0]}"
+        # One line for the caller; the whole reason (a traceback, the server's paths) is in the
+        # replica's record, which `GET /apis/<name>` shows behind the API keys.
+        message = f"api {name} is not ready: {one_line(reasons[0])}"
     else:
         message = f"api {name} is not ready yet (its replicas are starting)"
     # A realtime request refused for want of a ready replica: counted as the proxy's refusals are.

@@ -287,6 +287,9 @@ def _get_all(client: Client, output: str) -> None:
         else:
             running = sum(1 for job in client.jobs(summary["name"]) if job["status"] in ACTIVE_STATUSES)
             row.update(status="live", jobs_running=running)
+        environment = client.api(summary["name"]).get("environment") if summary.get("environment") else None
+        if environment and environment.get("state") == "failed":
+            row["status"] = "error"  # its environment could not be built: `sluice get API` says why
         rows.append(row)
     if output == "json":
         _print(rows)

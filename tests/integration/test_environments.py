@@ -155,7 +155,7 @@ def wait_for(check: Any, what: str, timeout: float = READY_S) -> Any:
 
 
 def test_a_requirement_a_host_cannot_install_leaves_its_api_in_error_naming_the_package_and_no_other_api_affected(
-        client: Client, tmp_path: Path) -> None:
+        client: Client, env_stack: Stack, tmp_path: Path) -> None:
     suffix = uuid.uuid4().hex[:6]
     good, broken, broken_batch = f"good-{suffix}", f"broken-{suffix}", f"brokenb-{suffix}"
     client.deploy(project(tmp_path / good, good, "RealtimeAPI", requirements=f"{GREETING}==1.0.0\n"))
@@ -179,6 +179,9 @@ def test_a_requirement_a_host_cannot_install_leaves_its_api_in_error_naming_the_
     assert "building the api's environment" in final["message"] and "sluice-test-broken" in final["message"]
     client.wait_ready(good, timeout=READY_S)
     assert client.predict(good, {})["version"] == "1.0.0"
+    listed = json.loads(sluice(env_stack, "get", "-o", "json").stdout)
+    statuses = {row["name"]: row["status"] for row in listed}
+    assert statuses[broken] == statuses[broken_batch] == "error" and statuses[good] == "live"
 
 
 @pytest.mark.parametrize(("requirements", "named"), [
@@ -335,3 +338,25 @@ def test_create_api_with_requirements_builds_the_api_an_environment_of_them(clie
     with pytest.raises(ClientError) as refused:
         client.create_api(spec, conda_packages=["rdkit"], project_dir=folder)
     assert "requirements=" in refused.value.message
+
+
+def test_a_replica_whose_predictor_cannot_import_tells_callers_one_line_and_operators_the_traceback(
+        client: Client, tmp_path: Path) -> None:
+    name = f"noimport-{uuid.uuid4().hex[:6]}"
+    source = "import sluice_test_not_installed_anywhere\n\nclass PythonPredictor:\n    pass\n"
+    client.deploy(project(tmp_path / name, name, "RealtimeAPI", source=source))
+
+    def refused() -> ClientError | None:
+        try:
+            client.predict(name, {})
+        except ClientError as e:
+            return e if "ModuleNotFoundError" in e.message else None
+        return None
+
+    answer = wait_for(refused, "the replica to answer why it is not ready")
+    assert answer.http_status == 503 and answer.kind == "not_ready"
+    assert "No module named 'sluice_test_not_installed_anywhere'" in answer.message
+    assert "Traceback" not in answer.message and "/bundles/" not in answer.message
+    replicas = wait_for(lambda: [r for r in client.get_api(name)["replicas"] if "Traceback" in r["message"]],
+                        "the replica's record to carry the traceback")
+    assert "predictor.py" in replicas[0]["message"]
