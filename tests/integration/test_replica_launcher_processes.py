@@ -113,7 +113,9 @@ def test_a_replica_is_announced_not_ready_until_every_process_has_built(redis_cl
     (argv, env, cwd, _process), = spawned
     gen = launcher.serving
     assert gen is not None and gen.port == 9100 and "127.0.0.1:9100" in argv
-    assert cwd == gen.project_dir and env["BUNDLE"] == "aaaa"
+    # gunicorn starts in the replica's state folder (a project's own `api.py` must not be found
+    # for Sluice's `api`); the predictor's namespace moves into the project folder.
+    assert cwd == gen.state_dir and env["SLUICE_REPLICA_PROJECT"] == str(gen.project_dir) and env["BUNDLE"] == "aaaa"
     assert (gen.state_dir / "spec.json").is_file()
     record = _records(redis_client)[gen.replica_id]
     assert (record.api, record.port, record.ready, record.draining) == ("echo", 9100, False, False)
