@@ -71,6 +71,14 @@ def client(env_stack: Stack) -> Client:
     return closing_client(env_stack.url)
 
 
+@pytest.fixture(autouse=True)
+def delete_apis_after(client: Client) -> Any:
+    """Each test's APIs go when it ends: idle replicas would share the two cores with the next test."""
+    yield
+    for api in client.apis():
+        client.delete_api(api["name"], force=True)
+
+
 def project(folder: Path, name: str, kind: str, *, requirements: str | None = None, shell: str | None = None,
             source: str = GREETING_PREDICTOR, files: dict[str, str] | None = None,
             predictor: dict[str, Any] | None = None) -> Path:
