@@ -18,6 +18,7 @@ import yaml
 from foundation.hosts import Resources
 from sluice.client import Client
 from sluice.embedded import Stack, free_port
+from tests.wheelhouse import make_wheelhouse
 
 # The room a test stack offers to replicas: many APIs of the tests, each taking its `compute` (the
 # examples ask 1 cpu), share one stack on a 2-core machine; placement's limits have tests of their own.
@@ -103,15 +104,22 @@ def closing_client(url: str, **kwargs: Any) -> Client:
 # runs on its configuration; a test that needs a setting of its own makes it per API or per job
 # where Sluice has one, or runs on a stack below whose configuration says why it differs.
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: str, gcs_server: str):
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tests' own packages (tests/wheelhouse.py), the only place projects' requirements come from."""
+    return make_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: str, gcs_server: str, wheelhouse: Path):
     """Two worker nodes, beat, the API, the proxy and realtime replicas against a private Redis.
 
-    They reach the session's S3 and GCS servers (the storage fixtures export their addresses)
-    and may read and write local paths under the session's temporary folder.
+    They reach the session's S3 and GCS servers (the storage fixtures export their addresses),
+    may read and write local paths under the session's temporary folder, and install projects'
+    requirements from the tests' wheelhouse alone (no package index).
     """
     data_dir = tmp_path_factory.mktemp("stack")
     env = {**FAST_LOOPS, "SLUICE_LOCAL_INPUT_ROOTS": str(tmp_path_factory.getbasetemp()),
-           "SLUICE_LOG_LINES": str(LOG_LINES)}
+           "SLUICE_LOG_LINES": str(LOG_LINES), "SLUICE_FIND_LINKS": str(wheelhouse), "SLUICE_NO_INDEX": "1"}
     with Stack(port=free_port(), offers=ROOM, workers=2, data_dir=data_dir, env=env) as running:
         yield running
         print(running.logs())

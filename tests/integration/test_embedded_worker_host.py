@@ -14,7 +14,7 @@ import pytest
 
 from sluice.embedded import Stack, free_port
 from tests.integration.conftest import FAST_LOOPS, ROOM, closing_client, read_events, write_project
-from tests.wheelhouse import GREETING, GREETING_MODULE, make_wheelhouse
+from tests.wheelhouse import GREETING, GREETING_MODULE
 
 pytestmark = pytest.mark.integration
 
@@ -23,9 +23,8 @@ ENVIRONMENT_GRACE_S = 2.0
 
 
 @pytest.fixture(scope="module")
-def agent_stack(tmp_path_factory: pytest.TempPathFactory):
+def agent_stack(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path):
     data_dir = tmp_path_factory.mktemp("agent-stack")
-    wheelhouse = make_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
     env = {**FAST_LOOPS, "SLUICE_FIND_LINKS": str(wheelhouse), "SLUICE_NO_INDEX": "1",
            "SLUICE_ENVIRONMENT_GRACE_S": str(ENVIRONMENT_GRACE_S)}
     with Stack(port=free_port(), offers=ROOM, workers=1, data_dir=data_dir, env=env, worker_host=True,

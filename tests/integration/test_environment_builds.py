@@ -18,7 +18,7 @@ import pytest
 
 from predictors_runtime.environments import DependencyFiles, EnvironmentSpec, HostEnvironments, lock_environment
 from predictors_runtime.environments.lock import index_arguments
-from tests.wheelhouse import GREETING, GREETING_MODULE, make_wheelhouse
+from tests.wheelhouse import GREETING, GREETING_MODULE
 
 pytestmark = pytest.mark.integration
 
@@ -33,11 +33,6 @@ spec = EnvironmentSpec.from_dict(json.loads(Path(sys.argv[2]).read_text()))
 built = HostEnvironments(Path(sys.argv[1])).ensure(spec, Path(sys.argv[3]), predictor_path="predictor.py")
 print(built.path)
 """
-
-
-@pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
 
 
 def locked(project: Path, wheelhouse: Path, shell: str, version: str = "1.0.0") -> EnvironmentSpec:

@@ -2,8 +2,8 @@
 
 Every package comes from a wheelhouse the tests write (`tests/wheelhouse.py`), installed by the
 real uv with `SLUICE_FIND_LINKS` and `SLUICE_NO_INDEX`: no package index is reached. The stack
-is the embedded one with two worker nodes and realtime replicas; each API's environment is
-built on this host by the node or launcher that first needs it.
+is the session's (two worker nodes and realtime replicas); each API's environment is built on
+this host by the node or launcher that first needs it.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import requests
 import yaml
 
 from sluice.client import Client, ClientError
-from sluice.embedded import Stack, free_port
-from tests.integration.conftest import FAST_LOOPS, ROOM, closing_client
-from tests.wheelhouse import GREETING, GREETING_MODULE, make_wheelhouse
+from sluice.embedded import Stack
+from tests.integration.conftest import closing_client
+from tests.wheelhouse import GREETING, GREETING_MODULE
 
 pytestmark = pytest.mark.integration
 
@@ -52,31 +52,19 @@ class PythonPredictor:
 '''
 
 
-@pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
-
-
-@pytest.fixture(scope="module")
-def env_stack(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path):
-    data_dir = tmp_path_factory.mktemp("environments-stack")
-    env = {**FAST_LOOPS, "SLUICE_FIND_LINKS": str(wheelhouse), "SLUICE_NO_INDEX": "1"}
-    with Stack(port=free_port(), offers=ROOM, workers=2, data_dir=data_dir, env=env) as running:
-        yield running
-        print(running.logs())
-
-
-@pytest.fixture(scope="module")
-def client(env_stack: Stack) -> Client:
-    return closing_client(env_stack.url)
+@pytest.fixture
+def env_stack(stack: Stack) -> Stack:
+    return stack
 
 
 @pytest.fixture(autouse=True)
 def delete_apis_after(client: Client) -> Any:
     """Each test's APIs go when it ends: idle replicas would share the two cores with the next test."""
+    before = {api["name"] for api in client.apis()}
     yield
     for api in client.apis():
-        client.delete_api(api["name"], force=True)
+        if api["name"] not in before:
+            client.delete_api(api["name"], force=True)
 
 
 def project(folder: Path, name: str, kind: str, *, requirements: str | None = None, shell: str | None = None,
