@@ -119,10 +119,12 @@ def lock_api_environment(api: ApiConfig, project_dir: Path, source: str) -> Envi
         return None
     settings = services().settings
     started = time.monotonic()
+    deployed = [EnvironmentSpec.from_dict(other.environment) for other in registry().all() if other.environment]
     spec = lock_environment(
         files, project_dir, cache_dir=HostEnvironments.under(settings.cache_dir).uv_cache,
         where=f"{source}: api {api.name}",
-        index_args=index_arguments(settings.package_index_url, settings.find_links, settings.no_index))
+        index_args=index_arguments(settings.package_index_url, settings.find_links, settings.no_index),
+        deployed=deployed)
     log.info("api %s: environment %s locked in %.2f s (%d packages)", api.name, spec.key, time.monotonic() - started,
              len(spec.resolved()), extra={"api": api.name, "environment": spec.key})
     return spec

@@ -41,14 +41,19 @@ class BackgroundBuild:
         self._released = False
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"environment-{self._spec.key}", daemon=True)
-        self._thread.start()
+        built = environments.get(self._spec.key)
+        if built is not None:  # on this host already: no thread, no wait for the launcher's next turn
+            self.environment, self._held = built, environments.hold(self._spec.key)
+            self.finished_at = time.time()
+        else:
+            self._thread.start()
 
     @property
     def key(self) -> str:
         return self._spec.key
 
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return self.environment is not None or (self._thread.ident is not None and not self._thread.is_alive())
 
     def _say(self, stage: str) -> None:
         self.stage = stage

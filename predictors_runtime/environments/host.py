@@ -128,7 +128,8 @@ def base_site_folders() -> list[str]:
 
 
 def installed_versions() -> dict[str, str]:
-    """What this interpreter has installed: canonical name -> version."""
+    """What this interpreter has installed: canonical name -> version (read at each build: a build
+    may follow an upgrade of Sluice's own environment)."""
     found: dict[str, str] = {}
     for dist in metadata.distributions():
         name = dist.metadata["Name"]

@@ -12,10 +12,11 @@ output is the lock every host installs, so all of them run the same versions.
 
 from __future__ import annotations
 
+import functools
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -74,8 +75,14 @@ def server_pins() -> dict[str, str]:
     """Every distribution Sluice runs on, as installed in this interpreter: canonical name -> version.
 
     The closure of the `sluice` distribution's requirements (every extra that is installed), or of
-    `SERVER_ROOTS` when Sluice runs from a checkout that was not installed.
+    `SERVER_ROOTS` when Sluice runs from a checkout that was not installed. Read once per process
+    (it reads every installed distribution's metadata: a fifth of a second).
     """
+    return dict(_server_pins())
+
+
+@functools.cache
+def _server_pins() -> tuple[tuple[str, str], ...]:
     installed = _installed()
     pins: dict[str, str] = {}
     pending: list[tuple[str, set[str]]] = []
@@ -93,7 +100,7 @@ def server_pins() -> dict[str, str]:
         pins[name] = dist.version
         for requirement in _requirements_of(dist, extras, any_extra=False):
             pending.append((canonicalize_name(requirement.name), set(requirement.extras)))
-    return dict(sorted(pins.items()))
+    return tuple(sorted(pins.items()))
 
 
 def sluice_version() -> str:
@@ -137,8 +144,14 @@ def index_arguments(index_url: str | None, find_links: Sequence[str], no_index: 
 
 
 def lock_environment(files: DependencyFiles, project_dir: Path, *, cache_dir: Path, where: str,
-                     index_args: Sequence[str] = ()) -> EnvironmentSpec:
+                     index_args: Sequence[str] = (), deployed: Iterable[EnvironmentSpec] = ()) -> EnvironmentSpec:
     """Resolve the project's requirements once, held to Sluice's own versions: the spec every host builds.
+
+    A deployed environment (`deployed`) locked from the same requirements text, index options,
+    Python, platform and Sluice libraries lends its lock instead, as a lock file kept beside the
+    requirements would: a redeploy that leaves `requirements.txt` alone keeps its versions (and its
+    environment on every host), and two APIs with the same requirements share one environment.
+    Edit the requirements to resolve them again.
 
     `DependencyConflict` names both versions of a library Sluice runs on; `ConfigError` carries
     uv's message for requirements that cannot be resolved otherwise (a package or version that
@@ -148,7 +161,13 @@ def lock_environment(files: DependencyFiles, project_dir: Path, *, cache_dir: Pa
     pip_where = f"{where}: {files.pip_path}"
     check_direct_pins(files.requirements, pins, pip_where)
     lock = ""
-    if files.requirements.strip():
+    same = [spec.lock for spec in deployed
+            if (spec.requirements, tuple(spec.index_args), spec.server_pins, spec.python, spec.platform,
+                spec.sluice_version) == (files.requirements, tuple(index_args), pins, python_tag(),
+                                         sysconfig.get_platform(), sluice_version())]
+    if same:
+        lock = same[0]
+    elif files.requirements.strip():
         with tempfile.TemporaryDirectory(prefix="sluice-lock-") as tmp:
             constraints = Path(tmp) / "sluice-server.txt"
             constraints.write_text("".join(f"{name}=={version}\n" for name, version in pins.items()))

@@ -162,3 +162,17 @@ def test_the_environments_kept_are_those_of_deployed_apis_and_of_active_jobs() -
     store.create(job("ended", {"key": "of-an-ended-job"}), JobStatus.RUNNING)
     store.transition("ended", JobStatus.SUCCEEDED)
     assert keys_in_use(registry.all(), store) == {"deployed", "of-a-running-job"}
+
+
+def test_a_deploy_with_the_requirements_of_a_deployed_environment_reuses_its_lock_without_resolving(
+        tmp_path: Path) -> None:
+    from predictors_runtime.environments import DependencyFiles, lock_environment
+    from predictors_runtime.environments.lock import python_tag, sluice_version
+
+    deployed = spec(requirements="humanize==4.9.0\n", server_pins=server_pins(), python=python_tag(),
+                    platform=__import__("sysconfig").get_platform(), sluice_version=sluice_version())
+    files = DependencyFiles("humanize==4.9.0\n", "echo this one has a script\n")
+    # No process may start in this tier: a resolve (uv) would fail the test.
+    locked = lock_environment(files, tmp_path, cache_dir=tmp_path, where="x", deployed=[deployed])
+    assert locked.lock == deployed.lock and locked.shell == files.shell
+    assert locked.key != deployed.key  # its dependencies.sh differs: an environment of its own
