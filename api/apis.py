@@ -25,7 +25,7 @@ from predictors_runtime.environments.lock import index_arguments
 from predictors_runtime.storage import split_uri
 
 from .batch import endpoint_url
-from .context import forget_route, registry, replica_directory, services
+from .context import forget_route, predictor_builds, registry, replica_directory, services
 from .replica_counts import realtime_counts_of
 from .schemas import Api, ApiList, DeleteApiQuery, Deleted, parse_query
 
@@ -95,12 +95,15 @@ def deploy():
                 raise ConfigError(f"{source}: api {api.name}: {api.code_section}.path: {api.predictor.path} "
                                   "is not in the project folder")
             _validate_models(api, Path(tmp), source)
+        compile_project(Path(tmp), source)
         for api in apis:
             locked = lock_api_environment(api, Path(tmp), source)
             if locked is not None:
                 environments[api.name] = locked.to_dict()
     bundle = services().bundles.put(project)
     deployed = [registry().put(api, bundle, environment=environments.get(api.name)) for api in apis]
+    for one in deployed:  # a new version: an earlier version's failed build is not its own
+        predictor_builds().forget(one.name)
     now = time.time()
     for one in deployed:
         forget_route(one.name)
@@ -109,6 +112,21 @@ def deploy():
     if any(one.kind == REALTIME_KIND for one in deployed):
         place_realtime_replicas(now)
     return ApiList.model_validate({"apis": [view_of(d) for d in deployed]}).response(201)
+
+
+def compile_project(project_dir: Path, source: str) -> None:
+    """Refuse a project with a Python file that cannot be compiled, naming the file, line and text:
+    it would deploy cleanly and fail at its first batch or request otherwise."""
+    for path in sorted(project_dir.rglob("*.py")):
+        relative = path.relative_to(project_dir).as_posix()
+        try:
+            compile(path.read_bytes(), relative, "exec", dont_inherit=True)
+        except SyntaxError as e:
+            where = f"line {e.lineno}" + (f", column {e.offset}" if e.offset else "")
+            text = (e.text or "").strip()
+            raise ConfigError(f"{source}: {relative} {where}: {e.msg}" + (f": {text}" if text else "")) from e
+        except ValueError as e:  # null bytes: not Python source
+            raise ConfigError(f"{source}: {relative}: cannot be compiled: {e}") from e
 
 
 def lock_api_environment(api: ApiConfig, project_dir: Path, source: str) -> EnvironmentSpec | None:
@@ -192,6 +210,9 @@ def get_api(name: str):
     api = registry().get(name)
     body = api.summary()
     body["endpoint"] = endpoint_url(api.name)
+    failure = predictor_builds().failure(api.name)
+    if failure is not None:
+        body["build_error"] = failure
     if api.environment:
         key = str(api.environment.get("key", ""))
         body["environment"] = environment_view(api, RedisEnvironmentStates(services().redis).states(key))
@@ -232,6 +253,7 @@ def delete_api(name: str):
     for job_id, _ in active:
         stop_job(services(), store.get(job_id))
     registry().delete(name)
+    predictor_builds().forget(name)
     forget_route(name)
     if api.kind == REALTIME_KIND:
         place_realtime_replicas(time.time())

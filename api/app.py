@@ -11,6 +11,7 @@ from foundation.figure_store import RedisFigureStore
 from foundation.figures import Recorder
 from foundation.limits import MAX_BUNDLE_BYTES
 from foundation.log_streams import RedisLogStreams
+from foundation.predictor_builds import RedisPredictorBuilds
 from foundation.replica_directory import RedisReplicaDirectory
 from foundation.settings import Settings
 from jobs.celery_app import create_celery
@@ -41,6 +42,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.extensions[context.REPLICAS] = RedisReplicaDirectory(services.redis)
     app.extensions[context.LOG_STREAMS] = RedisLogStreams(services.redis)
     app.extensions[context.FIGURE_STORE] = RedisFigureStore(services.redis)
+    app.extensions[context.PREDICTOR_BUILDS] = RedisPredictorBuilds(services.redis)
     # This process's figures (jobs submitted, responses) go to Redis in the background; /metrics
     # shows the sums of every process (api/metrics.py).
     app.extensions["sluice.figures"] = recorder = (recorder or Recorder.for_url(settings.redis_address)).start()

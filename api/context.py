@@ -14,6 +14,7 @@ from flask import current_app
 from foundation.api_registry import ApiRegistry, DeployedApi
 from foundation.figure_store import FigureStore
 from foundation.log_streams import LogStreams
+from foundation.predictor_builds import PredictorBuilds
 from foundation.replica_directory import ReplicaDirectory
 from jobs.services import Services
 
@@ -22,6 +23,7 @@ REGISTRY = "sluice.registry"
 REPLICAS = "sluice.replicas"
 LOG_STREAMS = "sluice.log_streams"
 FIGURE_STORE = "sluice.figure_store"
+PREDICTOR_BUILDS = "sluice.predictor_builds"
 ROUTES = "sluice.routes"
 # How old this process's view of an API may be when it routes a request to `/<name>`: one registry
 # read a second per API instead of one per request. A deploy or delete in this process is seen at
@@ -52,6 +54,11 @@ def log_streams() -> LogStreams:
 def figure_store() -> FigureStore:
     """Where every process's figures are summed (what `/metrics` reads)."""
     return cast(FigureStore, current_app.extensions[FIGURE_STORE])
+
+
+def predictor_builds() -> PredictorBuilds:
+    """The last failed build of each API's predictor on a worker node (`sluice get` shows it)."""
+    return cast(PredictorBuilds, current_app.extensions[PREDICTOR_BUILDS])
 
 
 def routed_api(name: str) -> DeployedApi:

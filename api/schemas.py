@@ -265,6 +265,14 @@ class RealtimeScaling(Body):
     hosts: dict[str, HostReplicas] = Field(description="placement host id -> its replicas of this API")
 
 
+class BuildError(Body):
+    """Why a worker node could not build an API's predictor."""
+
+    bundle: str
+    message: str
+    at: float
+
+
 class EnvironmentOnHost(Body):
     """One host's build of an API's environment."""
 
@@ -309,6 +317,9 @@ class Api(Body):
                                     "worker nodes placed on it, which run its requests")
     scaling: RealtimeScaling | AsyncScaling | None = Field(
         default=None, description="RealtimeAPI and AsyncAPI, in GET /apis/{name}: a RealtimeAPI's has `hosts`")
+    build_error: BuildError | None = Field(
+        default=None, description="in GET /apis/{name}: the last failed build of its predictor on a worker node "
+        "(gone once a build succeeds or the API is deployed again)")
     environment: ApiEnvironment | None = Field(
         default=None, description="the API's own Python environment (its project's requirements.txt and "
         "dependencies.sh, locked at deploy); null when it runs in Sluice's own")

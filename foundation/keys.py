@@ -196,3 +196,7 @@ def environment_states(env_key: str) -> str:
 
 ENVIRONMENT_FIGURES = f"{PREFIX}:environment-figures"
 """Hash of counters over every host: builds, reused, failed, build_seconds."""
+
+
+PREDICTOR_BUILD_FAILURES = f"{PREFIX}:predictor-build-failures"
+"""Hash of the APIs whose predictor last failed to build on a worker node: name -> {bundle, message, at} (JSON)."""

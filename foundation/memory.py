@@ -51,6 +51,7 @@ from foundation.log_streams import (
     parse_stream_id,
     stream_id_key,
 )
+from foundation.predictor_builds import PredictorBuilds
 from foundation.proxy_load import ProxyLoad, ProxyLoadBook
 from foundation.replica_directory import (
     REPLICA_TTL_S,
@@ -369,3 +370,23 @@ class MemoryFigureStore(_Fake, FigureStore):
         with self.lock:
             self._reach()
             return [{name: float(value) for name, value in self._hashes.get(key, {}).items()} for key in keys]
+
+
+class MemoryPredictorBuilds(PredictorBuilds):
+    """`foundation.predictor_builds.PredictorBuilds` in a dict."""
+
+    def __init__(self) -> None:
+        self._failures: dict[str, dict[str, Any]] = {}
+
+    def failed(self, api_name: str, bundle: str, message: str) -> None:
+        self._failures[api_name] = {"bundle": bundle, "message": message, "at": time.time()}
+
+    def succeeded(self, api_name: str) -> None:
+        self._failures.pop(api_name, None)
+
+    def failure(self, api_name: str) -> dict[str, Any] | None:
+        found = self._failures.get(api_name)
+        return dict(found) if found is not None else None
+
+    def forget(self, api_name: str) -> None:
+        self.succeeded(api_name)

@@ -55,6 +55,7 @@ from .async_request import ASYNC_KIND, AsyncRequest, RequestStatus, decode_paylo
 from .async_store import AsyncRequestStore, Outcome
 from .delivery import Delivery, request_entry
 from .nodes import NodeRegistry
+from .predictors import BuildOutcomes
 from .time_limit import hard_stop, hook_time_limit, timed_out_message
 
 log = logging.getLogger(__name__)
@@ -143,8 +144,9 @@ def version_of(deployed: DeployedApi) -> tuple[str, float]:
 class AsyncPredictors:
     """Per process: each AsyncAPI's predictor, built on its first request and kept until a new version."""
 
-    def __init__(self, builder: AsyncBuilder) -> None:
+    def __init__(self, builder: AsyncBuilder, outcomes: BuildOutcomes | None = None) -> None:
         self._builder = builder
+        self._outcomes = outcomes
         self._built: dict[str, tuple[DeployedApi, RequestPredictor]] = {}
 
     def predictor_for(self, deployed: DeployedApi) -> RequestPredictor:
@@ -153,7 +155,14 @@ class AsyncPredictors:
             return held[1]
         if held is not None:  # a new version: the old one's models and modules go first
             self.forget(deployed.name)
-        predictor = self._builder.build(deployed)
+        try:
+            predictor = self._builder.build(deployed)
+        except PredictorError as e:
+            if self._outcomes is not None:
+                self._outcomes.failed(deployed.name, deployed.bundle, e.message)
+            raise
+        if self._outcomes is not None:
+            self._outcomes.succeeded(deployed.name)
         self._built[deployed.name] = (deployed, predictor)
         return predictor
 

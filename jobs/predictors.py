@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
+from foundation.errors import PredictorError
 from foundation.settings import Settings
 from predictors_runtime.batch_predictor import BatchPredictor
 from predictors_runtime.bundles import BundleStore
@@ -92,12 +93,21 @@ class BundlePredictors:
             self._bundles.release(job.bundle)
 
 
+class BuildOutcomes(Protocol):
+    """Told how each build of an API's predictor ended (`foundation.predictor_builds.RedisPredictorBuilds`)."""
+
+    def failed(self, api_name: str, bundle: str, message: str) -> None: ...
+
+    def succeeded(self, api_name: str) -> None: ...
+
+
 class JobPredictors:
     """Per process: each job's record (read once) and predictor (built once), until the job is forgotten."""
 
-    def __init__(self, records: JobRecords, builder: PredictorBuilder) -> None:
+    def __init__(self, records: JobRecords, builder: PredictorBuilder, outcomes: BuildOutcomes | None = None) -> None:
         self._records = records
         self._builder = builder
+        self._outcomes = outcomes
         self._lock = threading.Lock()  # the node's main thread builds; a hook's watchdog may forget
         self._jobs: dict[str, Job] = {}
         self._predictors: dict[str, JobPredictor] = {}
@@ -114,7 +124,14 @@ class JobPredictors:
         """The job's predictor in this process, built once per (API version, job)."""
         predictor = self._predictors.get(job.job_id)
         if predictor is None:
-            predictor = self._predictors[job.job_id] = self._builder.build(job)
+            try:
+                predictor = self._predictors[job.job_id] = self._builder.build(job)
+            except PredictorError as e:
+                if self._outcomes is not None:
+                    self._outcomes.failed(job.api_name, job.bundle, e.message)
+                raise
+            if self._outcomes is not None:
+                self._outcomes.succeeded(job.api_name)
         return predictor
 
     def forget(self, job_id: str) -> None:

@@ -25,6 +25,7 @@ from foundation.figure_sink import FigureSink
 from foundation.figures import Recorder
 from foundation.json_logs import labelled
 from foundation.log_streams import install_job_log_handler
+from foundation.predictor_builds import RedisPredictorBuilds
 from predictors_runtime.environments import HostEnvironments
 
 from .async_runner import AsyncPredictors, AsyncRuntime, BundleAsyncBuilder
@@ -65,8 +66,9 @@ class WorkerRuntime:
         given by fast tests."""
         settings = services.settings
         environments = HostEnvironments.under(settings.cache_dir, events=RedisEnvironmentStates(services.redis))
+        outcomes = RedisPredictorBuilds(services.redis)
         self.predictors = predictors if predictors is not None else JobPredictors(
-            services.store, BundlePredictors(services.bundles, settings, environments))
+            services.store, BundlePredictors(services.bundles, settings, environments), outcomes)
         self.logs = logs
         send_completion = completion_sender(services.celery)
         self.watchdog = BatchWatchdog(services.store, services.store, send_completion, end_process=end_process,
@@ -80,7 +82,8 @@ class WorkerRuntime:
                                         settings.local_input_roots)
         self.requests = AsyncRuntime(
             services.async_requests, services.request_objects, RedisApiRegistry(services.redis), services.nodes,
-            AsyncPredictors(BundleAsyncBuilder(services.bundles, settings, environments)), end_process=end_process,
+            AsyncPredictors(BundleAsyncBuilder(services.bundles, settings, environments), outcomes),
+            end_process=end_process,
             hard_stop_grace_s=settings.hard_stop_grace_s,
             wake=lambda api_name: send_queued_task(services.celery, api_name, services.async_requests,
                                                    services.task_messages),

@@ -287,9 +287,10 @@ def _get_all(client: Client, output: str) -> None:
         else:
             running = sum(1 for job in client.jobs(summary["name"]) if job["status"] in ACTIVE_STATUSES)
             row.update(status="live", jobs_running=running)
-        environment = client.api(summary["name"]).get("environment") if summary.get("environment") else None
-        if environment and environment.get("state") == "failed":
-            row["status"] = "error"  # its environment could not be built: `sluice get API` says why
+        if summary["kind"] != "RealtimeAPI":  # a replica says why itself; a node's failed build is kept here
+            detail = client.api(summary["name"])
+            if detail.get("build_error") or (detail.get("environment") or {}).get("state") == "failed":
+                row["status"] = "error"  # `sluice get API` says why
         rows.append(row)
     if output == "json":
         _print(rows)
@@ -346,6 +347,9 @@ def _get_api(client: Client, name: str, output: str) -> None:
         click.echo(f"{name}  AsyncAPI  queue {api['queue']}  deployed {_ago(api['deployed_at'], now)}")
         click.echo(f"endpoint: {api['endpoint']} (POST a request; GET {api['endpoint']}/<id> for its result)")
         click.echo(environment_line(api.get("environment")))
+        if api.get("build_error"):
+            click.echo(f"error: building the predictor failed {_ago(api['build_error']['at'], now)}: "
+                       f"{one_line(api['build_error']['message'])}")
         counts = api.get("requests") or {}
         click.echo(f"requests: {counts.get('in_queue', 0)} in queue, {counts.get('in_progress', 0)} in progress, "
                    f"{counts.get('completed_per_minute', 0)} completed and {counts.get('failed_per_minute', 0)} "
@@ -364,6 +368,9 @@ def _get_api(client: Client, name: str, output: str) -> None:
     click.echo(f"{name}  {api['kind']}  queue {api['queue']}  deployed {_ago(api['deployed_at'], now)}")
     click.echo(f"endpoint: {api['endpoint']}")
     click.echo(environment_line(api.get("environment")))
+    if api.get("build_error"):
+        click.echo(f"error: building the predictor failed {_ago(api['build_error']['at'], now)}: "
+                   f"{one_line(api['build_error']['message'])}")
     if not jobs:
         click.echo("no jobs")
         return

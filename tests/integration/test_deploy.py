@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 import requests
 
 from sluice.client import ClientError
+from tests.integration.conftest import write_project
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.integration
 
@@ -133,3 +142,46 @@ def test_health_metrics_and_openapi_are_served(stack, client, deploy_project, ev
     assert "sluice_jobs_submitted_total" in metrics
     spec = requests.get(f"{stack.url}/openapi.json", timeout=30).json()
     assert "/batch/{api_name}" in spec["paths"]
+
+
+def test_a_project_with_a_python_file_that_does_not_compile_is_refused_at_deploy_with_file_and_line(
+        client, tmp_path):
+    name = f"syntax-{uuid.uuid4().hex[:6]}"
+    folder = tmp_path / name
+    config = write_project(folder, name, files={"helpers.py": "def ok():\n    return 1\n\ndef broken(:\n    pass\n"})
+    with pytest.raises(ClientError) as refused:
+        client.deploy(config)
+    assert refused.value.http_status == 400
+    assert "helpers.py line 4" in refused.value.message and "def broken(:" in refused.value.message
+    with pytest.raises(ClientError):
+        client.get_api(name)
+
+
+def test_a_batch_api_whose_predictor_fails_to_build_is_shown_in_error_until_a_build_succeeds(
+        client, tmp_path, events_file):
+    name = f"nobuild-{uuid.uuid4().hex[:6]}"
+    folder = tmp_path / name
+    broken = ("class PythonPredictor:\n    def __init__(self, config, job_spec):\n"
+              "        raise OSError('model.pkl is missing')\n")
+    config = write_project(folder, name, source=broken)
+    client.deploy(config)
+    spec = client.submit_job(name, {"workers": 1, "item_list": {"items": [1, 2], "batch_size": 1}})
+    assert client.wait_job(name, spec["job_id"], timeout=120)["status"] == "status_worker_error"
+    failure = client.get_api(name)["build_error"]
+    assert "model.pkl is missing" in failure["message"]
+    listed = {row["name"]: row["status"] for row in json.loads(_sluice(client.url, "get", "-o", "json").stdout)}
+    assert listed[name] == "error"
+    shown = _sluice(client.url, "get", name).stdout
+    assert "error: building the predictor failed" in shown and "model.pkl is missing" in shown
+    write_project(folder, name, {"events": str(events_file)})  # fixed
+    client.deploy(config)
+    assert "build_error" not in client.get_api(name)
+    spec = client.submit_job(name, {"workers": 1, "item_list": {"items": [1], "batch_size": 1},
+                                    "config": {"events": str(events_file)}})
+    assert client.wait_job(name, spec["job_id"], timeout=120)["status"] == "status_succeeded"
+    assert "build_error" not in client.get_api(name)
+
+
+def _sluice(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sluice.cli", "--url", url, *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -25,7 +25,13 @@ from api import context
 from api.app import create_app
 from foundation import figure_sink
 from foundation.figures import Recorder
-from foundation.memory import MemoryApiRegistry, MemoryFigureStore, MemoryLogStreams, MemoryReplicaDirectory
+from foundation.memory import (
+    MemoryApiRegistry,
+    MemoryFigureStore,
+    MemoryLogStreams,
+    MemoryPredictorBuilds,
+    MemoryReplicaDirectory,
+)
 from foundation.settings import Settings
 from jobs.async_request import PayloadKind, RequestStatus
 from jobs.memory_async import MemoryAsyncRequests
@@ -79,7 +85,8 @@ def management(tmp_path: Path, **settings: Any) -> Iterator[Management]:
         registry.put(ApiConfig.from_dict(api), "sha256-abc")
     figures = MemoryFigureStore()
     app = create_app(services=services, recorder=Recorder(figures))
-    app.extensions.update({context.REGISTRY: registry, context.REPLICAS: MemoryReplicaDirectory(),
+    app.extensions.update({context.REGISTRY: registry, context.PREDICTOR_BUILDS: MemoryPredictorBuilds(),
+                           context.REPLICAS: MemoryReplicaDirectory(),
                            context.LOG_STREAMS: MemoryLogStreams(), context.FIGURE_STORE: figures})
     saw: list[str] = []
 

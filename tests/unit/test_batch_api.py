@@ -23,7 +23,13 @@ from flask.testing import FlaskClient
 from api import context
 from api.app import create_app
 from foundation.figures import Recorder
-from foundation.memory import MemoryApiRegistry, MemoryFigureStore, MemoryLogStreams, MemoryReplicaDirectory
+from foundation.memory import (
+    MemoryApiRegistry,
+    MemoryFigureStore,
+    MemoryLogStreams,
+    MemoryPredictorBuilds,
+    MemoryReplicaDirectory,
+)
 from foundation.settings import Settings
 from jobs.job import JobStatus
 from jobs.memory_nodes import MemoryNodes
@@ -66,7 +72,8 @@ def app_of(services: Services, registry: MemoryApiRegistry) -> Flask:
     figures = MemoryFigureStore()
     app = create_app(services=services, recorder=Recorder(figures))
     app.extensions.update({
-        context.REGISTRY: registry, context.REPLICAS: MemoryReplicaDirectory(), context.LOG_STREAMS: MemoryLogStreams(),
+        context.REGISTRY: registry, context.PREDICTOR_BUILDS: MemoryPredictorBuilds(),
+        context.REPLICAS: MemoryReplicaDirectory(), context.LOG_STREAMS: MemoryLogStreams(),
         context.FIGURE_STORE: figures,
     })
     return app

@@ -24,7 +24,13 @@ from api import context
 from api.app import create_app
 from foundation.errors import ConfigError, PredictorError
 from foundation.figures import Recorder
-from foundation.memory import MemoryApiRegistry, MemoryFigureStore, MemoryLogStreams, MemoryReplicaDirectory
+from foundation.memory import (
+    MemoryApiRegistry,
+    MemoryFigureStore,
+    MemoryLogStreams,
+    MemoryPredictorBuilds,
+    MemoryReplicaDirectory,
+)
 from foundation.settings import Settings
 from jobs.job import Job, JobStatus
 from jobs.memory_nodes import MemoryNodes
@@ -184,7 +190,8 @@ def client(services: Services) -> Iterator[FlaskClient]:
     figures = MemoryFigureStore()
     app = create_app(services=services, recorder=Recorder(figures))
     app.extensions.update({
-        context.REGISTRY: registry, context.REPLICAS: MemoryReplicaDirectory(), context.LOG_STREAMS: MemoryLogStreams(),
+        context.REGISTRY: registry, context.PREDICTOR_BUILDS: MemoryPredictorBuilds(),
+        context.REPLICAS: MemoryReplicaDirectory(), context.LOG_STREAMS: MemoryLogStreams(),
         context.FIGURE_STORE: figures,
     })
     with app.test_client() as test_client:
