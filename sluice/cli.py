@@ -889,9 +889,13 @@ def _whole_gpus(text: str) -> int:
                    "while jobs ask more `workers` and the room allows.")
 @click.option("--idle-grace", default=60.0, show_default=True,
               help="Seconds a worker node above --workers stays idle before it is stopped.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the stack keeps its state (Redis, bundles, job outputs, logs) across restarts "
+                   "(default: $SLUICE_HOME, else ~/.sluice).")
+@click.option("--fresh", is_flag=True, help="Start with empty state: what the data folder held is removed first.")
 @capacity_options
-def up(port: int, workers: int, idle_grace: float, cpu: str | None, mem: str | None, gpu: str | None,
-       only: str | None) -> None:
+def up(port: int, workers: int, idle_grace: float, data_dir: Path | None, fresh: bool, cpu: str | None,
+       mem: str | None, gpu: str | None, only: str | None) -> None:
     """Start Redis (private, unless SLUICE_REDIS_URL or SLUICE_REDIS_SENTINELS is set), a worker host
     (`sluice workers`), beat, the API, the proxy and the replicas placed on this host; Ctrl-C stops all."""
     import os
@@ -900,15 +904,18 @@ def up(port: int, workers: int, idle_grace: float, cpu: str | None, mem: str | N
         from .embedded import Stack
 
     offers, hardware = host_capacity(cpu, mem, gpu, only)
+    home = (data_dir or Path(os.environ.get("SLUICE_HOME") or "~/.sluice")).expanduser()
     stack = Stack(port=port, workers=workers, redis_url=os.environ.get("SLUICE_REDIS_URL") or None,
-                  offers=offers, hardware=hardware, worker_host=True, idle_grace_s=idle_grace)
-    click.echo("starting redis, the API, the proxy, beat and workers ...", err=True)
+                  offers=offers, hardware=hardware, worker_host=True, idle_grace_s=idle_grace, data_dir=home,
+                  fresh=fresh)
+    click.echo(f"starting redis, the API, the proxy, beat and a worker host in {home} ...", err=True)
     try:
         stack.start()
     except SluiceError as e:
         raise click.ClickException(str(e)) from e
-    if stack.data_dir is not None:
-        click.echo(f"logs in {stack.data_dir / 'logs'}", err=True)
+    click.echo(f"state in {home} (APIs, jobs and their outputs are kept across restarts; --fresh starts empty)",
+               err=True)
+    click.echo(f"logs in {home / 'logs'}", err=True)
     click.echo(stack.url)
     stopping = False
 

@@ -42,6 +42,37 @@ from .replica_process import no_control_socket
 ROOT = Path(__file__).resolve().parent.parent
 ALL_QUEUES = ("cpu", "gpu", "inf")
 SUPERVISE_INTERVAL_S = 0.5
+# Held (flock) by the stack that uses a data folder, with its pid inside: one stack per folder.
+DATA_LOCK = "stack.lock"
+# Words of a process's own output that say why it stopped, most telling first.
+_CAUSE_WORDS = ("Address already in use", "cannot bind", "Bad file format", "Invalid", "FATAL", "Fatal", "Error",
+                "error", "cannot", "Cannot", "# ")
+
+
+class DataDirInUse(NotReady):
+    """Another stack runs on this data folder (two would share one Redis append-only file and one storage)."""
+
+
+def cause_of(log_tail: str) -> str:
+    """The line of a process's output that says why it stopped (its last line when none says)."""
+    lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
+    for word in _CAUSE_WORDS:
+        for line in reversed(lines):
+            if word in line:
+                return line
+    return lines[-1] if lines else "(it wrote nothing)"
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on the port now (as haproxy does: connections of an earlier
+    server still closing do not hold it)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port() -> int:
@@ -117,7 +148,11 @@ class Stack:
     children: list[Child] = field(default_factory=list)
     replicas: ReplicaManager | None = None
     host: HostAgent | None = None
+    # Start with empty state: what an earlier stack left in `data_dir` (Redis, bundles, caches, logs) goes.
+    fresh: bool = False
     _own_data_dir: bool = False
+    _data_lock: int | None = None
+    _start_failed: bool = False
     _worker_count: int = 0
     _stopping: bool = False
     _supervisor: threading.Thread | None = None
@@ -203,6 +238,41 @@ class Stack:
                     except Exception as e:  # noqa: BLE001 - a bad turn must not end supervision of the others
                         print(f"[sluice] replica manager: {type(e).__name__}: {e}", file=sys.stderr)
 
+    def _claim_data_dir(self) -> None:
+        """Hold the data folder for this stack's life; refuse one another stack holds; `fresh` empties it."""
+        import fcntl
+
+        assert self.data_dir is not None
+        lock_path = self.data_dir / DATA_LOCK
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = lock_path.read_text().strip() or "?"
+            os.close(fd)
+            raise DataDirInUse(f"another sluice up (pid {holder}) uses {self.data_dir}: stop it, or give this one "
+                               "another --data-dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._data_lock = fd
+        if self.fresh:
+            for entry in self.data_dir.iterdir():
+                if entry.name == DATA_LOCK:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+
+    def _release_data_dir(self) -> None:
+        if self._data_lock is not None:
+            os.close(self._data_lock)
+            self._data_lock = None
+
+    def _exited(self, what: str, child: Child) -> NotReady:
+        """A part that stopped while starting, with the cause from its own output and where its log is kept."""
+        return NotReady(f"{what} exited: {cause_of(child.log_tail())} (its log: {child.log_path})\n{child.log_tail()}")
+
     # -- parts ------------------------------------------------------------------------------
     def _start_redis(self) -> None:
         if shutil.which("redis-server") is None:
@@ -220,7 +290,13 @@ class Stack:
         ])
         self.redis_url = f"redis://127.0.0.1:{port}/0"
         client = redis_client(self.redis_url, HEARTBEAT)
-        _wait_until(client.ping, 15, "redis-server")
+        redis_child = self.children[-1]
+        try:
+            # A large append-only file takes a while to load: Redis answers LOADING meanwhile.
+            _wait_until(lambda: self._died(redis_child) or client.ping(), 60, "redis-server")
+        finally:
+            if self._died(redis_child):
+                raise self._exited("redis-server", redis_child)
 
     def add_worker(self, name: str | None = None, queues: tuple[str, ...] | None = None) -> Child:
         """Start one more worker node (one predictor process) and wait until it is registered."""
@@ -252,7 +328,7 @@ class Stack:
                 if client.hexists(keys.NODES, node):
                     pending.remove((child, node))
                 elif self._died(child):
-                    raise NotReady(f"worker {child.name} exited:\n{child.log_tail()}")
+                    raise self._exited(f"worker {child.name}", child)
             return not pending
 
         _wait_until(all_registered, timeout, "worker nodes " + ", ".join(child.name for child, _ in started))
@@ -278,7 +354,7 @@ class Stack:
 
         def registered() -> bool:
             if self._died(agent):
-                raise NotReady(f"the worker host exited:\n{agent.log_tail()}")
+                raise self._exited("the worker host", agent)
             names = [n.decode() if isinstance(n, bytes) else str(n) for n in client.hkeys(keys.NODES)]
             return len([n for n in names if n.startswith(prefix)]) >= self.workers
 
@@ -313,7 +389,7 @@ class Stack:
         healthz = f"{self.management_url}/healthz"
         _wait_until(lambda: self._died(child) or requests.get(healthz, timeout=2).ok, 60, "the API")
         if self._died(child):
-            raise NotReady(f"the API exited:\n{child.log_tail()}")
+            raise self._exited("the API", child)
 
     def _spawn_proxy(self) -> Child:
         """haproxy on the public port, its config kept by `sluice proxy` from the registry and replicas."""
@@ -328,7 +404,7 @@ class Stack:
         """The management API's health answered through the proxy (so wait for the API first)."""
         _wait_until(lambda: self._died(child) or requests.get(f"{self.url}/healthz", timeout=2).ok, 60, "the proxy")
         if self._died(child):
-            raise NotReady(f"the proxy exited:\n{child.log_tail()}")
+            raise self._exited("the proxy", child)
 
     def _spawn_launcher(self, api_name: str, port: int) -> subprocess.Popen:
         """`sluice serve` for one replica of an API; it binds ports `port` and `port + 1` on loopback."""
@@ -345,7 +421,11 @@ class Stack:
             self.data_dir = Path(tempfile.mkdtemp(prefix="sluice-"))
             self._own_data_dir = True
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._claim_data_dir()
         try:
+            if self.proxy and not port_is_free(self.port):
+                raise NotReady(f"port {self.port} is in use by another program: choose another with --port "
+                               f"(sluice up --port {self.port + 1})")
             if not self.redis_url and not self.redis_address.sentinels:
                 self._start_redis()
             # Every part needs only Redis, so all start at once (each is a Python process that spends
@@ -373,6 +453,7 @@ class Stack:
                 self.host.heartbeat(time.time())
                 self.replicas.step(time.time())
         except BaseException:
+            self._start_failed = True
             self.stop()
             raise
         if self.supervise or self.replicas is not None:
@@ -419,7 +500,10 @@ class Stack:
                 child.process.wait()
         self.children.clear()
         self._stopping = False
-        if self._own_data_dir and self.data_dir is not None and not os.environ.get("SLUICE_KEEP_DATA"):
+        self._release_data_dir()
+        # A temporary folder goes, unless asked to stay or the start failed (its logs say why).
+        if (self._own_data_dir and self.data_dir is not None and not os.environ.get("SLUICE_KEEP_DATA")
+                and not self._start_failed):
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def __enter__(self) -> Stack:

@@ -402,7 +402,8 @@ def test_sluice_up_runs_a_replica_per_realtime_api_and_ctrl_c_stops_it(tmp_path)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "SLUICE_REDIS_URL"}
     env.update(SLUICE_STORAGE=str(tmp_path / "storage"), SLUICE_CACHE_DIR=str(tmp_path / "cache"))
-    up = subprocess.Popen([sys.executable, "-m", "sluice.cli", "up", "--port", str(port), "--workers", "0"],
+    up = subprocess.Popen([sys.executable, "-m", "sluice.cli", "up", "--port", str(port), "--workers", "0",
+                           "--data-dir", str(tmp_path / "home")],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
         url = up.stdout.readline().strip()
