@@ -32,7 +32,7 @@ def healthz():
 def metrics():
     """Sluice's figures, summed over every process on every host (api/metrics.py)."""
     return Response(exposition(services(), figure_store(), registry(), replica_directory()),
-                    mimetype=CONTENT_TYPE_LATEST)
+                    content_type=CONTENT_TYPE_LATEST)  # as given: `mimetype` would add a second charset
 
 
 @blueprint.get("/openapi.json")

@@ -193,7 +193,25 @@ def _realtime_status(api: dict[str, Any]) -> str:
     return "live" if ready else "starting"
 
 
+def _installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version("sluice")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"sluice {_installed_version()}")
+        ctx.exit()
+
+
 @click.group(cls=SluiceGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print the version of this sluice command and exit.")
 @click.option("--url", envvar="SLUICE_URL", default=None,
               help="Sluice's URL (default: $SLUICE_URL, else http://127.0.0.1:8888).")
 @click.pass_context
@@ -207,13 +225,7 @@ def main(ctx: click.Context, url: str | None) -> None:
 @click.pass_context
 def version(ctx: click.Context, output: str) -> None:
     """The version of this sluice command."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as package_version
-
-    try:
-        mine = package_version("sluice")
-    except PackageNotFoundError:
-        mine = "unknown"
+    mine = _installed_version()
     if output == "json":
         _print({"client_version": mine})
     else:
@@ -756,7 +768,15 @@ def predict(ctx: click.Context, api: str, json_file, data: str | None, output: s
             content_type = "application/json"
         except ValueError:
             content_type = "text/plain"
-    answer = _client(ctx).predict_raw(api, body, content_type)
+    client = _client(ctx)
+    kind = client.api(api)["kind"]
+    if kind != "RealtimeAPI":  # its path would take the body as something else (a job, a queued request)
+        verb = {"BatchAPI": f"submit a job: sluice submit {api} --items FILE",
+                "TaskAPI": f"run its task: sluice submit {api} (or POST /tasks/{api})",
+                "AsyncAPI": f"queue a request: sluice.client().submit_async({api!r}, payload), then "
+                            f"GET /{api}/<id> for its result"}.get(kind, "see sluice get " + api)
+        raise Failure(f"api {api} is a {kind}, not a RealtimeAPI: {verb}")
+    answer = client.predict_raw(api, body, content_type)
     if output == "json" and isinstance(answer, bytes):
         try:
             answer = answer.decode()

@@ -65,6 +65,7 @@ def scrape(url: str) -> Samples:
     """Every sample of /metrics: (sample name, sorted labels) -> value."""
     response = requests.get(f"{url}/metrics", timeout=30)
     assert response.status_code == 200, response.text
+    assert response.headers["Content-Type"] == "text/plain; version=1.0.0; charset=utf-8"  # one charset
     samples: Samples = {}
     for family in text_string_to_metric_families(response.text):
         for sample in family.samples:

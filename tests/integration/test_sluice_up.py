@@ -4,6 +4,7 @@ keeps in its data folder is there again at the next start."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -162,3 +163,17 @@ def test_a_redis_that_cannot_start_is_reported_with_its_own_words_and_its_log_ke
     [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert line.startswith("error: redis-server exited: ") and "manifest" in line.lower(), line
     assert str(home / "logs" / "redis.log") in line and (home / "logs" / "redis.log").read_text()
+
+
+def test_a_missing_haproxy_is_named_with_how_to_install_it(tmp_path):
+    bin_dir = tmp_path / "bin"  # redis-server and Python, but no haproxy
+    bin_dir.mkdir()
+    for tool in ("redis-server",):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    env = {**{k: v for k, v in os.environ.items() if k != "SLUICE_REDIS_URL"},
+           "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent)])}
+    result = subprocess.run([sys.executable, "-m", "sluice.cli", "up", "--port", str(free_port()), "--data-dir",
+                             str(tmp_path / "home")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert result.returncode != 0
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "haproxy is not installed (apt-get install -y haproxy)" in line

@@ -7,7 +7,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 import pytest
@@ -51,9 +51,23 @@ def test_delete_with_a_job_id_and_force_is_a_usage_error_before_anything_is_sent
 
 
 class _Answering(BaseHTTPRequestHandler):
-    """Answers `POST /text` with text/plain and `POST /binary` with bytes that are not UTF-8."""
+    """Answers `POST /text` with text/plain and `POST /binary` with bytes that are not UTF-8;
+    `GET /apis/<name>` says `batchy` is a BatchAPI and any other name a RealtimeAPI."""
+
+    posted: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        name = self.path.rsplit("/", 1)[-1]
+        body = json.dumps({"name": name, "kind": "BatchAPI" if name == "batchy" else "RealtimeAPI",
+                           "endpoint": f"/{name}"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def do_POST(self) -> None:
+        _Answering.posted.append(self.path)
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         kind, data = ("text/plain", b"hello") if self.path == "/text" else ("application/octet-stream", b"\xff\xfe")
         self.send_response(200)
@@ -90,3 +104,20 @@ def test_predict_with_output_json_refuses_a_binary_answer_in_one_line(answering)
 
     assert result.exit_code == 1 and result.stdout == ""
     assert "2 bytes of binary data" in result.stderr and "leave out -o json" in result.stderr
+
+
+def test_predict_on_a_batch_api_is_refused_naming_the_verb_that_submits_a_job_and_sends_nothing(answering):
+    _Answering.posted.clear()
+    result = CliRunner().invoke(main, ["--url", answering, "predict", "batchy", "--data", "{}"])
+
+    assert result.exit_code == 1
+    assert "api batchy is a BatchAPI, not a RealtimeAPI: submit a job: sluice submit batchy" in result.stderr
+    assert _Answering.posted == []
+
+
+def test_sluice_dash_dash_version_prints_the_version_as_the_version_command_does():
+    runner = CliRunner()
+    flag, command = runner.invoke(main, ["--version"]), runner.invoke(main, ["version"])
+
+    assert flag.exit_code == command.exit_code == 0
+    assert flag.stdout == command.stdout and flag.stdout.startswith("sluice ")
