@@ -164,9 +164,22 @@ def environment_view(api: DeployedApi, states: dict[str, dict[str, Any]] | None 
     return view
 
 
-def view_of(api: DeployedApi) -> dict[str, Any]:
-    """`GET /apis`'s entry of one API."""
-    return {**api.summary(), "environment": environment_view(api)}
+def view_of(api: DeployedApi, states: bool = False) -> dict[str, Any]:
+    """`GET /apis`'s entry of one API (with `states`: its environment's state on each host, and the
+    last failed build of its predictor, for `sluice get` to say which APIs are in error)."""
+    view = {**api.summary(), "environment": environment_view(api, environment_states(api) if states else None)}
+    if states:
+        failure = predictor_builds().failure(api.name)
+        if failure is not None:
+            view["build_error"] = failure
+    return view
+
+
+def environment_states(api: DeployedApi) -> dict[str, dict[str, Any]] | None:
+    """The API's environment on each host that has built it (None for an API without one)."""
+    if not api.environment:
+        return None
+    return RedisEnvironmentStates(services().redis).states(str(api.environment.get("key", "")))
 
 
 def place_async_api(api: DeployedApi, now: float) -> None:
@@ -188,7 +201,7 @@ def place_realtime_replicas(now: float) -> None:
 
 @blueprint.get("/apis")
 def list_apis():
-    return ApiList.model_validate({"apis": [view_of(api) for api in registry().all()]}).response()
+    return ApiList.model_validate({"apis": [view_of(api, states=True) for api in registry().all()]}).response()
 
 
 def replicas_of(api: DeployedApi, now: float) -> list[dict[str, Any]]:
@@ -214,8 +227,7 @@ def get_api(name: str):
     if failure is not None:
         body["build_error"] = failure
     if api.environment:
-        key = str(api.environment.get("key", ""))
-        body["environment"] = environment_view(api, RedisEnvironmentStates(services().redis).states(key))
+        body["environment"] = environment_view(api, environment_states(api))
     now = time.time()
     if api.kind == REALTIME_KIND:
         body["replicas"] = replicas_of(api, now)

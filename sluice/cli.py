@@ -299,10 +299,8 @@ def _get_all(client: Client, output: str) -> None:
         else:
             running = sum(1 for job in client.jobs(summary["name"]) if job["status"] in ACTIVE_STATUSES)
             row.update(status="live", jobs_running=running)
-        if summary["kind"] != "RealtimeAPI":  # a replica says why itself; a node's failed build is kept here
-            detail = client.api(summary["name"])
-            if detail.get("build_error") or (detail.get("environment") or {}).get("state") == "failed":
-                row["status"] = "error"  # `sluice get API` says why
+        if summary.get("build_error") or (summary.get("environment") or {}).get("state") == "failed":
+            row["status"] = "error"  # a node could not build its predictor or environment: `sluice get API` says why
         rows.append(row)
     if output == "json":
         _print(rows)
