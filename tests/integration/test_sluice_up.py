@@ -110,7 +110,6 @@ def test_a_stopped_stack_started_again_on_its_data_folder_has_its_apis_jobs_and_
         spec = client.submit_job("keep", {"workers": 1, "item_list": {"items": [1, 2, 3], "batch_size": 1},
                                           "config": {"events": str(tmp_path / "events.jsonl")}})
         assert client.wait_job("keep", spec["job_id"], timeout=120)["status"] == "status_succeeded"
-        client.wait_ready("greeter", timeout=120)
     finally:
         said = _stop(process)
     assert f"state in {home}" in said and f"logs in {home / 'logs'}" in said
@@ -121,7 +120,7 @@ def test_a_stopped_stack_started_again_on_its_data_folder_has_its_apis_jobs_and_
         assert {api["name"] for api in client.apis()} == {"keep", "greeter"}
         job = client.get_job("keep", spec["job_id"])["job_status"]
         assert job["status"] == "status_succeeded" and job["batch_metrics"]["succeeded"] == 3
-        client.wait_ready("greeter", timeout=120)  # its replica is started again
+        client.wait_ready("greeter", timeout=120)  # its replica is placed on this host again and started
         assert client.predict("greeter", {"hello": "again"})["echo"] == {"hello": "again"}
         # A second stack on the same folder is refused at once, naming the one that holds it.
         second = subprocess.run([sys.executable, "-m", "sluice.cli", "up", "--port", str(free_port()), "--data-dir",
