@@ -24,6 +24,13 @@ MAX_LINE_BYTES = 5 * 1024 * 1024
 _RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 _labels: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("sluice_log_labels", default=None)
+# Labels of every line this process writes (a worker node's name), under those of `labelled`.
+_process_labels: dict[str, str] = {}
+
+
+def set_process_labels(**labels: str) -> None:
+    """Every line this process logs from now on carries these labels (a worker node: `node`)."""
+    _process_labels.update(labels)
 
 
 @contextlib.contextmanager
@@ -46,7 +53,7 @@ class JsonLinesFormatter(logging.Formatter):
             "message": record.getMessage(),
             "process": record.process,
         }
-        labels = _labels.get()
+        labels = {**_process_labels, **(_labels.get() or {})}
         if labels:
             line["labels"] = labels
         for key, value in vars(record).items():

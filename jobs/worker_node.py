@@ -22,7 +22,7 @@ import redis
 from celery import Celery, bootsteps, signals
 from kombu.exceptions import KombuError
 
-from foundation.json_logs import configure_json_logging
+from foundation.json_logs import configure_json_logging, set_process_labels
 from foundation.redis_clients import heartbeat_client
 from foundation.settings import Settings
 
@@ -193,6 +193,7 @@ def install_worker_hooks(app: Celery, settings: Settings, services: ServicesOf) 
 
     def _consume_assigned_queues(sender: str, instance: Any, **_: object) -> None:
         if instance.app is app:
+            set_process_labels(node=sender)  # every line of this node says which node (and host) wrote it
             resume_assigned_queues(app, services(), sender)
 
     def _start_heartbeat(sender: Any, **_: object) -> None:

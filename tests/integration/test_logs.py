@@ -143,6 +143,8 @@ def test_a_jobs_lines_from_two_worker_processes_are_read_back_labelled_with_the_
     assert {line["labels"]["job_id"] for line in lines} == {job_id}
     assert sorted(line["labels"]["batch_index"] for line in items) == [str(n) for n in range(6)]
     assert len({line["process"] for line in items}) == 2, "the lines of both workers are gathered"
+    assert len({line["labels"]["node"] for line in items}) == 2  # each names the node (name@host) that wrote it
+    assert all("@" in line["labels"]["node"] for line in items)
     [complete] = [line for line in lines if line["message"] == "job complete"]
     assert complete["succeeded"] == 6 and "batch_index" not in complete["labels"]
 

@@ -53,6 +53,18 @@ def test_lines_logged_for_a_job_carry_its_labels(lines):
     assert "labels" not in outside
 
 
+def test_a_worker_nodes_lines_carry_its_name_under_the_labels_of_the_moment(lines, monkeypatch):
+    monkeypatch.setattr(sluice_log, "_process_labels", {})
+    sluice_log.set_process_labels(node="worker1@host-a")
+    with labelled(job_id="j1"):
+        logger.info("inside")
+    logger.info("outside")
+
+    inside, outside = lines()
+    assert inside["labels"] == {"node": "worker1@host-a", "job_id": "j1"}
+    assert outside["labels"] == {"node": "worker1@host-a"}
+
+
 def test_a_line_over_the_limit_is_dropped(lines, monkeypatch):
     monkeypatch.setattr(sluice_log, "MAX_LINE_BYTES", 1000)
 
