@@ -60,8 +60,9 @@ def follow_builds(client: Client, deployed: list[dict[str, Any]], first_host_s: 
                     if state == "ready":
                         hosts = environment.get("hosts") or {}
                         took = max((h.get("seconds") or 0.0) for h in hosts.values()) if hosts else 0.0
+                        count = len(environment.get("packages") or {})
                         console.print(f"{name}: environment {key} built in {took:.1f} s "
-                                      f"({len(environment.get('packages') or {})} packages)")
+                                      f"({count} package{'s' if count != 1 else ''})")
                     else:
                         console.print(f"{name}: environment {key} failed: {environment.get('error', '')}")
                 elif state == "locked" and elapsed > first_host_s:
