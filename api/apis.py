@@ -88,6 +88,8 @@ def deploy():
         if api.kind not in DEPLOYABLE_KINDS:
             raise ConfigError(f"{source}: api {api.name}: kind {api.kind} cannot be deployed by this version")
     environments: dict[str, dict[str, Any]] = {}
+    deployed_environments = [EnvironmentSpec.from_dict(other.environment) for other in registry().all()
+                             if other.environment]
     with tempfile.TemporaryDirectory(prefix="sluice-deploy-") as tmp:
         services().bundles.unpack(project, Path(tmp))  # within the limits on unpacked size and files
         for api in apis:
@@ -97,7 +99,7 @@ def deploy():
             _validate_models(api, Path(tmp), source)
         compile_project(Path(tmp), source)
         for api in apis:
-            locked = lock_api_environment(api, Path(tmp), source)
+            locked = lock_api_environment(api, Path(tmp), source, deployed_environments)
             if locked is not None:
                 environments[api.name] = locked.to_dict()
     bundle = services().bundles.put(project)
@@ -129,15 +131,16 @@ def compile_project(project_dir: Path, source: str) -> None:
             raise ConfigError(f"{source}: {relative}: cannot be compiled: {e}") from e
 
 
-def lock_api_environment(api: ApiConfig, project_dir: Path, source: str) -> EnvironmentSpec | None:
-    """Resolve the API's requirements once, for every host to install the same versions; None when
-    its project installs nothing (it runs in Sluice's own environment, as always)."""
+def lock_api_environment(api: ApiConfig, project_dir: Path, source: str,
+                         deployed: list[EnvironmentSpec]) -> EnvironmentSpec | None:
+    """Resolve the API's requirements once, for every host to install the same versions (or reuse the
+    lock of a `deployed` environment of the same requirements); None when its project installs
+    nothing (it runs in Sluice's own environment, as always)."""
     files = read_dependency_files(project_dir, api, source)
     if files.empty:
         return None
     settings = services().settings
     started = time.monotonic()
-    deployed = [EnvironmentSpec.from_dict(other.environment) for other in registry().all() if other.environment]
     spec = lock_environment(
         files, project_dir, cache_dir=HostEnvironments.under(settings.cache_dir).uv_cache,
         where=f"{source}: api {api.name}",

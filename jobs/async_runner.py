@@ -55,7 +55,7 @@ from .async_request import ASYNC_KIND, AsyncRequest, RequestStatus, decode_paylo
 from .async_store import AsyncRequestStore, Outcome
 from .delivery import Delivery, request_entry
 from .nodes import NodeRegistry
-from .predictors import BuildOutcomes
+from .predictors import BuildOutcomes, record_build
 from .time_limit import hard_stop, hook_time_limit, timed_out_message
 
 log = logging.getLogger(__name__)
@@ -155,14 +155,8 @@ class AsyncPredictors:
             return held[1]
         if held is not None:  # a new version: the old one's models and modules go first
             self.forget(deployed.name)
-        try:
-            predictor = self._builder.build(deployed)
-        except PredictorError as e:
-            if self._outcomes is not None:
-                self._outcomes.failed(deployed.name, deployed.bundle, e.message)
-            raise
-        if self._outcomes is not None:
-            self._outcomes.succeeded(deployed.name)
+        predictor = record_build(self._outcomes, deployed.name, deployed.bundle,
+                                 lambda: self._builder.build(deployed))
         self._built[deployed.name] = (deployed, predictor)
         return predictor
 

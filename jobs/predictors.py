@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from foundation.errors import PredictorError
 from foundation.settings import Settings
@@ -28,6 +29,8 @@ from .job import Job
 from .store import JobRecords
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Shortest time between two looks for predictors of jobs that ended elsewhere.
 SWEEP_INTERVAL_S = 5.0
@@ -101,6 +104,19 @@ class BuildOutcomes(Protocol):
     def succeeded(self, api_name: str) -> None: ...
 
 
+def record_build(outcomes: BuildOutcomes | None, api_name: str, bundle: str, build: Callable[[], T]) -> T:
+    """`build()`, its failure (a `PredictorError`) or success told to `outcomes` for `sluice get`."""
+    try:
+        built = build()
+    except PredictorError as e:
+        if outcomes is not None:
+            outcomes.failed(api_name, bundle, e.message)
+        raise
+    if outcomes is not None:
+        outcomes.succeeded(api_name)
+    return built
+
+
 class JobPredictors:
     """Per process: each job's record (read once) and predictor (built once), until the job is forgotten."""
 
@@ -124,14 +140,8 @@ class JobPredictors:
         """The job's predictor in this process, built once per (API version, job)."""
         predictor = self._predictors.get(job.job_id)
         if predictor is None:
-            try:
-                predictor = self._predictors[job.job_id] = self._builder.build(job)
-            except PredictorError as e:
-                if self._outcomes is not None:
-                    self._outcomes.failed(job.api_name, job.bundle, e.message)
-                raise
-            if self._outcomes is not None:
-                self._outcomes.succeeded(job.api_name)
+            predictor = self._predictors[job.job_id] = record_build(
+                self._outcomes, job.api_name, job.bundle, lambda: self._builder.build(job))
         return predictor
 
     def forget(self, job_id: str) -> None:

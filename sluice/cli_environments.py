@@ -86,7 +86,8 @@ def _environments() -> Any:
         from foundation.settings import Settings
         from predictors_runtime.environments import HostEnvironments
 
-    return HostEnvironments.under(Settings.from_env().cache_dir), Settings.from_env()
+    settings = Settings.from_env()
+    return HostEnvironments.under(settings.cache_dir), settings
 
 
 @env_group.command("ls")

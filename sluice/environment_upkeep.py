@@ -114,11 +114,9 @@ class EnvironmentUpkeep:
             self._failed[spec.key] = time.time()
             return
         try:
-            config = ApiConfig.from_dict(api.spec)
-            paths = [folder / config.predictor.python_path] if config.predictor.python_path else []
             log.info("building environment %s of api %s ahead of its first batch", spec.key, api.name,
                      extra={"environment": spec.key, "api": api.name})
-            self._environments.ensure(spec, folder, python_paths=paths, predictor_path=config.predictor.path)
+            self._environments.ensure_for(spec, folder, ApiConfig.from_dict(api.spec))
         except SluiceError as e:
             log.error("environment %s of api %s could not be built: %s", spec.key, api.name, e.message,
                       extra={"environment": spec.key, "api": api.name})

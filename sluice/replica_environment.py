@@ -59,10 +59,9 @@ class BackgroundBuild:
         self.stage = stage
 
     def _run(self) -> None:
-        paths = [self._project_dir / self._api.predictor.python_path] if self._api.predictor.python_path else []
         try:
-            self.environment = self._environments.ensure(self._spec, self._project_dir, python_paths=paths,
-                                                         predictor_path=self._api.predictor.path, progress=self._say)
+            self.environment = self._environments.ensure_for(self._spec, self._project_dir, self._api,
+                                                             progress=self._say)
             with self._lock:
                 if not self._released:
                     self._held = self._environments.hold(self._spec.key)

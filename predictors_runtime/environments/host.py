@@ -36,15 +36,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
-from packaging.utils import canonicalize_name
-
 from foundation.errors import EnvironmentBuildFailed
 
-from .lock import server_pins
+from ..config import ApiConfig
+from .lock import installed_distributions, server_pins
 from .spec import EnvironmentSpec, lock_lines, option_lines, pinned
 from .uv_tool import run_uv, tail, uv_binary
 
@@ -125,17 +123,6 @@ def base_site_folders() -> list[str]:
     if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
         folders.append(site.getusersitepackages())
     return folders
-
-
-def installed_versions() -> dict[str, str]:
-    """What this interpreter has installed: canonical name -> version (read at each build: a build
-    may follow an upgrade of Sluice's own environment)."""
-    found: dict[str, str] = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            found.setdefault(canonicalize_name(name), dist.version)
-    return found
 
 
 def top_level_imports(source: str) -> list[str]:
@@ -243,19 +230,13 @@ class HostEnvironments:
         paths are read from it); `predictor_path` names the file whose top-level imports must
         resolve in the result. `EnvironmentBuildFailed` carries what failed, in the installer's words.
         """
-        found = self.get(spec.key)
+        found = self._reuse(spec.key)
         if found is not None:
-            self._touch(found)
-            if self._events is not None:
-                self._events.reused(spec.key)
             return found
         self.root.mkdir(parents=True, exist_ok=True)
         with self._flock("cache", fcntl.LOCK_SH), self._flock(f"{spec.key}.build", fcntl.LOCK_EX):
-            found = self.get(spec.key)  # built by another process while this one waited
+            found = self._reuse(spec.key)  # built by another process while this one waited
             if found is not None:
-                self._touch(found)
-                if self._events is not None:
-                    self._events.reused(spec.key)
                 return found
             if self._events is not None:
                 self._events.building(spec.key)
@@ -272,9 +253,23 @@ class HostEnvironments:
                 self._events.built(spec.key, seconds)
             return environment
 
-    def _touch(self, environment: Environment) -> None:
+    def ensure_for(self, spec: EnvironmentSpec, project_dir: Path, api: ApiConfig,
+                   progress: Callable[[str], None] | None = None) -> Environment:
+        """`ensure` for an API: its `python_path` is searched and its predictor's imports checked."""
+        python_path = api.predictor.python_path
+        return self.ensure(spec, project_dir, python_paths=[project_dir / python_path] if python_path else [],
+                           predictor_path=api.predictor.path, progress=progress)
+
+    def _reuse(self, key: str) -> Environment | None:
+        """The finished environment of `key`, marked used (and counted as reused), or None."""
+        found = self.get(key)
+        if found is None:
+            return None
         with contextlib.suppress(OSError):
-            (environment.path / USED).touch()
+            (found.path / USED).touch()
+        if self._events is not None:
+            self._events.reused(key)
+        return found
 
     def _clear_leftovers(self, key: str) -> None:
         """Under the key's build lock: what killed builds of it left, and a folder without a marker."""
@@ -367,7 +362,7 @@ class HostEnvironments:
     def _install(self, spec: EnvironmentSpec, staging: Path, project_dir: Path,
                  say: Callable[[str], None]) -> dict[str, str]:
         """Install what the lock pins and Sluice's interpreter does not already have at that version."""
-        have = installed_versions()
+        have = {name: dist.version for name, dist in installed_distributions().items()}
         wanted = []
         installed: dict[str, str] = {}
         for line in lock_lines(spec.lock):

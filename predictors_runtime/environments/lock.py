@@ -38,7 +38,8 @@ SERVER_ROOTS = (
 )
 
 
-def _installed() -> dict[str, metadata.Distribution]:
+def installed_distributions() -> dict[str, metadata.Distribution]:
+    """What this interpreter has installed: canonical name -> its distribution (the first on the path)."""
     found: dict[str, metadata.Distribution] = {}
     for dist in metadata.distributions():
         name = dist.metadata["Name"]
@@ -83,7 +84,7 @@ def server_pins() -> dict[str, str]:
 
 @functools.cache
 def _server_pins() -> tuple[tuple[str, str], ...]:
-    installed = _installed()
+    installed = installed_distributions()
     pins: dict[str, str] = {}
     pending: list[tuple[str, set[str]]] = []
     own = installed.get("sluice")

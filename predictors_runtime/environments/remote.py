@@ -157,9 +157,8 @@ def start_in_environment(environments: HostEnvironments, environment: dict[str, 
     predictor cannot be built in it (the user's traceback there).
     """
     spec = EnvironmentSpec.from_dict(environment)
-    python_paths = [project_dir / api.predictor.python_path] if api.predictor.python_path else []
     try:
-        built = environments.ensure(spec, project_dir, python_paths=python_paths, predictor_path=api.predictor.path)
+        built = environments.ensure_for(spec, project_dir, api)
     except EnvironmentBuildFailed as e:
         raise PredictorError(f"building the api's environment {spec.key} failed: {e.message}") from e
     held = environments.hold(spec.key)
