@@ -356,3 +356,24 @@ def test_a_replica_whose_predictor_cannot_import_tells_callers_one_line_and_oper
     replicas = wait_for(lambda: [r for r in client.get_api(name)["replicas"] if "Traceback" in r["message"]],
                         "the replica's record to carry the traceback")
     assert "predictor.py" in replicas[0]["message"]
+
+
+def test_a_predictor_process_that_dies_mid_batch_fails_that_try_only_and_is_started_again_for_the_next(
+        client: Client, tmp_path: Path) -> None:
+    name = f"dies-{uuid.uuid4().hex[:6]}"
+    flag, out = tmp_path / "died-once", tmp_path / "out.jsonl"
+    source = GREETING_PREDICTOR.replace(
+        "    def predict(self, payload, batch_id=None):\n",
+        "    def predict(self, payload, batch_id=None):\n"
+        "        import os, pathlib\n"
+        f"        if not pathlib.Path({str(flag)!r}).exists():\n"
+        f"            pathlib.Path({str(flag)!r}).touch()\n"
+        "            os._exit(9)  # the environment's process dies, as on an out-of-memory kill\n")
+    client.deploy(project(tmp_path / name, name, "BatchAPI", requirements=f"{GREETING}==1.0.0\n", source=source))
+    spec = client.submit_job(name, {"workers": 1, "item_list": {"items": list(range(4)), "batch_size": 2},
+                                    "config": {"out": str(out)},
+                                    "sqs_dead_letter_queue": {"arn": "x", "max_receive_count": 2}})
+    final = client.wait_job(name, spec["job_id"], timeout=READY_S)
+    assert final["status"] == "status_succeeded", final  # the died try was tried again, in a new process
+    assert sorted(row["item"] for row in lines(out)) == list(range(4))
+    assert flag.exists()
