@@ -28,7 +28,7 @@ ifeq ($(STATIC_CHECKS),report)
 FINDINGS := -
 endif
 
-.PHONY: demo test check lint types unit bench redis-server install clean
+.PHONY: demo test check lint types unit bench redis-server browser install clean
 
 install: $(STAMP)
 
@@ -56,10 +56,16 @@ redis-server:
 	  echo "installing haproxy with apt"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
 
+# The tests' browser: a real Chromium loads /docs (tests/integration/test_browser_docs.py).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium with apt (the docs page is checked in a real browser)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
 demo: $(DEMO_STAMP) redis-server
 	$(RUN) $(PY) examples/demo.py
 
-test: $(STAMP) redis-server lint types
+test: $(STAMP) redis-server browser lint types
 	$(RUN) $(PY) -m pytest -n 2 --dist loadfile
 
 check: lint types unit

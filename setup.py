@@ -44,6 +44,8 @@ SERVER = [
     # Validating API configurations and submissions; the OpenAPI document.
     "pydantic>=2.6,<3",
     "prometheus-client>=0.20",
+    # Swagger UI's built files, served at /docs (api/browser.py): no CDN needed.
+    "swagger-ui-py>=25",
     # Request and response bodies, and every line of a JSON-lines input (jobs/inputs.py).
     "orjson>=3.9",
     # Matching input files against includes/excludes globs (jobs/inputs.py).

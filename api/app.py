@@ -18,7 +18,7 @@ from jobs.celery_app import create_celery
 from jobs.services import Services
 from jobs.wiring import init_services
 
-from . import apis, async_api, auth, batch, context, fallback, health, logs, tasks
+from . import apis, async_api, auth, batch, browser, context, fallback, health, logs, tasks
 from .async_front import AsyncSubmitFront
 from .errors import register_error_handlers
 from .metrics import HTTP_RESPONSES
@@ -64,7 +64,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     # fallback's `/<name>` last: it answers only what no other route (and no replica) takes.
     app.url_map.converters["unreserved"] = fallback.UnreservedName
-    for module in (health, apis, batch, tasks, logs, async_api, fallback):
+    for module in (health, browser, apis, batch, tasks, logs, async_api, fallback):
         app.register_blueprint(module.blueprint)
     register_error_handlers(app)
     # AsyncAPI submissions are answered before Flask's own work (`api/async_front.py`).

@@ -19,8 +19,14 @@ from .errors import error_response
 if TYPE_CHECKING:
     from foundation.settings import Settings
 
-# Endpoints a load balancer or orchestrator probes without credentials.
-OPEN_PATHS = frozenset({"/healthz"})
+# Answered without credentials: what a load balancer or orchestrator probes, and the HTTP API's
+# docs (the same for every Sluice of a version: they name no deployed API).
+OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/docs"})
+OPEN_PREFIXES = ("/docs/assets/",)
+
+
+def is_open_path(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
 def open_bind_address(environ: Mapping[str, Any]) -> str | None:
@@ -57,15 +63,16 @@ def request_guard(settings: Settings) -> Callable[[], Response | None]:
     """A Flask `before_request` hook: with keys set, a request without a valid key is answered 401
     (with `WWW-Authenticate: Bearer`) before any endpoint runs.
 
-    `/healthz` stays open for probes. The fallback `/<name>` answers (why no replica took a
-    realtime request) belong to the realtime APIs: they are open exactly when those are.
+    `/healthz` stays open for probes, and the API docs for browsers. The fallback `/<name>` answers
+    (why no replica took a realtime request) belong to the realtime APIs: they are open exactly
+    when those are.
     """
     keys = settings.api_keys
 
     def guard() -> Response | None:
         if not keys:
-            return None if settings.allow_anonymous or request.path in OPEN_PATHS else _open_bind_refusal()
-        if request.path in OPEN_PATHS:
+            return None if settings.allow_anonymous or is_open_path(request.path) else _open_bind_refusal()
+        if is_open_path(request.path):
             return None
         if not settings.protect_realtime and (request.endpoint or "").startswith("fallback."):
             return None  # the fallback asks for a key itself when `/<name>` is a BatchAPI's

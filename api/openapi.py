@@ -22,6 +22,7 @@ from flask import Flask
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from foundation.version import sluice_version
 from jobs.submission import SOURCES, JobRequest
 from jobs.task_jobs import TaskRequest
 from predictors_runtime.config import ApiConfig
@@ -78,6 +79,7 @@ PATH_PARAMETERS: dict[str, str] = {
     "name": "the API's name, as its cortex.yaml gives it",
     "job_id": "the job's id, as its submission answered",
     "request_id": "an AsyncAPI request's id, as its submission answered",
+    "filename": "a file's name",
 }
 
 # -- every operation ----------------------------------------------------------------------------
@@ -122,6 +124,22 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/openapi.json"): Operation(
         "getOpenApi", "This document",
         {200: Answer("the OpenAPI document", content={"application/json": {"schema": {"type": "object"}}})},
+        open=True,
+    ),
+    ("GET", "/"): Operation(
+        "getFrontPage", "A page for a browser: the deployed APIs and their links",
+        {200: Answer("an HTML page", content={"text/html": {"schema": {"type": "string"}}})},
+    ),
+    ("GET", "/docs"): Operation(
+        "getDocs", "This document in Swagger UI",
+        {200: Answer("an HTML page that renders /openapi.json", content={"text/html": {"schema": {"type": "string"}}})},
+        open=True,
+    ),
+    ("GET", "/docs/assets/<filename>"): Operation(
+        "getDocsAsset", "One of Swagger UI's files, for /docs",
+        {200: Answer("the file", content={"*/*": {"schema": _BINARY}}),
+         404: Answer("no such file")},
+        open=True,
     ),
     ("POST", "/apis"): Operation(
         "deployApis", "Deploy a project: every API of its cortex.yaml",
@@ -540,10 +558,10 @@ def openapi_document(app: Flask) -> dict[str, Any]:
         "openapi": OPENAPI_VERSION,
         "info": {
             "title": "Sluice",
-            "version": "0.1.0",
+            "version": sluice_version(),
             "description": "Batch jobs and realtime APIs, deployed from Cortex-style projects. With API keys "
-                           "set, every operation but /healthz wants `Authorization: Bearer <key>` (realtime "
-                           "APIs only with SLUICE_PROTECT_REALTIME=1).",
+                           "set, every operation but /healthz, /openapi.json and /docs wants `Authorization: "
+                           "Bearer <key>` (realtime APIs only with SLUICE_PROTECT_REALTIME=1).",
         },
         # Concrete paths match before the `/{api_name}` template (OpenAPI 3, "Path Templating Matching").
         "paths": paths,

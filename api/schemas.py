@@ -135,6 +135,9 @@ class JobStatusView(JobSpec):
     worker_counts: WorkerCounts
     end_time: str | None = Field(json_schema_extra=_RFC3339)
     message: str | None = None
+    phase: str | None = Field(default=None, description="while the job is active: what it is doing, in words "
+                                                        "(enqueuing batches, waiting for worker nodes, building the "
+                                                        "predictor on a node, running)")
     workers_note: str | None = Field(default=None, description="while the job runs on fewer nodes than its `workers`: "
                                                                "why (nodes starting, or no host with room)")
 

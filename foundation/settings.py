@@ -180,6 +180,8 @@ class Settings:
     no_index: bool = False
     # How long an environment no deployed API or active job uses stays on a host before it is removed.
     environment_grace_s: float = 3600.0
+    # Celery's task events, for Flower or `celery events`: off, as each costs a message per task.
+    task_events: bool = False
 
     @property
     def redis_address(self) -> RedisAddress:
@@ -234,4 +236,5 @@ class Settings:
             find_links=tuple(link for link in (env.get("SLUICE_FIND_LINKS") or "").split(",") if link.strip()),
             no_index=api_keys.flag(env, "SLUICE_NO_INDEX"),
             environment_grace_s=_number(env, "SLUICE_ENVIRONMENT_GRACE_S", defaults.environment_grace_s),
+            task_events=api_keys.flag(env, "SLUICE_TASK_EVENTS"),
         )

@@ -242,7 +242,7 @@ class BuildPredictor:
         job = _job_of(run)
         try:
             with self.watchdog.while_active(job, run.index):
-                run.predictor = self.predictors.predictor_for(job)
+                run.predictor = self.predictors.predictor_for(job, run.delivery.node if run.delivery else None)
         except PredictorError as e:
             if self.records.transition(job.job_id, JobStatus.WORKER_ERROR, message=e.message):
                 log.error("job %s: %s: %s", job.job_id, JobStatus.WORKER_ERROR.value, e.message)

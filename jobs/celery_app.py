@@ -66,7 +66,10 @@ def create_celery(settings: Settings) -> Celery:
         broker_transport_options=transport_options(settings),
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
-        worker_send_task_events=False,
+        # Flower and `celery events` see tasks only with events on (SLUICE_TASK_EVENTS=1): a
+        # message per task sent, started and ended, so off unless someone watches.
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
         beat_scheduler=MAINTENANCE_SCHEDULER,
     )
 

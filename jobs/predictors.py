@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import redis
+
 from foundation.errors import PredictorError
 from foundation.settings import Settings
 from predictors_runtime.batch_predictor import BatchPredictor
@@ -136,13 +138,25 @@ class JobPredictors:
             job = self._jobs[job_id] = self._records.get(job_id)
         return job
 
-    def predictor_for(self, job: Job) -> JobPredictor:
-        """The job's predictor in this process, built once per (API version, job)."""
+    def predictor_for(self, job: Job, node: str | None = None) -> JobPredictor:
+        """The job's predictor in this process, built once per (API version, job). While it builds,
+        the job's status says so (its phase, until a first batch ends), naming `node`."""
         predictor = self._predictors.get(job.job_id)
         if predictor is None:
+            where = f" on {node}" if node else ""
+            environment = " and its environment" if job.environment else ""
+            self._note(job, f"building the predictor{environment}{where}")
             predictor = self._predictors[job.job_id] = record_build(
                 self._outcomes, job.api_name, job.bundle, lambda: self._builder.build(job))
+            self._note(job, f"running the first batches{where}")
         return predictor
+
+    def _note(self, job: Job, note: str) -> None:
+        """Only a figure for people: Redis failing here must not fail the batch."""
+        try:
+            self._records.note_predictor(job.job_id, note)
+        except redis.RedisError as e:
+            log.warning("could not note job %s's predictor (%s): %s", job.job_id, note, e)
 
     def forget(self, job_id: str) -> None:
         """Close the job's predictor (if built here) and drop what this process holds of the job."""

@@ -13,10 +13,12 @@ def worker_counts(state: JobState) -> dict[str, int]:
     assigned = len(state.nodes)
     running = assigned if state.status is JobStatus.RUNNING else 0
     pending = max(state.job.workers - assigned, 0) if not state.status.is_terminal else 0
+    # A job whose batches failed still had its workers run to the end: they succeeded.
+    finished = state.status in (JobStatus.SUCCEEDED, JobStatus.COMPLETED_WITH_FAILURES)
     return {
         "pending": pending,
         "running": running,
-        "succeeded": assigned if state.status is JobStatus.SUCCEEDED else 0,
+        "succeeded": assigned if finished else 0,
         "failed": assigned if state.status in (JobStatus.WORKER_ERROR, JobStatus.WORKER_OOM) else 0,
     }
 
@@ -35,6 +37,22 @@ def task_status_view(state: JobState) -> dict[str, Any]:
     if state.message:
         view["message"] = state.message
     return view
+
+
+def job_phase(state: JobState, workers_note: str | None = None) -> str | None:
+    """What an active job is doing, in words, until its first batch ends (then its counts say it):
+    enqueuing, waiting for nodes (and why), building the predictor, running."""
+    if state.status is JobStatus.ENQUEUING:
+        return "enqueuing batches"
+    if state.status is not JobStatus.RUNNING:
+        return None
+    if state.succeeded or state.failed:
+        return "running"
+    if state.predictor_note:
+        return state.predictor_note
+    if workers_note:
+        return f"waiting for worker nodes: {workers_note}"
+    return "waiting for a worker node to take the first batch"
 
 
 def job_status_view(state: JobState, workers_note: str | None = None) -> dict[str, Any]:
@@ -61,4 +79,7 @@ def job_status_view(state: JobState, workers_note: str | None = None) -> dict[st
         view["message"] = state.message
     if workers_note and not state.status.is_terminal:
         view["workers_note"] = workers_note
+    phase = job_phase(state, workers_note)
+    if phase is not None:
+        view["phase"] = phase
     return view

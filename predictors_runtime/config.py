@@ -36,7 +36,7 @@ REALTIME_KIND = "RealtimeAPI"
 SCALED_KINDS = (REALTIME_KIND, ASYNC_KIND)
 # Predictor types an AsyncAPI's `server_side_batching` hands lists to (`predict(payload=[...])`).
 ASYNC_BATCHING_TYPES = ("python", "onnx")
-RESERVED_NAMES = frozenset({"apis", "batch", "healthz", "metrics", "openapi.json", "tasks"})
+RESERVED_NAMES = frozenset({"apis", "batch", "docs", "healthz", "metrics", "openapi.json", "tasks"})
 # A TaskAPI's `definition:` (Cortex's name for its code section) takes these fields, and is held
 # as the API's `predictor` section (type python) so that one builder makes tasks and predictors.
 TASK_DEFINITION_FIELDS = ("path", "config", "env", "python_path", "log_level", "dependencies")

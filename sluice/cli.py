@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from foundation.errors import SluiceError
+from foundation.version import sluice_version
 from predictors_runtime.extras import needs_extra
 
 from .cli_environments import env_group
 from .client import ACTIVE_STATUSES, TERMINAL_STATUSES, Client
+from .log_follow import LogFollower
 
 if TYPE_CHECKING:
     from foundation.hosts import Resources
@@ -156,6 +158,12 @@ def _job_duration(job: dict[str, Any], now: float) -> float | None:
     return end - start
 
 
+def status_word(status: str) -> str:
+    """A job status as every human-readable line spells it: `succeeded` for `status_succeeded`
+    (JSON output keeps Cortex's spelling)."""
+    return status.removeprefix("status_")
+
+
 def _progress(job: dict[str, Any]) -> str:
     metrics = job.get("batch_metrics")
     if metrics is None:  # a task job: one run, no batches
@@ -172,7 +180,7 @@ def progress_line(status: dict[str, Any]) -> str:
     filled = int(width * done / total)
     return (
         f"[{'#' * filled}{'.' * (width - filled)}] {done}/{status['total_batch_count']} batches "
-        f"({metrics['failed']} failed) {status['status']}"
+        f"({metrics['failed']} failed) {status_word(status['status'])}"
     )
 
 
@@ -193,19 +201,9 @@ def _realtime_status(api: dict[str, Any]) -> str:
     return "live" if ready else "starting"
 
 
-def _installed_version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as package_version
-
-    try:
-        return package_version("sluice")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if value and not ctx.resilient_parsing:
-        click.echo(f"sluice {_installed_version()}")
+        click.echo(f"sluice {sluice_version()}")
         ctx.exit()
 
 
@@ -225,7 +223,7 @@ def main(ctx: click.Context, url: str | None) -> None:
 @click.pass_context
 def version(ctx: click.Context, output: str) -> None:
     """The version of this sluice command."""
-    mine = _installed_version()
+    mine = sluice_version()
     if output == "json":
         _print({"client_version": mine})
     else:
@@ -264,9 +262,12 @@ def deploy(ctx: click.Context, config: Path, no_wait: bool, output: str) -> None
 @main.command()
 @click.argument("api", required=False)
 @click.argument("job_id", required=False)
+@click.option("--watch", "-w", is_flag=True, help="Show it again every --interval seconds until Ctrl-C.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="Seconds between two looks with --watch.")
 @output_option
 @click.pass_context
-def get(ctx: click.Context, api: str | None, job_id: str | None, output: str) -> None:
+def get(ctx: click.Context, api: str | None, job_id: str | None, watch: bool, interval: float, output: str) -> None:
     """Every API; one API (realtime: replicas and models; batch: its jobs); or one job of a batch API.
 
     \b
@@ -274,14 +275,45 @@ def get(ctx: click.Context, api: str | None, job_id: str | None, output: str) ->
     sluice get API              # realtime: endpoint, replicas, models; batch: jobs and progress;
                                 # async: requests queued, in progress, ended per minute; nodes
     sluice get API JOB_ID       # batch metrics, workers, failed batches, output location
+    sluice get -w [API]         # again every 2 s, redrawn in place, until Ctrl-C
     """
     client = _client(ctx)
-    if api is None:
-        _get_all(client, output)
-    elif job_id is None:
-        _get_api(client, api, output)
-    else:
-        _get_job(client, api, job_id, output)
+
+    def show() -> None:
+        if api is None:
+            _get_all(client, output)
+        elif job_id is None:
+            _get_api(client, api, output)
+        else:
+            _get_job(client, api, job_id, output)
+
+    if not watch:
+        show()
+        return
+    if output == "json":
+        raise click.UsageError("--watch redraws for a person to read; scripts poll `sluice get -o json` themselves")
+    _watch(show, interval)
+
+
+def _watch(show: Callable[[], None], interval: float) -> None:
+    """`show()` every `interval` seconds: on a terminal redrawn in place, elsewhere one after
+    another under a time line. Ctrl-C ends it (exit 0); an error ends it as any command's does."""
+    import contextlib
+    import io
+
+    terminal = sys.stdout.isatty()
+    try:
+        while True:
+            drawn = io.StringIO()
+            with contextlib.redirect_stdout(drawn):
+                show()
+            if terminal:
+                click.clear()
+            heading = f"every {interval:g}s: {datetime.now().strftime('%H:%M:%S')} (Ctrl-C stops)"
+            click.echo(f"{heading}\n\n{drawn.getvalue()}", nl=not terminal)
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
 
 
 def _get_all(client: Client, output: str) -> None:
@@ -385,7 +417,7 @@ def _get_api(client: Client, name: str, output: str) -> None:
         click.echo("no jobs")
         return
     _table("jobs", ["job id", "status", "succeeded/failed/total", "start", "duration"], [
-        [job["job_id"], job["status"].removeprefix("status_"), _progress(job), str(job.get("start_time", "-")),
+        [job["job_id"], status_word(job["status"]), _progress(job), str(job.get("start_time", "-")),
          _duration(_job_duration(job, now))]
         for job in jobs
     ])
@@ -446,7 +478,7 @@ def _get_job(client: Client, api: str, job_id: str, output: str) -> None:
     workers = job["worker_counts"]
     average = metrics.get("average_time_per_batch")
     lines = [
-        f"job {job_id} of {api}: {job['status']}",
+        f"job {job_id} of {api}: {status_word(job['status'])}",
         f"start: {job.get('start_time', '-')}  end: {job.get('end_time') or '-'}  "
         f"duration: {_duration(_job_duration(job, now))}",
         f"batches: {metrics['succeeded']} succeeded, {metrics['failed']} failed, {job['total_batch_count']} total, "
@@ -468,7 +500,7 @@ def _get_job(client: Client, api: str, job_id: str, output: str) -> None:
 def _show_task_job(api: str, job: dict[str, Any], now: float) -> None:
     """A task job for people: status, times, config, worker counts and why it ended."""
     lines = [
-        f"job {job['job_id']} of {api} (TaskAPI): {job['status']}",
+        f"job {job['job_id']} of {api} (TaskAPI): {status_word(job['status'])}",
         f"start: {job.get('start_time', '-')}  end: {job.get('end_time') or '-'}  "
         f"duration: {_duration(_job_duration(job, now))}",
         f"timeout: {job['timeout'] if job.get('timeout') is not None else 'none'}  config: {json.dumps(job['config'])}",
@@ -581,14 +613,16 @@ def _wait_with_progress(client: Client, api: str, job_id: str, timeout: float | 
         task = progress.add_task(job_id, total=None)
 
         def show(status: dict[str, Any]) -> None:
+            # Until a first batch ends, the job's phase says what is happening (enqueuing, waiting
+            # for nodes, building the predictor on one); then the counts do.
+            doing = status.get("phase") or status_word(status["status"])
             metrics = status.get("batch_metrics")
             if metrics is None:  # a task job: no batches to count
-                progress.update(task, description=f"{job_id} {status['status'].removeprefix('status_')}")
+                progress.update(task, description=f"{job_id} {doing}")
                 return
             failed = f", {metrics['failed']} failed" if metrics["failed"] else ""
             progress.update(task, completed=metrics["succeeded"] + metrics["failed"],
-                            total=status["total_batch_count"] or None,
-                            description=f"{job_id} {status['status'].removeprefix('status_')}{failed}")
+                            total=status["total_batch_count"] or None, description=f"{job_id} {doing}{failed}")
 
         return client.wait(api, job_id, timeout=timeout, on_progress=show)
 
@@ -596,15 +630,15 @@ def _wait_with_progress(client: Client, api: str, job_id: str, timeout: float | 
 def _final_line(final: dict[str, Any]) -> str:
     metrics = final.get("batch_metrics")
     if metrics is None:  # a task job
-        return f"job {final['job_id']}: {final['status']}"
-    return (f"job {final['job_id']}: {final['status']} ({metrics['succeeded']} succeeded, {metrics['failed']} failed "
-            f"of {final['total_batch_count']} batches)")
+        return f"job {final['job_id']}: {status_word(final['status'])}"
+    return (f"job {final['job_id']}: {status_word(final['status'])} ({metrics['succeeded']} succeeded, "
+            f"{metrics['failed']} failed of {final['total_batch_count']} batches)")
 
 
 def _exit_for(final: dict[str, Any]) -> None:
     if final["status"] != "status_succeeded":
         message = f": {one_line(final['message'])}" if final.get("message") else ""
-        raise Failure(f"job {final['job_id']} ended {final['status']}{message}")
+        raise Failure(f"job {final['job_id']} ended {status_word(final['status'])}{message}")
 
 
 @main.command()
@@ -834,7 +868,7 @@ def jobs(ctx: click.Context, api: str, output: str) -> None:
     for job in listed:
         metrics = job.get("batch_metrics")  # none for a task job
         done = f"{metrics['succeeded']}/{job['total_batch_count']}" if metrics is not None else "-"
-        click.echo(f"{job['job_id']}  {job['status']:<32} {done}")
+        click.echo(f"{job['job_id']}  {status_word(job['status']):<24} {done}")
 
 
 @main.command(hidden=True)
@@ -911,9 +945,11 @@ def _whole_gpus(text: str) -> int:
               help="Where the stack keeps its state (Redis, bundles, job outputs, logs) across restarts "
                    "(default: $SLUICE_HOME, else ~/.sluice).")
 @click.option("--fresh", is_flag=True, help="Start with empty state: what the data folder held is removed first.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Show every process's log lines here as they are written (they are in the logs folder anyway).")
 @capacity_options
-def up(port: int, workers: int, idle_grace: float, data_dir: Path | None, fresh: bool, cpu: str | None,
-       mem: str | None, gpu: str | None, only: str | None) -> None:
+def up(port: int, workers: int, idle_grace: float, data_dir: Path | None, fresh: bool, verbose: bool,
+       cpu: str | None, mem: str | None, gpu: str | None, only: str | None) -> None:
     """Start Redis (private, unless SLUICE_REDIS_URL or SLUICE_REDIS_SENTINELS is set), a worker host
     (`sluice workers`), beat, the API, the proxy and the replicas placed on this host; Ctrl-C stops all."""
     import os
@@ -927,13 +963,18 @@ def up(port: int, workers: int, idle_grace: float, data_dir: Path | None, fresh:
                   offers=offers, hardware=hardware, worker_host=True, idle_grace_s=idle_grace, data_dir=home,
                   fresh=fresh)
     click.echo(f"starting redis, the API, the proxy, beat and a worker host in {home} ...", err=True)
+    follower = LogFollower(home / "logs") if verbose else None
     try:
         stack.start()
     except SluiceError as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"state in {home} (APIs, jobs and their outputs are kept across restarts; --fresh starts empty)",
                err=True)
-    click.echo(f"logs in {home / 'logs'}", err=True)
+    click.echo(f"logs in {home / 'logs'}" + ("" if verbose else " (--verbose shows them here)"), err=True)
+    address = stack.redis_address
+    flower = "" if address.sentinels else f"; to watch tasks in Flower: celery --broker {address} flower"
+    click.echo(f"redis at {address}{flower} (task events need SLUICE_TASK_EVENTS=1)", err=True)
+    click.echo(f"docs at {stack.url}/docs", err=True)
     click.echo(stack.url)
     stopping = False
 
@@ -944,6 +985,8 @@ def up(port: int, workers: int, idle_grace: float, data_dir: Path | None, fresh:
     signal.signal(signal.SIGTERM, _stop)
     try:
         while not stopping:
+            for name, line in follower.new_lines() if follower is not None else ():
+                click.echo(f"{click.style(name, fg='cyan')} | {line}", err=True)
             # Worker nodes that die are restarted by the stack; anything else ends the stack.
             dead = [c.name for c in stack.children if not c.is_worker and c.process.poll() is not None]
             if dead:

@@ -165,6 +165,9 @@ class MemoryJobRecords(_Part):
     def set_nodes(self, job_id: str, nodes: list[str]) -> None:
         self._set(job_id, JobField.NODES, json.dumps(nodes))
 
+    def note_predictor(self, job_id: str, note: str) -> None:
+        self._set(job_id, JobField.PREDICTOR_NOTE, note)
+
 
 class MemoryBatchLedger(_Part):
     """`BatchLedger` in memory."""

@@ -70,6 +70,9 @@ class JobRecords(Protocol):
     def set_nodes(self, job_id: str, nodes: list[str]) -> None:
         """The worker nodes consuming the job's queue, as placement chose them."""
 
+    def note_predictor(self, job_id: str, note: str) -> None:
+        """What a node is doing with the job's predictor, for its status; nothing for an unknown job."""
+
 
 class BatchLedger(Protocol):
     """Jobs' batches: deliveries, outcomes recorded once, the fan-in, and what batches leave behind."""

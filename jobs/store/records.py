@@ -39,6 +39,7 @@ class RedisJobRecords:
         self._redis = client
         self._job_ttl_s = int(job_ttl_s)
         self._transition = scripts.register(client, "transition")
+        self._note_predictor = scripts.register(client, "note_predictor")
 
     def create(self, job: Job, status: JobStatus = JobStatus.ENQUEUING) -> None:
         pipe = self._redis.pipeline()
@@ -113,3 +114,6 @@ class RedisJobRecords:
 
     def set_nodes(self, job_id: str, nodes: list[str]) -> None:
         self._redis.hset(keys.job(job_id), JobField.NODES, json.dumps(nodes))
+
+    def note_predictor(self, job_id: str, note: str) -> None:
+        self._note_predictor(keys=[keys.job(job_id)], args=[note])

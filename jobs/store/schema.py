@@ -41,6 +41,9 @@ class JobField(StrEnum):
     """The worker nodes consuming the job's queue (a JSON list), as placement last chose them."""
     ENQUEUE_SEEN = "enqueue_seen"
     """Epoch seconds the enqueuer last showed it was alive; beat fails a job whose enqueuer went silent."""
+    PREDICTOR_NOTE = "predictor_note"
+    """What a node last said it does with the job's predictor ("building the predictor on <node>"),
+    for the job's phase until its first batch ends; absent before any node took a batch."""
 
     # -- the batch ledger --------------------------------------------------------------------
     SUCCEEDED = "succeeded"
@@ -95,6 +98,7 @@ def job_state(fields: Mapping[str, str]) -> JobState:
         end_time=_float(fields.get(JobField.END_TIME)),
         message=fields.get(JobField.MESSAGE, ""),
         nodes=json.loads(fields.get(JobField.NODES, "[]")),
+        predictor_note=fields.get(JobField.PREDICTOR_NOTE, ""),
         finishing_at=_float(fields.get(JobField.FINISHING_AT)),
         completion_claimed=JobField.COMPLETING in fields,
         hook_message=fields.get(JobField.HOOK_DONE),

@@ -14,7 +14,7 @@ from importlib import resources
 import redis
 from redis.commands.core import Script
 
-SCRIPTS = ("transition", "begin_batch", "record_batch", "seal", "claim_completion")
+SCRIPTS = ("transition", "begin_batch", "record_batch", "seal", "claim_completion", "note_predictor")
 
 
 @cache

@@ -78,6 +78,8 @@ class JobState:
     end_time: float | None
     message: str
     nodes: list[str]
+    # What a node last said of the job's predictor (`JobField.PREDICTOR_NOTE`); '' before any did.
+    predictor_note: str = ""
     # When every batch was recorded (the completion task was then due); None before.
     finishing_at: float | None = None
     completion_claimed: bool = False

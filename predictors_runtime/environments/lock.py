@@ -25,6 +25,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from foundation.errors import ConfigError, DependencyConflict
+from foundation.version import sluice_version
 
 from .project_files import DependencyFiles
 from .spec import EnvironmentSpec
@@ -102,13 +103,6 @@ def _server_pins() -> tuple[tuple[str, str], ...]:
         for requirement in _requirements_of(dist, extras, any_extra=False):
             pending.append((canonicalize_name(requirement.name), set(requirement.extras)))
     return tuple(sorted(pins.items()))
-
-
-def sluice_version() -> str:
-    try:
-        return metadata.version("sluice")
-    except metadata.PackageNotFoundError:
-        return "0+checkout"
 
 
 def python_tag() -> str:

@@ -100,6 +100,17 @@ class JobStoreContract:
         assert (state.job.total_batch_count, state.nodes) == (9, ["celery@a", "celery@b"])
         assert store.enqueue_seen(running.job_id) == T0 + 3
 
+    def test_a_nodes_note_on_the_predictor_is_kept_and_an_unknown_job_gets_none(
+            self, store: JobStorage, running: Job) -> None:
+        assert store.state(running.job_id).predictor_note == ""
+        store.note_predictor(running.job_id, "building the predictor on celery@a")
+        assert store.state(running.job_id).predictor_note == "building the predictor on celery@a"
+
+        store.note_predictor("gone", "building the predictor on celery@a")
+        assert store.status("gone") is None
+        with pytest.raises(JobNotFound):
+            store.state("gone")
+
     # -- statuses -------------------------------------------------------------------------------
     def test_a_finished_job_gets_its_end_time_and_leaves_the_active_jobs(self, store: JobStorage, running: Job) -> None:
         assert store.transition(running.job_id, JobStatus.SUCCEEDED, now=T0 + 42)

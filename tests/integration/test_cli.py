@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -92,7 +93,7 @@ def test_a_job_is_submitted_from_a_file_waited_for_and_described(stack, batch_ap
     waited = sluice("wait", batch_api, job_id, url=stack.url)
 
     assert waited.returncode == 0, waited.stderr
-    assert f"job {job_id}: status_succeeded (3 succeeded, 0 failed of 3 batches)" in waited.stdout
+    assert f"job {job_id}: succeeded (3 succeeded, 0 failed of 3 batches)" in waited.stdout
     assert waited.stderr == ""  # no progress bar when stderr is not a terminal
 
     listed = json.loads(sluice("get", "-o", "json", url=stack.url).stdout)
@@ -116,6 +117,9 @@ def test_a_job_is_submitted_from_a_file_waited_for_and_described(stack, batch_ap
     assert job["failed_batches"] == [] and job["output_location"] is None
     described = sluice("get", batch_api, job_id, url=stack.url)
     assert "3 succeeded, 0 failed, 3 total" in described.stdout
+    # One spelling of a status in every line a person reads: the list's, the job's, wait's.
+    assert f"job {job_id} of {batch_api}: succeeded" in described.stdout
+    assert "status_" not in described.stdout + api.stdout + waited.stdout
 
     # The first CLI's spellings still work.
     assert json.loads(sluice("status", batch_api, job_id, url=stack.url).stdout)["status"] == "status_succeeded"
@@ -134,8 +138,8 @@ def test_wait_on_a_job_with_failed_batches_exits_non_zero_and_get_shows_them(sta
 
     waited = sluice("wait", name, job_id, url=stack.url)
 
-    assert failed_with_one_line(waited).startswith(f"error: job {job_id} ended status_completed_with_failures")
-    assert "status_completed_with_failures" in waited.stdout
+    assert failed_with_one_line(waited).startswith(f"error: job {job_id} ended completed_with_failures")
+    assert f"job {job_id}: completed_with_failures (2 succeeded, 1 failed of 3 batches)" in waited.stdout
     job = json.loads(sluice("get", name, job_id, "-o", "json", url=stack.url).stdout)
     assert job["job_status"]["batch_metrics"] == {**job["job_status"]["batch_metrics"], "succeeded": 2, "failed": 1}
     assert [b["index"] for b in job["failed_batches"]] == [1]
@@ -151,11 +155,87 @@ def test_submit_with_wait_exits_non_zero_unless_the_job_succeeds(stack, tmp_path
     result = sluice("submit", name, "--body", str(_submission(tmp_path, [1, 2], 1)), "--wait", url=stack.url)
 
     reason = failed_with_one_line(result)
-    assert "ended status_" in reason and "status_succeeded" not in reason
+    assert "ended worker_error" in reason
     assert reason.endswith("RuntimeError: the model file is corrupt"), reason
     # One JSON document on stdout: the final job_status (its job_id and spec fields included).
     final = json.loads(result.stdout)
-    assert final["api_name"] == name and final["status"] in reason
+    assert final["api_name"] == name and final["status"] == "status_worker_error"
+
+
+SLOW_TO_BUILD = '''
+import time
+
+
+class PythonPredictor:
+    def __init__(self, config, job_spec):
+        time.sleep(3)  # loading a large model
+
+    def predict(self, payload, batch_id):
+        return payload
+'''
+
+
+def in_a_terminal(argv: list[str], timeout: float = 120) -> tuple[int, str]:
+    """Run a command with a pseudo-terminal as its stdout and stderr, as a person's shell would;
+    its exit status and everything it drew, escape sequences removed."""
+    import pty
+    import re
+    import select
+
+    leader, follower = pty.openpty()
+    env = {**{k: v for k, v in os.environ.items() if k != "SLUICE_URL"}, "TERM": "xterm", "COLUMNS": "160"}
+    process = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, env=env, cwd=ROOT)
+    os.close(follower)
+    drawn = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the command ended and closed the terminal
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        elif process.poll() is not None:
+            break
+    os.close(leader)
+    code = process.wait(timeout=10)
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn.decode(errors="replace"))
+
+
+def test_submit_wait_in_a_terminal_shows_what_the_job_waits_for_then_its_progress(stack, tmp_path):
+    name = _name()
+    config = write_project(tmp_path / name, name, source=SLOW_TO_BUILD)
+    assert sluice("deploy", str(config), url=stack.url).returncode == 0
+
+    code, drawn = in_a_terminal([sys.executable, "-m", "sluice.cli", "--url", stack.url, "submit", name,
+                                 "--body", str(_submission(tmp_path, list(range(4)), 2)), "--wait"])
+
+    assert code == 0, drawn
+    # The three seconds the predictor takes to build are named, with the node building it.
+    assert re.search(r"building the predictor on \S+@\S+", drawn), drawn
+    assert "succeeded" in drawn and "2/2 batches" in drawn, drawn  # the bar, then the final job status
+    assert '"status": "status_succeeded"' in drawn, drawn
+
+
+def test_get_watch_shows_the_apis_again_until_ctrl_c(stack, batch_api):
+    import signal
+
+    watching = subprocess.Popen([sys.executable, "-m", "sluice.cli", "--url", stack.url, "get", "--watch",
+                                 "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=ROOT)
+    seen = ""
+    while seen.count(batch_api) < 3:  # three looks, each listing the API
+        line = watching.stdout.readline()
+        assert line, watching.stderr.read()
+        seen += line
+    watching.send_signal(signal.SIGINT)
+    assert watching.wait(timeout=30) == 0
+    assert seen.count("(Ctrl-C stops)") >= 3
+    refused = sluice("get", "--watch", "-o", "json", url=stack.url)
+    assert refused.returncode == 2 and "scripts poll `sluice get -o json`" in refused.stderr
 
 
 def _running_job(stack, tmp_path: Path, events_file: Path) -> tuple[str, str]:
@@ -179,7 +259,7 @@ def test_stop_stops_a_running_job_and_wait_then_fails(stack, tmp_path, events_fi
     stopped = sluice("stop", name, job_id, url=stack.url)
 
     assert stopped.returncode == 0 and stopped.stdout.strip() == f"stopped job {job_id}"
-    assert "ended status_stopped" in failed_with_one_line(sluice("wait", name, job_id, url=stack.url))
+    assert "ended stopped" in failed_with_one_line(sluice("wait", name, job_id, url=stack.url))
     assert "already ended" in failed_with_one_line(sluice("stop", name, job_id, "-o", "json", url=stack.url))
 
 
@@ -190,7 +270,7 @@ def test_delete_with_a_job_id_stops_the_job_as_cortex_delete_did(stack, tmp_path
 
     assert stopped.returncode == 0, stopped.stderr
     assert json.loads(stopped.stdout) == {"message": f"stopped job {job_id}"}
-    assert "ended status_stopped" in failed_with_one_line(sluice("wait", name, job_id, url=stack.url))
+    assert "ended stopped" in failed_with_one_line(sluice("wait", name, job_id, url=stack.url))
     assert "already ended" in failed_with_one_line(sluice("delete", name, job_id, url=stack.url))
     # The API itself is still there; `delete API` (no job id) still deletes it.
     assert json.loads(sluice("get", name, "-o", "json", url=stack.url).stdout)["name"] == name

@@ -58,7 +58,7 @@ def _alive(pid: int) -> bool:
 def test_sluice_up_without_a_redis_url_runs_a_private_redis_and_ctrl_c_stops_everything(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "SLUICE_REDIS_URL"}
     port = free_port()
-    process, url = _start_up(port, env, tmp_path / "home")
+    process, url = _start_up(port, env, tmp_path / "home", "--verbose")
     try:
         assert url == f"http://127.0.0.1:{port}"
         health = requests.get(f"{url}/healthz", timeout=10).json()
@@ -71,6 +71,13 @@ def test_sluice_up_without_a_redis_url_runs_a_private_redis_and_ctrl_c_stops_eve
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0, process.stderr.read()
     assert not any(_alive(c) for c in children)
+    banner = process.stderr.read()
+    # The banner names the private Redis for Flower, and --verbose showed the processes' own lines.
+    redis_url = banner.split("redis at ", 1)[1].split(";", 1)[0]
+    assert f"celery --broker {redis_url} flower" in banner
+    assert f"docs at {url}/docs" in banner
+    shown = {line.split(" | ", 1)[0] for line in banner.splitlines() if " | " in line}
+    assert {"api", "beat", "redis"} <= shown, banner
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{url}/healthz", timeout=5)
 

@@ -109,7 +109,7 @@ def test_a_task_runs_once_with_the_merged_config_and_its_lines_go_to_the_jobs_st
     assert logged.returncode == 0 and "task started" in logged.stdout and "task done" in logged.stdout
     described = sluice(stack.url, "get", task_api, job_id)
     assert described.returncode == 0, described.stderr
-    assert f"job {job_id} of {task_api} (TaskAPI): status_succeeded" in described.stdout
+    assert f"job {job_id} of {task_api} (TaskAPI): succeeded" in described.stdout
     listed = sluice(stack.url, "get", task_api)
     assert listed.returncode == 0 and job_id in listed.stdout and "succeeded" in listed.stdout
 
@@ -122,7 +122,7 @@ def test_a_task_that_raises_ends_with_a_worker_error_carrying_its_message(
     submitted = sluice(stack.url, "submit", task_api, "--config", json.dumps(config), "--wait", "-o", "json")
 
     assert submitted.returncode != 0
-    assert "status_worker_error" in submitted.stderr and "no training data" in submitted.stderr
+    assert "ended worker_error" in submitted.stderr and "no training data" in submitted.stderr
     final = json.loads(submitted.stdout)
     assert (final["kind"], final["status"]) == ("TaskAPI", "status_worker_error")
     assert "RuntimeError: no training data at s3://x/train" in final["message"]

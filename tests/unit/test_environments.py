@@ -166,8 +166,9 @@ def test_the_environments_kept_are_those_of_deployed_apis_and_of_active_jobs() -
 
 def test_a_deploy_with_the_requirements_of_a_deployed_environment_reuses_its_lock_without_resolving(
         tmp_path: Path) -> None:
+    from foundation.version import sluice_version
     from predictors_runtime.environments import DependencyFiles, lock_environment
-    from predictors_runtime.environments.lock import python_tag, sluice_version
+    from predictors_runtime.environments.lock import python_tag
 
     deployed = spec(requirements="humanize==4.9.0\n", server_pins=server_pins(), python=python_tag(),
                     platform=__import__("sysconfig").get_platform(), sluice_version=sluice_version())

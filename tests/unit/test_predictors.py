@@ -89,3 +89,32 @@ def test_the_predictors_of_jobs_that_ended_elsewhere_are_dropped_at_most_every_s
     assert [job_id for job_id, _ in builder.discarded] == ["ended"]
     predictors.sweep("current", now=2 * SWEEP_INTERVAL_S)
     assert [job_id for job_id, _ in builder.discarded] == ["ended", "running"]  # never the one running here
+
+
+def test_while_a_predictor_builds_the_job_says_so_naming_the_node() -> None:
+    store = MemoryJobStore()
+    seen: list[str] = []
+
+    class Watching(Builder):
+        def build(self, job: Job) -> JobPredictor:
+            seen.append(store.state(job.job_id).predictor_note)
+            return super().build(job)
+
+    predictors = JobPredictors(store, Watching())
+    predictors.predictor_for(job(store, "a"), "celery@gpu1")
+
+    assert seen == ["building the predictor on celery@gpu1"]
+    assert store.state("a").predictor_note == "running the first batches on celery@gpu1"
+
+
+def test_a_store_that_cannot_take_the_note_does_not_fail_the_build() -> None:
+    import redis
+
+    store = MemoryJobStore()
+
+    def unreachable(job_id: str, note: str) -> None:
+        raise redis.ConnectionError("Redis is down")
+
+    store.note_predictor = unreachable  # type: ignore[method-assign]
+    predictors = JobPredictors(store, Builder())
+    assert predictors.predictor_for(job(store, "a"), "celery@a") is not None

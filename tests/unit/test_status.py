@@ -64,6 +64,7 @@ def test_a_just_submitted_job_shows_its_spec_and_every_batch_in_queue(store: Job
         "batch_metrics": {"succeeded": 0, "failed": 0, "average_time_per_batch": None},
         "worker_counts": {"pending": 3, "running": 0, "succeeded": 0, "failed": 0},
         "end_time": None,
+        "phase": "enqueuing batches",
     }
 
 
@@ -143,6 +144,26 @@ def test_a_job_whose_workers_failed_counts_them_as_failed(store: JobStorage, job
 
     assert view["worker_counts"] == {"pending": 0, "running": 0, "succeeded": 0, "failed": 2}
     assert view["message"] == "Handler.__init__ raised: ..."
+
+
+def test_a_job_whose_batches_failed_counts_its_workers_as_succeeded(store: JobStorage, job: Job) -> None:
+    store.set_nodes(job.job_id, ["celery@a", "celery@b"])
+    store.transition(job.job_id, JobStatus.COMPLETED_WITH_FAILURES, now=T0 + 1)
+
+    assert view_of(store, job)["worker_counts"] == {"pending": 0, "running": 0, "succeeded": 2, "failed": 0}
+
+
+def test_the_phase_says_what_a_job_does_until_its_first_batch_ends(store: JobStorage, job: Job) -> None:
+    def phase() -> str | None:
+        return job_status_view(store.state(job.job_id), workers_note="1 of 3 nodes starting").get("phase")
+
+    assert phase() == "waiting for worker nodes: 1 of 3 nodes starting"
+    store.note_predictor(job.job_id, "building the predictor on celery@a")
+    assert phase() == "building the predictor on celery@a"
+    store.record_success(job.job_id, 0, 0.5)
+    assert phase() == "running"
+    store.transition(job.job_id, JobStatus.STOPPED, now=T0 + 1)
+    assert phase() is None
 
 
 def test_a_job_waiting_for_workers_shows_them_as_pending(store: JobStorage, job: Job) -> None:
