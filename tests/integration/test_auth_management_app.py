@@ -54,7 +54,7 @@ def test_with_keys_a_request_without_the_right_key_is_refused(make_client, autho
     client = make_client(api_keys=(KEY, OTHER_KEY))
     headers = {} if authorization is None else {"Authorization": authorization}
     for method, path in [("GET", "/apis"), ("POST", "/apis"), ("GET", "/batch/x"), ("GET", "/metrics"),
-                         ("GET", "/openapi.json"), ("DELETE", "/apis/x"), ("GET", "/no/such/path")]:
+                         ("GET", "/"), ("DELETE", "/apis/x"), ("GET", "/no/such/path")]:
         answer = client.open(path, method=method, headers=headers)
         assert answer.status_code == 401, (method, path)
         assert answer.get_json()["kind"] == "unauthorized"
@@ -72,6 +72,12 @@ def test_with_keys_a_request_with_a_right_key_is_served(make_client, authorizati
 def test_healthz_stays_open_for_probes(make_client):
     client = make_client(api_keys=(KEY,))
     assert client.get("/healthz").status_code == 200
+
+
+def test_the_api_docs_stay_open_for_browsers(make_client):
+    client = make_client(api_keys=(KEY,))
+    for path in ("/openapi.json", "/docs", "/docs/assets/swagger-ui-bundle.js"):
+        assert client.get(path).status_code == 200, path
 
 
 def test_realtime_fallback_answers_are_protected_exactly_when_realtime_apis_are(make_client):

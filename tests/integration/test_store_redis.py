@@ -116,6 +116,7 @@ def test_the_stored_hash_holds_only_the_fields_jobfield_names(
 ) -> None:
     store.set_nodes(running.job_id, ["celery@a"])
     store.touch_enqueue(running.job_id, T0 + 1)
+    store.note_predictor(running.job_id, "building the predictor on celery@a")
     store.record_success(running.job_id, 0, 0.1)
     store.record_failure(running.job_id, 1, 0.1, "boom", 1, [1])
     store.seal(running.job_id, 2, now=T0 + 2)
