@@ -23,7 +23,6 @@ failed write only costs this turn: haproxy keeps routing.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -47,6 +46,7 @@ from foundation.api_registry import ApiRegistry, RedisApiRegistry
 from foundation.errors import ConfigError, NotReady
 from foundation.figure_store import RedisFigureStore
 from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS, Recorder
+from foundation.processes import die_with_parent
 from foundation.proxy_load import PUBLISH_EVERY_S, LoadTally, ProxyLoadBook, RedisProxyLoadBook
 from foundation.replica_directory import REPLICA_TTL_S, RedisReplicaDirectory, ReplicaDirectory
 from foundation.settings import Settings
@@ -173,16 +173,6 @@ def find_haproxy() -> str:
     return "/usr/sbin/haproxy" if os.access("/usr/sbin/haproxy", os.X_OK) else "haproxy"
 
 
-def _die_with_parent() -> None:
-    """A preexec_fn: haproxy gets SIGTERM when its controller dies, so it never outlives it
-    holding the public port with a stale configuration."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 class HAProxy:
     """A haproxy master in master-worker mode, its configuration file and CLI in `state_dir`."""
 
@@ -232,7 +222,9 @@ class HAProxy:
             self.process = subprocess.Popen(
                 [self.executable, "-W", "-S", f"{self.socket_path},mode,600", "-f", str(self.config_path)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.state_dir,
-                preexec_fn=_die_with_parent,
+                # haproxy gets SIGTERM when its controller dies (even while it forks), so it never
+                # outlives it holding the public port with a stale configuration.
+                preexec_fn=die_with_parent(os.getpid()),
             )
 
     def alive(self) -> bool:

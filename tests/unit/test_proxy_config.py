@@ -7,6 +7,7 @@ so a rule haproxy 2.6 cannot read fails there rather than at the first reload.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -270,3 +271,26 @@ def test_a_replica_on_the_proxy_host_is_reached_over_its_unix_socket_the_others_
         "server iris-a unix@/tmp/sluice-replica-a.sock maxconn 2",
         "server iris-b 10.0.0.2:9002 maxconn 2",
     ]
+
+
+def test_haproxy_is_tied_to_its_controller_with_the_race_checked(tmp_path, monkeypatch):
+    """haproxy's preexec is the foundation's `die_with_parent` for this very process (it used a
+    copy without the check for a controller that died while forking)."""
+    import subprocess
+
+    from sluice import proxy
+
+    started: dict = {}
+
+    class Recorded:
+        def __init__(self, argv, **kwargs):
+            started.update(kwargs)
+
+    monkeypatch.setattr(proxy.shutil, "which", lambda name: "/usr/sbin/haproxy")
+    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    proxy.HAProxy(tmp_path, executable="/usr/sbin/haproxy").start()
+
+    preexec = started["preexec_fn"]
+    assert preexec.__qualname__ == "die_with_parent.<locals>.preexec"
+    assert preexec.__closure__ is not None
+    assert os.getpid() in [cell.cell_contents for cell in preexec.__closure__]
