@@ -11,11 +11,11 @@ from typing import Any
 import redis
 from flask import Blueprint, request
 
+from foundation.api_kinds import KINDS, ApiKind
 from foundation.api_registry import DeployedApi
 from foundation.environment_states import RedisEnvironmentStates
 from foundation.errors import AccessDenied, BadRequest, ConfigError, Conflict, NotFound, SluiceError
 from foundation.replica_scale import RedisScaleBook
-from jobs.async_request import ASYNC_KIND
 from jobs.enqueue import stop_job
 from jobs.job import ACTIVE_STATUSES
 from predictors_runtime.builder import resolve_model_paths
@@ -33,8 +33,6 @@ log = logging.getLogger(__name__)
 
 blueprint = Blueprint("apis", __name__)
 
-DEPLOYABLE_KINDS = ("BatchAPI", "RealtimeAPI", "TaskAPI", "AsyncAPI")
-REALTIME_KIND = "RealtimeAPI"
 
 
 def _uploaded(name: str) -> bytes:
@@ -85,7 +83,7 @@ def deploy():
     project = _uploaded("project")
     apis = parse_api_configs(config_text, source=source)
     for api in apis:
-        if api.kind not in DEPLOYABLE_KINDS:
+        if api.kind not in KINDS:
             raise ConfigError(f"{source}: api {api.name}: kind {api.kind} cannot be deployed by this version")
     environments: dict[str, dict[str, Any]] = {}
     deployed_environments = [EnvironmentSpec.from_dict(other.environment) for other in registry().all()
@@ -109,9 +107,9 @@ def deploy():
     now = time.time()
     for one in deployed:
         forget_route(one.name)
-        if one.kind == ASYNC_KIND:  # on its nodes now, so that its first request does not wait for beat
+        if one.kind == ApiKind.ASYNC:  # on its nodes now, so that its first request does not wait for beat
             place_async_api(one, now)
-    if any(one.kind == REALTIME_KIND for one in deployed):
+    if any(one.kind == ApiKind.REALTIME for one in deployed):
         place_realtime_replicas(now)
     return ApiList.model_validate({"apis": [view_of(d) for d in deployed]}).response(201)
 
@@ -232,7 +230,7 @@ def get_api(name: str):
     if api.environment:
         body["environment"] = environment_view(api, environment_states(api))
     now = time.time()
-    if api.kind == REALTIME_KIND:
+    if api.kind == ApiKind.REALTIME:
         body["replicas"] = replicas_of(api, now)
         svc = services()
         placements = svc.realtime_placement.assignments.all()
@@ -240,7 +238,7 @@ def get_api(name: str):
         counts = realtime_counts_of([api], placements, {api.name: scale} if scale is not None else {},
                                     replica_directory().live(now, api.name))
         body["scaling"] = counts[api.name].to_dict()
-    elif api.kind == ASYNC_KIND:
+    elif api.kind == ApiKind.ASYNC:
         svc = services()
         body["requests"] = svc.async_requests.counts(api.name, now).to_dict()
         placed = svc.async_placement.assignments.placed().get(api.name)
@@ -270,6 +268,6 @@ def delete_api(name: str):
     registry().delete(name)
     predictor_builds().forget(name)
     forget_route(name)
-    if api.kind == REALTIME_KIND:
+    if api.kind == ApiKind.REALTIME:
         place_realtime_replicas(time.time())
     return Deleted(message=f"deleted api {name}", stopped_jobs=[job_id for job_id, _ in active]).response()

@@ -16,9 +16,10 @@ from typing import Any
 
 from flask import Blueprint, request
 
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
 from foundation.errors import ApiNotFound, NotFound
-from jobs.async_request import ASYNC_KIND, RequestStatus
+from jobs.async_request import RequestStatus
 from jobs.async_submit import Submission, submit_request
 
 from .context import registry, services
@@ -57,8 +58,8 @@ def submit(api_name: str, batched: bool = False) -> Any:
 def get_request(api_name: str, request_id: str) -> Any:
     """A request's status; `result` and `timestamp` once completed, `message` once failed."""
     api = registry().get(api_name)
-    if api.kind != ASYNC_KIND:
-        raise ApiNotFound(f"{api_name} is a {api.kind}, not an {ASYNC_KIND}: it keeps no requests")
+    if api.kind != ApiKind.ASYNC:
+        raise ApiNotFound(f"{api_name} is a {api.kind}, not an {ApiKind.ASYNC}: it keeps no requests")
     svc = services()
     record = svc.async_requests.get(api_name, request_id)
     if record is None:

@@ -31,10 +31,10 @@ from typing import Any
 from flask import Flask
 
 from foundation.api_keys import authenticate
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
 from foundation.errors import ApiNotFound, Unauthorized
 from foundation.settings import Settings
-from jobs.async_request import ASYNC_KIND
 from jobs.async_submit import Submission, submit_request
 from jobs.services import Services
 from predictors_runtime.config import RESERVED_NAMES
@@ -95,7 +95,7 @@ class AsyncSubmitFront:
             api = context.route_in(self._extensions, name)
         except ApiNotFound:
             return None  # Flask's fallback says so
-        return api if api.kind == ASYNC_KIND else None
+        return api if api.kind == ApiKind.ASYNC else None
 
     def _admitted(self, environ: dict[str, Any]) -> bool:
         """Whether the API-key check lets this request submit (`api/auth.py` answers those it does not)."""

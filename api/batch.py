@@ -12,6 +12,7 @@ from typing import Any
 
 from flask import Blueprint, request
 
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
 from foundation.errors import ApiNotFound, BadRequest, Conflict, JobNotFound
 from jobs.enqueue import plan_job, stop_job, submit_job
@@ -37,7 +38,6 @@ from .schemas import (
 
 blueprint = Blueprint("batch", __name__)
 
-BATCH_KIND = "BatchAPI"
 
 
 def _json_body() -> Any:
@@ -55,7 +55,7 @@ def endpoint_url(api_name: str) -> str:
 def batch_api(api_name: str) -> DeployedApi:
     """The deployed BatchAPI of that name; any other kind takes no jobs (`api_not_found`)."""
     api = registry().get(api_name)
-    if api.kind != BATCH_KIND:
+    if api.kind != ApiKind.BATCH:
         raise ApiNotFound(f"{api_name} is a {api.kind}, not a BatchAPI: it takes no jobs")
     return api
 

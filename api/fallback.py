@@ -13,20 +13,20 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from typing import Any
 
 from flask import Blueprint, Response, request
 from werkzeug.exceptions import MethodNotAllowed
 from werkzeug.routing import BaseConverter
 
 from foundation import figure_sink as figures
+from foundation.api_kinds import ApiKind
 from foundation.errors import ApiNotFound
 from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS
-from jobs.async_request import ASYNC_KIND
 from predictors_runtime.config import RESERVED_NAMES
 from predictors_runtime.loader import one_line
 
 from . import async_api, auth, batch, tasks
-from .apis import REALTIME_KIND
 from .context import replica_directory, routed_api, services
 from .schemas import RealtimeError
 
@@ -64,14 +64,15 @@ def unrouted_api(api_name: str) -> Response:
         api = routed_api(name)
     except ApiNotFound:
         return _answer(404, ApiNotFound.kind, f"api {name} is not deployed")
-    job_endpoints = {batch.BATCH_KIND: batch.AT_API_PATH, tasks.TASK_KIND: tasks.AT_API_PATH}.get(api.kind)
+    endpoints: dict[str, Any] = {ApiKind.BATCH: batch.AT_API_PATH, ApiKind.TASK: tasks.AT_API_PATH}
+    job_endpoints = endpoints.get(api.kind)
     if job_endpoints is not None:
         # Open only as far as realtime APIs are: a job submission always wants the key.
         refusal = auth.key_refusal(services().settings.api_keys)
         if refusal is not None:
             return refusal
         return job_endpoints[request.method](name)
-    if api.kind == ASYNC_KIND:
+    if api.kind == ApiKind.ASYNC:
         # As a BatchAPI's: submitting wants the key whenever keys are set.
         refusal = auth.key_refusal(services().settings.api_keys)
         if refusal is not None:
@@ -79,7 +80,7 @@ def unrouted_api(api_name: str) -> Response:
         if request.method != "POST":
             raise MethodNotAllowed(valid_methods=["POST"])
         return async_api.submit(name, batched=async_api.is_batched(api))
-    if api.kind != REALTIME_KIND:
+    if api.kind != ApiKind.REALTIME:
         return _answer(404, ApiNotFound.kind, f"{name} is a {api.kind}: it answers nothing at /{name}")
     if request.method not in REALTIME_METHODS:
         raise MethodNotAllowed(valid_methods=list(REALTIME_METHODS))

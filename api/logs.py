@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 
+from foundation.api_kinds import ApiKind
 from foundation.errors import BadRequest
 from foundation.log_streams import api_stream, job_stream, request_stream
-from jobs.async_request import ASYNC_KIND
 
 from .async_api import RequestNotFound
 from .context import log_streams, registry, services
@@ -42,8 +42,8 @@ def api_logs(api_name: str) -> Response:
     AsyncAPI's from every node while it ran the API's requests (each request's alone are at
     /apis/<api>/requests/<id>/logs)."""
     api = registry().get(api_name)
-    if api.kind not in ("RealtimeAPI", ASYNC_KIND):
-        prefix = "tasks" if api.kind == "TaskAPI" else "batch"
+    if api.kind not in (ApiKind.REALTIME, ApiKind.ASYNC):
+        prefix = "tasks" if api.kind == ApiKind.TASK else "batch"
         raise BadRequest(f"api {api.name} is a {api.kind}: its logs are per job, at /{prefix}/{api.name}/<job_id>/logs")
     return _page(api_stream(api.name))
 
@@ -52,8 +52,8 @@ def api_logs(api_name: str) -> Response:
 def request_logs(api_name: str, request_id: str) -> Response:
     """An AsyncAPI request's lines, logged by the node (its predictor included) while it ran the request."""
     api = registry().get(api_name)
-    if api.kind != ASYNC_KIND:
-        raise BadRequest(f"api {api.name} is a {api.kind}, not an {ASYNC_KIND}: it keeps no requests")
+    if api.kind != ApiKind.ASYNC:
+        raise BadRequest(f"api {api.name} is a {api.kind}, not an {ApiKind.ASYNC}: it keeps no requests")
     if services().async_requests.get(api.name, request_id) is None:
         raise RequestNotFound(f"api {api.name} has no request {request_id} (never submitted, or expired)")
     return _page(request_stream(api.name, request_id))

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from foundation import figure_sink as process_figures
 from foundation import figures
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry
 from foundation.environment_states import RedisEnvironmentStates
 from foundation.errors import JobNotFound
@@ -30,7 +31,6 @@ from foundation.replica_directory import RedisReplicaDirectory, ReplicaDirectory
 from foundation.replica_scale import RedisScaleBook
 from jobs.async_counts import AsyncCounts
 from jobs.async_placement import Placed
-from jobs.async_request import ASYNC_KIND
 from jobs.broker import queue_lengths
 from jobs.job import job_queue_name
 from jobs.services import Services
@@ -174,13 +174,13 @@ def _family(figure: figures.Figure, totals: dict[tuple[str, ...], Any]) -> Metri
 
 def async_counts(services: Services, apis: ApiRegistry, now: float) -> dict[str, AsyncCounts]:
     """Each deployed AsyncAPI's requests queued and in progress (and ended in the last minute)."""
-    return {api.name: services.async_requests.counts(api.name, now) for api in apis.all() if api.kind == ASYNC_KIND}
+    return {api.name: services.async_requests.counts(api.name, now) for api in apis.all() if api.kind == ApiKind.ASYNC}
 
 
 def async_scaling(services: Services, apis: ApiRegistry, now: float) -> dict[str, Placed]:
     """Each deployed AsyncAPI's nodes (live ones) and the count its scaler wants."""
     live = services.nodes.live(now)
-    deployed = {api.name for api in apis.all() if api.kind == ASYNC_KIND}
+    deployed = {api.name for api in apis.all() if api.kind == ApiKind.ASYNC}
     return {name: Placed([n for n in placed.nodes if n in live], placed.desired, placed.in_flight)
             for name, placed in services.async_placement.assignments.placed().items() if name in deployed}
 

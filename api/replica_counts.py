@@ -17,13 +17,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
 from foundation.replica_directory import ReplicaRecord
 from foundation.replica_placement import PlacedReplicas
 from foundation.replica_scale import ReplicaScale
 from jobs.async_placement import autoscaling_of
-
-REALTIME_KIND = "RealtimeAPI"
 
 
 @dataclass(frozen=True)
@@ -95,5 +94,5 @@ def realtime_counts_of(apis: Iterable[DeployedApi], placements: dict[str, Placed
     return {
         api.name: realtime_counts(placements.get(api.name), scales.get(api.name), by_api.get(api.name, []),
                                   autoscaling_of(api).init_replicas)
-        for api in apis if api.kind == REALTIME_KIND
+        for api in apis if api.kind == ApiKind.REALTIME
     }

@@ -12,9 +12,9 @@ from typing import Any
 
 from flask import Blueprint, request
 
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
 from foundation.errors import ApiNotFound
-from jobs.job import TASK_KIND
 from jobs.status import task_status_view
 from jobs.task_jobs import parse_task_request, submit_task
 from predictors_runtime.config import cortex_api_spec
@@ -37,7 +37,7 @@ blueprint = Blueprint("tasks", __name__)
 def task_api(api_name: str) -> DeployedApi:
     """The deployed TaskAPI of that name; any other kind runs no tasks (`api_not_found`)."""
     api = registry().get(api_name)
-    if api.kind != TASK_KIND:
+    if api.kind != ApiKind.TASK:
         raise ApiNotFound(f"{api_name} is a {api.kind}, not a TaskAPI: it runs no tasks")
     return api
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import RedisApiRegistry
 from jobs.async_placement import async_queue
-from jobs.async_request import ASYNC_KIND
 from jobs.async_submit import send_request
 from jobs.broker import queue_lists
 from jobs.services import Services
@@ -61,7 +61,7 @@ class LostRequestWatch:
         return sent
 
     def __call__(self, services: Services, now: float) -> list[str]:
-        apis = [api.name for api in RedisApiRegistry(services.redis).all() if api.kind == ASYNC_KIND]
+        apis = [api.name for api in RedisApiRegistry(services.redis).all() if api.kind == ApiKind.ASYNC]
         with services.celery.connection_for_write() as conn:
             channel = conn.default_channel
             lists = {api: queue_lists(channel, async_queue(api)) for api in apis}

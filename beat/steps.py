@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry
 from foundation.errors import JobNotFound, SluiceError
 from jobs.async_objects import RequestObjects
-from jobs.async_request import ASYNC_KIND
 from jobs.async_store import AsyncRequestStore
 from jobs.job import BAD_RECORD_ERRORS, JobStatus
 from jobs.placement import JobPlacement
@@ -105,7 +105,7 @@ def wake_queued_requests(registry: ApiRegistry, requests: AsyncRequestStore,
     wake key's expiry (then two tasks share the work, which claiming keeps apart). Returns the APIs."""
     woken = []
     for api in registry.all():
-        if api.kind == ASYNC_KIND and requests.rearm(api.name):
+        if api.kind == ApiKind.ASYNC and requests.rearm(api.name):
             log.info("async api %s has queued requests and no task on its way for them: one is sent", api.name)
             wake(api.name)
             woken.append(api.name)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi
 from foundation.errors import JobNotFound
 from foundation.hosts import HOST_TTL_S, HostDirectory
 from jobs.async_placement import AsyncAssignments, Placed
-from jobs.async_request import ASYNC_KIND
 from jobs.job import ACTIVE_STATUSES, BAD_RECORD_ERRORS
 from jobs.node_plan import AsyncWant, JobWant, NodePlan, node_compute, plan_nodes
 from jobs.nodes import NodeRegistry
@@ -51,7 +51,7 @@ def async_wants(apis: Iterable[DeployedApi], placed: Mapping[str, Placed]) -> li
     wants = []
     for api in apis:
         current = placed.get(api.name)
-        if api.kind != ASYNC_KIND or current is None:  # deployed since placement last ran: its next step plans it
+        if api.kind != ApiKind.ASYNC or current is None:  # deployed since placement last ran: its next step plans it
             continue
         try:
             compute = node_compute(api.spec.get("compute"))

@@ -29,11 +29,11 @@ import redis
 from kombu.exceptions import KombuError
 
 from foundation import keys
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi
 from predictors_runtime.autoscaling_config import AutoscalingConfig
 from predictors_runtime.config import ApiConfig
 
-from .async_request import ASYNC_KIND
 from .async_store import AsyncRequestStore
 from .nodes import NodeRegistry
 from .queues import JobQueues
@@ -151,7 +151,7 @@ class AsyncPlacement:
         placed = self.assignments.placed()
         assigned = {api: p.nodes for api, p in placed.items()}
         load = self._load(assigned)
-        apis = {api.name: api for api in self._registry.all() if api.kind == ASYNC_KIND}
+        apis = {api.name: api for api in self._registry.all() if api.kind == ApiKind.ASYNC}
         for name in sorted(apis):
             api, current = apis[name], placed.get(name)
             open_now = self._open(name, now)

@@ -17,8 +17,6 @@ from typing import Any
 
 from foundation.errors import BadRequest
 
-ASYNC_KIND = "AsyncAPI"
-
 # A client's `X-Request-ID` is the request's id when it matches this; otherwise a new one is made.
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi
 from foundation.errors import ApiNotFound, PredictorError, SluiceError
 from foundation.json_logs import labelled
@@ -51,7 +52,7 @@ from predictors_runtime.environments import HostEnvironments
 from predictors_runtime.environments.remote import start_in_environment
 
 from .async_objects import RequestObjects
-from .async_request import ASYNC_KIND, AsyncRequest, RequestStatus, decode_payload, one_line
+from .async_request import AsyncRequest, RequestStatus, decode_payload, one_line
 from .async_store import AsyncRequestStore, Outcome
 from .delivery import Delivery, request_entry
 from .nodes import NodeRegistry
@@ -260,9 +261,9 @@ class AsyncRuntime:
             deployed = self._deployed(api_name)
         except ApiNotFound:
             deployed = None
-        if deployed is None or deployed.kind != ASYNC_KIND:
+        if deployed is None or deployed.kind != ApiKind.ASYNC:
             why = (f"api {api_name} is not deployed any more" if deployed is None
-                   else f"api {api_name} is now a {deployed.kind}, not an {ASYNC_KIND}")
+                   else f"api {api_name} is now a {deployed.kind}, not an {ApiKind.ASYNC}")
             for request_id, _ in taking + self.requests.claim(api_name, owner, ORPHANS_PER_TASK, self._clock()):
                 self._fail(api_name, request_id, why)
             self.requests.release(api_name, owner)
@@ -310,9 +311,9 @@ class AsyncRuntime:
             if taken.runs:
                 self._fail(api_name, request_id, f"api {api_name} is not deployed any more")
             return False
-        if deployed.kind != ASYNC_KIND:
+        if deployed.kind != ApiKind.ASYNC:
             if taken.runs:
-                self._fail(api_name, request_id, f"api {api_name} is now a {deployed.kind}, not an {ASYNC_KIND}")
+                self._fail(api_name, request_id, f"api {api_name} is now a {deployed.kind}, not an {ApiKind.ASYNC}")
             return False
         config = self._config(deployed)
         batching = config.predictor.server_side_batching

@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from foundation.api_kinds import ApiKind
+
 
 class JobStatus(StrEnum):
     """Status of a batch job, spelled as Cortex spells it."""
@@ -39,11 +41,6 @@ TERMINAL_STATUSES: frozenset[JobStatus] = frozenset(JobStatus) - frozenset(ACTIV
 # wrong type, one missing, a number too large to add a time to): a step that goes over every job
 # logs and skips such a record instead of failing the others (see beat/steps.py).
 BAD_RECORD_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, KeyError, ArithmeticError)
-
-
-# The kinds of API whose jobs the store holds: a TaskAPI's job is a job of one batch, its `Task`.
-BATCH_KIND = "BatchAPI"
-TASK_KIND = "TaskAPI"
 
 
 def new_job_id(now: float | None = None) -> str:
@@ -84,7 +81,7 @@ class Job:
     # Seconds one try of a batch may run (jobs/time_limit.py); None: no limit.
     batch_timeout: float | None = None
 
-    kind: str = BATCH_KIND
+    kind: str = ApiKind.BATCH
     # The API's environment as locked at deploy (`DeployedApi.environment`); None: Sluice's own.
     environment: dict[str, Any] | None = None
 
@@ -95,7 +92,7 @@ class Job:
     @property
     def is_task(self) -> bool:
         """A TaskAPI's job: one run of its `Task`, recorded as the job's one batch."""
-        return self.kind == TASK_KIND
+        return self.kind == ApiKind.TASK
 
     def spec(self) -> dict[str, Any]:
         """The public job spec returned at submission and inside `job_status`."""

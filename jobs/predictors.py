@@ -18,11 +18,12 @@ from typing import Any, Protocol, TypeVar
 
 import redis
 
+from foundation.api_kinds import ApiKind
 from foundation.errors import PredictorError
 from foundation.settings import Settings
 from predictors_runtime.batch_predictor import BatchPredictor
 from predictors_runtime.bundles import BundleStore
-from predictors_runtime.config import TASK_KIND, ApiConfig
+from predictors_runtime.config import ApiConfig
 from predictors_runtime.environments import HostEnvironments
 from predictors_runtime.environments.remote import start_in_environment
 from predictors_runtime.task_predictor import TaskPredictor
@@ -80,11 +81,12 @@ class BundlePredictors:
         api = ApiConfig.from_dict(job.api_spec)
         log.info("building predictor of api %s for job %s", job.api_name, job.job_id)
         if job.environment:
-            recipe = {"kind": "task" if api.kind == TASK_KIND else "batch", "job_spec": job.predictor_job_spec(),
+            recipe = {"kind": "task" if api.kind == ApiKind.TASK.value else "batch",
+                      "job_spec": job.predictor_job_spec(),
                       "job_config": job.config, "model_cache_dir": str(self._cache_dir / "models" / job.job_id),
                       "poll_interval_s": self._poll_interval_s}
             return start_in_environment(self._environments, job.environment, folder, api, recipe)
-        if api.kind == TASK_KIND:
+        if api.kind == ApiKind.TASK.value:
             return TaskPredictor.build(folder, api, job.predictor_job_spec(), job.config,
                                        model_cache_dir=self._cache_dir / "models" / job.job_id)
         return BatchPredictor.build(

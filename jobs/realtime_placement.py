@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi
 from foundation.hosts import HOST_TTL_S, HostDirectory, HostRecord, Resources
 from foundation.replica_placement import PlacedReplicas, ReplicaAssignments
@@ -39,7 +40,6 @@ from .async_placement import autoscaling_of
 
 log = logging.getLogger(__name__)
 
-REALTIME_KIND = "RealtimeAPI"
 REPLICAS_ROLE = "replicas"
 
 
@@ -134,7 +134,7 @@ class RealtimePlacement:
         decided = self._book.all()
         wants = []
         for api in self._registry.all():
-            if api.kind != REALTIME_KIND:
+            if api.kind != ApiKind.REALTIME:
                 continue
             scale = decided.get(api.name)
             desired = scale.desired if scale is not None else autoscaling_of(api).init_replicas

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import logging
 
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry
 from foundation.errors import ConfigError
 from foundation.proxy_load import LOAD_TTL_S, InFlightMeter, ProxyLoadBook
 from foundation.replica_scale import ReplicaScale, ScaleBook
-from predictors_runtime.config import REALTIME_KIND
 
 from .async_placement import autoscaling_of
 from .autoscaler import TICK_S
@@ -41,7 +41,7 @@ class RealtimeScaling:
         """Sample, decide where a tick is due, record the decisions; returns each API's count now."""
         figures = self._meter.read(loads.all(), now)
         recorded = book.all()
-        apis = [api for api in registry.all() if api.kind == REALTIME_KIND]
+        apis = [api for api in registry.all() if api.kind == ApiKind.REALTIME]
         for gone in (recorded.keys() | self._scaler.names()) - {api.name for api in apis}:
             book.forget(gone)
             self._scaler.forget(gone)

@@ -17,10 +17,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from foundation.api_kinds import ApiKind
 from foundation.errors import BadRequest
 
 from .enqueue import start_job
-from .job import TASK_KIND, Job, new_job_id
+from .job import Job, new_job_id
 from .services import Services
 from .submission import MAX_JOB_TIMEOUT_S, describe_error
 
@@ -67,7 +68,7 @@ def task_job(request: TaskRequest, api_name: str, api_spec: dict[str, Any], bund
         tries=1,
         source=TASK_SOURCE,
         batch_timeout=None,
-        kind=TASK_KIND,
+        kind=ApiKind.TASK,
         environment=environment,
     )
 

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from foundation.api_kinds import ApiKind
 from foundation.errors import PredictorError, SluiceError
 
-from .config import TASK_KIND, ApiConfig, ModelsConfig
+from .config import ApiConfig, ModelsConfig
 from .extras import require_predictor_runtime
 from .loader import PREDICTOR_CLASS_NAMES, TASK_CLASS_NAMES, call_with_declared, error_text, load_predictor_class
 from .namespace import ApiNamespace
@@ -150,7 +151,7 @@ def _construct(
     """Inside the namespace: the predictor instance and its model client (or None)."""
     predictor = api.predictor
     # One module per (project folder, tag): two versions of one API never share module state.
-    class_names = TASK_CLASS_NAMES if api.kind == TASK_KIND else PREDICTOR_CLASS_NAMES
+    class_names = TASK_CLASS_NAMES if api.kind == ApiKind.TASK.value else PREDICTOR_CLASS_NAMES
     predictor_class: Any = load_predictor_class(project_dir, predictor.path, module_tag=str(project_dir),
                                                 class_names=class_names)
     available: dict[str, Any] = dict(init_args)

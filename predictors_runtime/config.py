@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from foundation.api_kinds import KINDS, SCALED_KINDS, ApiKind
 from foundation.errors import ConfigError
 from foundation.limits import MAX_BATCH_TIMEOUT_S
 from predictors_runtime.autoscaling_config import MAX_REPLICA_CONCURRENCY, AutoscalingConfig, count_or
@@ -27,13 +28,6 @@ from predictors_runtime.config_base import ConfigModel as _Model
 from predictors_runtime.config_base import FieldProblem as _Problem
 from predictors_runtime.predictor_types import DEFAULT_TYPE, PREDICTOR_TYPES, PredictorTypeName
 
-KINDS = ("BatchAPI", "RealtimeAPI", "TaskAPI", "AsyncAPI")
-TASK_KIND = "TaskAPI"
-ASYNC_KIND = "AsyncAPI"
-REALTIME_KIND = "RealtimeAPI"
-# Kinds whose replicas follow an `autoscaling` section (an AsyncAPI may scale to zero); the
-# others accept the section as Cortex files carry it, and list it in `ignored_fields`.
-SCALED_KINDS = (REALTIME_KIND, ASYNC_KIND)
 # Predictor types an AsyncAPI's `server_side_batching` hands lists to (`predict(payload=[...])`).
 ASYNC_BATCHING_TYPES = ("python", "onnx")
 RESERVED_NAMES = frozenset({"apis", "batch", "docs", "healthz", "metrics", "openapi.json", "tasks"})
@@ -389,7 +383,7 @@ class ApiConfig(_Model):
         if self.kind not in SCALED_KINDS:
             raise _Problem("autoscaling",
                            f"only a {' or '.join(SCALED_KINDS)} has replicas to scale (kind is {self.kind})")
-        if self.kind == REALTIME_KIND and scaling.min_replicas == 0:
+        if self.kind == ApiKind.REALTIME.value and scaling.min_replicas == 0:
             raise _Problem("autoscaling.min_replicas",
                            "must be at least 1 for a RealtimeAPI (only an AsyncAPI scales to zero)")
         return self
@@ -400,7 +394,7 @@ class ApiConfig(_Model):
         batching = self.predictor.server_side_batching
         if batching is None:
             return self
-        if self.kind == ASYNC_KIND:
+        if self.kind == ApiKind.ASYNC.value:
             if self.predictor.type not in ASYNC_BATCHING_TYPES:
                 # A TensorFlow predictor batches by gathering concurrent client calls; a node runs one call.
                 raise _Problem("predictor.server_side_batching",
@@ -422,7 +416,7 @@ class ApiConfig(_Model):
         plus queued at the proxy): it must leave room for the requests the replica runs at once, and
         a `max_queue_length` written beside it must fit in what is left."""
         scaling = self.autoscaling
-        if self.kind != REALTIME_KIND or scaling is None or scaling.max_replica_concurrency is None:
+        if self.kind != ApiKind.REALTIME.value or scaling is None or scaling.max_replica_concurrency is None:
             return self
         limit, running = scaling.max_replica_concurrency, self.predictor.replica_concurrency
         runs_at_once = ("predictor.max_concurrency" if self.predictor.max_concurrency is not None
@@ -445,14 +439,14 @@ class ApiConfig(_Model):
         if self.predictor.max_queue_length is not None:
             return self.predictor.max_queue_length
         scaling = self.autoscaling
-        if self.kind == REALTIME_KIND and scaling is not None and scaling.max_replica_concurrency is not None:
+        if self.kind == ApiKind.REALTIME.value and scaling is not None and scaling.max_replica_concurrency is not None:
             return max(0, scaling.max_replica_concurrency - self.predictor.replica_concurrency)
         return DEFAULT_QUEUE_LENGTH
 
     @property
     def code_section(self) -> str:
         """What the user calls the code section in cortex.yaml: `definition` for a TaskAPI."""
-        return "definition" if self.kind == TASK_KIND else "predictor"
+        return "definition" if self.kind == ApiKind.TASK.value else "predictor"
 
     @property
     def queue(self) -> str:
@@ -678,7 +672,7 @@ def _parse_one(raw: Any, index: int, source: str) -> tuple[ApiConfig | None, lis
         data.pop("ignored_fields")
 
     spelling: dict[str, str] = {}
-    if data.get("kind") == TASK_KIND:
+    if data.get("kind") == ApiKind.TASK:
         return _parse_task(data, ignored, problems, prefix)
     present = [k for k in ("predictor", "handler") if k in data]
     if len(present) == 2:
@@ -809,7 +803,7 @@ def merge_config(base: dict[str, Any], override: dict[str, Any]) -> dict[str, An
 def cortex_api_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """A stored API spec (`ApiConfig.to_dict()`) as Cortex showed it: a TaskAPI's code section under
     `definition`, with only the fields a definition takes; any other kind's as stored."""
-    if spec.get("kind") != TASK_KIND or "predictor" not in spec:
+    if spec.get("kind") != ApiKind.TASK or "predictor" not in spec:
         return spec
     shown = {key: value for key, value in spec.items() if key != "predictor"}
     shown["definition"] = {key: value for key, value in spec["predictor"].items() if key in TASK_DEFINITION_FIELDS}

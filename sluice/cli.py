@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from foundation.api_kinds import ApiKind
 from foundation.errors import SluiceError
 from foundation.version import sluice_version
 from predictors_runtime.extras import needs_extra
@@ -247,7 +248,7 @@ def deploy(ctx: click.Context, config: Path, no_wait: bool, output: str) -> None
         _print(deployed)
         return
     for api in deployed:
-        where = f"at /{api['name']}" if api["kind"] == "RealtimeAPI" else f"queue {api['queue']}"
+        where = f"at /{api['name']}" if api["kind"] == ApiKind.REALTIME else f"queue {api['queue']}"
         click.echo(f"deployed {api['name']} ({api['kind']}, {where}, bundle {api['bundle'][:12]})")
         if api.get("environment"):
             click.echo(f"  {environment_line(api['environment'])} (locked in {time.monotonic() - started:.1f} s)")
@@ -321,11 +322,11 @@ def _get_all(client: Client, output: str) -> None:
     rows = []
     for summary in client.apis():
         row: dict[str, Any] = {"name": summary["name"], "kind": summary["kind"], "deployed_at": summary["deployed_at"]}
-        if summary["kind"] == "RealtimeAPI":
+        if summary["kind"] == ApiKind.REALTIME:
             detail = client.api(summary["name"])
             ready, wanted = _replica_counts(detail)
             row.update(status=_realtime_status(detail), replicas_ready=ready, replicas_wanted=wanted)
-        elif summary["kind"] == "AsyncAPI":  # requests queued or running, in the jobs column
+        elif summary["kind"] == ApiKind.ASYNC:  # requests queued or running, in the jobs column
             counts = client.api(summary["name"]).get("requests") or {}
             row.update(status="live", requests_active=counts.get("in_queue", 0) + counts.get("in_progress", 0))
         else:
@@ -356,7 +357,7 @@ def _get_api(client: Client, name: str, output: str) -> None:
 
     now = time.time()
     api = client.api(name)
-    if api["kind"] == "RealtimeAPI":
+    if api["kind"] == ApiKind.REALTIME:
         ready, wanted = _replica_counts(api)
         try:
             readiness: dict[str, Any] = client.readiness(name)
@@ -382,7 +383,7 @@ def _get_api(client: Client, name: str, output: str) -> None:
         elif not readiness.get("ready"):
             click.echo(f"not ready: {one_line(readiness.get('message') or '')}")
         return
-    if api["kind"] == "AsyncAPI":
+    if api["kind"] == ApiKind.ASYNC:
         if output == "json":
             _print(api)
             return
@@ -460,7 +461,7 @@ def _get_job(client: Client, api: str, job_id: str, output: str) -> None:
     now = time.time()
     answer = client.get_job(api, job_id)
     job = answer["job_status"]
-    if job.get("kind") == "TaskAPI":
+    if job.get("kind") == ApiKind.TASK:
         _print(answer) if output == "json" else _show_task_job(api, job, now)
         return
     failed = client.failed_batches(api, job_id)
@@ -545,7 +546,7 @@ def submit(ctx: click.Context, api: str, submission, items_file, body_file, batc
     if items_file is not None and batch_size is None:
         raise click.UsageError("--items needs --batch-size")
     client = _client(ctx)
-    if items_file is None and body_file is None and client.api(api)["kind"] != "TaskAPI":
+    if items_file is None and body_file is None and client.api(api)["kind"] != ApiKind.TASK:
         raise click.UsageError("give a SUBMISSION file (or --body), or --items with --batch-size")
     try:
         config = json.loads(config_json) if config_json else None
@@ -572,7 +573,7 @@ def submit(ctx: click.Context, api: str, submission, items_file, body_file, batc
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not valid JSON: {e}") from e
     if output == "table":
-        size = "its task" if spec["kind"] == "TaskAPI" else f"{spec['total_batch_count']} batches"
+        size = "its task" if spec["kind"] == ApiKind.TASK else f"{spec['total_batch_count']} batches"
         click.echo(f"submitted job {spec['job_id']} to {api}: {size}, {spec['workers']} worker(s)")
     if not wait:
         if output == "json":
@@ -722,7 +723,7 @@ def _follow_logs(fetch: LogFetch, ended: Callable[[], bool], after: str | None,
 def _log_source(client: Client, api: str, job_id: str | None) -> tuple[LogFetch, Callable[[], bool]]:
     """Where `sluice logs` reads pages from, and how a follow knows it is over: an AsyncAPI request's
     stream (until it has ended), a job's (until it has ended), or a realtime or async API's (never over)."""
-    if job_id is not None and client.api(api)["kind"] == "AsyncAPI":
+    if job_id is not None and client.api(api)["kind"] == ApiKind.ASYNC:
         request_id = job_id
 
         def request_page(after: str | None, limit: int) -> dict[str, Any]:
@@ -802,10 +803,10 @@ def predict(ctx: click.Context, api: str, json_file, data: str | None, output: s
             content_type = "text/plain"
     client = _client(ctx)
     kind = client.api(api)["kind"]
-    if kind != "RealtimeAPI":  # its path would take the body as something else (a job, a queued request)
-        verb = {"BatchAPI": f"submit a job: sluice submit {api} --items FILE",
-                "TaskAPI": f"run its task: sluice submit {api} (or POST /tasks/{api})",
-                "AsyncAPI": f"queue a request: sluice.client().submit_async({api!r}, payload), then "
+    if kind != ApiKind.REALTIME:  # its path would take the body as something else (a job, a queued request)
+        verb = {ApiKind.BATCH: f"submit a job: sluice submit {api} --items FILE",
+                ApiKind.TASK: f"run its task: sluice submit {api} (or POST /tasks/{api})",
+                ApiKind.ASYNC: f"queue a request: sluice.client().submit_async({api!r}, payload), then "
                             f"GET /{api}/<id> for its result"}.get(kind, "see sluice get " + api)
         raise Failure(f"api {api} is a {kind}, not a RealtimeAPI: {verb}")
     answer = client.predict_raw(api, body, content_type)

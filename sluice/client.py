@@ -25,6 +25,7 @@ from urllib.parse import quote
 import requests
 import yaml
 
+from foundation.api_kinds import ApiKind
 from foundation.errors import SluiceError
 from jobs.job import ACTIVE_STATUSES as _ACTIVE
 from jobs.job import TERMINAL_STATUSES as _TERMINAL
@@ -327,7 +328,7 @@ class Client:
             deployed = self._deploy("cortex.yaml", config_text, pack_project(root, root / "cortex.yaml"))
         if wait:
             for api in deployed:
-                if api["kind"] == "RealtimeAPI":
+                if api["kind"] == ApiKind.REALTIME:
                     self.wait_ready(api["name"])
         return deployed
 
@@ -471,7 +472,7 @@ class Client:
         try:
             return self._call(method, f"/{route}/{api_name}", **kwargs)
         except ApiNotFound:
-            if route != "batch" or self._call("GET", f"/apis/{quote(api_name, safe='')}").get("kind") != "TaskAPI":
+            if route != "batch" or self._call("GET", f"/apis/{quote(api_name, safe='')}").get("kind") != ApiKind.TASK:
                 raise
         self._job_routes[api_name] = "tasks"
         return self._call(method, f"/tasks/{api_name}", **kwargs)

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 import redis
 
+from foundation.api_kinds import WORKER_KINDS
 from foundation.api_registry import ApiRegistry, DeployedApi
 from foundation.errors import JobNotFound, SluiceError
 from jobs.job import ACTIVE_STATUSES, BAD_RECORD_ERRORS
@@ -31,7 +32,6 @@ log = logging.getLogger(__name__)
 # Seconds between two looks at what is deployed; a failed build is tried again this long after it failed.
 EVERY_S = 15.0
 RETRY_FAILED_S = 300.0
-WARMED_KINDS = ("BatchAPI", "TaskAPI", "AsyncAPI")
 
 
 def keys_in_use(apis: Iterable[DeployedApi], store: JobRecords) -> set[str]:
@@ -95,7 +95,7 @@ class EnvironmentUpkeep:
         if self._bundles is None:
             return
         for api in apis:
-            if not api.environment or api.kind not in WARMED_KINDS or api.queue not in self._queues:
+            if not api.environment or api.kind not in WORKER_KINDS or api.queue not in self._queues:
                 continue
             spec = EnvironmentSpec.from_dict(api.environment)
             if self._environments.get(spec.key) is not None or now - self._failed.get(spec.key, -1e18) < RETRY_FAILED_S:

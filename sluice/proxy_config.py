@@ -31,6 +31,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
 from foundation.errors import ConfigError
 from foundation.replica_directory import ReplicaRecord
@@ -40,7 +41,6 @@ from .proxy_rejections import REASON_INDEX, TABLE
 
 log = logging.getLogger(__name__)
 
-REALTIME_KIND = "RealtimeAPI"
 # Without `request_timeout`: how long a request may wait for a free replica, and run on one.
 DEFAULT_QUEUE_TIMEOUT_S = 300.0
 DEFAULT_SERVER_TIMEOUT_S = 3600.0
@@ -168,7 +168,7 @@ def plan_routes(apis: Iterable[DeployedApi], replicas: Iterable[ReplicaRecord],
         by_api.setdefault(record.api, []).append(record)
     routes = []
     for api in sorted(apis, key=lambda a: a.name):
-        if api.kind != REALTIME_KIND or not _NAME_RE.match(api.name) or not by_api.get(api.name):
+        if api.kind != ApiKind.REALTIME or not _NAME_RE.match(api.name) or not by_api.get(api.name):
             continue
         try:
             config = ApiConfig.from_dict(api.spec)

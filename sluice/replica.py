@@ -38,6 +38,7 @@ from typing import Literal
 
 import redis
 
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi, RedisApiRegistry
 from foundation.environment_states import RedisEnvironmentStates
 from foundation.errors import ApiNotFound, ConfigError, NotReady, SluiceError
@@ -55,7 +56,6 @@ from .replica_process import graceful_timeout_s, gunicorn_argv, replica_env, sig
 
 log = logging.getLogger("sluice.serve")
 
-REALTIME_KIND = "RealtimeAPI"
 DEFAULT_API_URL = "http://127.0.0.1:8888"
 TICK_S = 0.25
 HEARTBEAT_S = 1.0
@@ -253,7 +253,7 @@ class ReplicaLauncher:
             api = self._registry.get(self.api_name)
         except redis.RedisError as e:
             raise NotReady(f"cannot read the API registry: {e}") from e
-        if api.kind != REALTIME_KIND:
+        if api.kind != ApiKind.REALTIME:
             raise ConfigError(f"api {self.api_name} is a {api.kind}: only a RealtimeAPI has replicas")
         self.serving = self._prepare(api, self.base_port)
         self._launch(self.serving, now)
@@ -315,7 +315,7 @@ class ReplicaLauncher:
         except (redis.RedisError, ValueError, TypeError) as e:
             self._redis_trouble(now, e)
             return None
-        if api.kind != REALTIME_KIND:
+        if api.kind != ApiKind.REALTIME:
             log.info("api %s is now a %s", self.api_name, api.kind)
             return False
         return api

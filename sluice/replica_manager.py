@@ -28,20 +28,13 @@ from pathlib import Path
 
 import redis
 
+from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi, RedisApiRegistry
 from foundation.hosts import HostDirectory, HostRecord, RedisHostDirectory, Resources
 from foundation.redis_clients import heartbeat_client
 from foundation.replica_placement import RedisReplicaAssignments, ReplicaAssignments, on_host
 
-from .replica import (
-    DEFAULT_API_URL,
-    DRAIN_CAP_S,
-    KILL_AFTER_GRACE_S,
-    REALTIME_KIND,
-    advertised_address,
-    redis_host,
-    restart_delay_s,
-)
+from .replica import DEFAULT_API_URL, DRAIN_CAP_S, KILL_AFTER_GRACE_S, advertised_address, redis_host, restart_delay_s
 from .replica_process import MIN_GRACEFUL_S, spawn_gunicorn
 
 log = logging.getLogger("sluice.replicas")
@@ -148,7 +141,7 @@ class ReplicaManager:
     def _realtime_apis(self) -> tuple[set[str], set[str]] | None:
         """The deployed RealtimeAPIs this host serves and those it leaves to others; None if unknown."""
         try:
-            apis = [api for api in self._registry.all() if api.kind == REALTIME_KIND]
+            apis = [api for api in self._registry.all() if api.kind == ApiKind.REALTIME]
         except (redis.RedisError, ValueError, TypeError) as e:
             log.warning("cannot read the API registry: %s", e)
             return None
