@@ -28,6 +28,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from foundation.redis_clients import text
 from foundation.settings import Settings
 from jobs.broker import queue_lengths
 from jobs.job import JobStatus, job_queue_name
@@ -145,7 +146,7 @@ class LostBatchWatch:
                 job_id, index = str(args[0]), int(args[1])
             except (IndexError, TypeError, ValueError):
                 continue
-            tag = tag.decode() if isinstance(tag, bytes) else tag
+            tag = text(tag)
             found.setdefault(job_id, []).append(Unacked(tag=tag, task_id=task_id, index=index))
         return found
 

@@ -19,6 +19,8 @@ import redis
 
 from foundation import keys
 
+from .redis_clients import text
+
 log = logging.getLogger(__name__)
 
 STATE_TTL_S = 30 * 24 * 3600
@@ -59,7 +61,7 @@ class RedisEnvironmentStates:
         """Host -> its state of the environment `key` (an unreadable one left out)."""
         found = {}
         for raw_host, raw in self._redis.hgetall(keys.environment_states(key)).items():
-            host = raw_host.decode() if isinstance(raw_host, bytes) else str(raw_host)
+            host = text(raw_host)
             try:
                 found[host] = json.loads(raw)
             except ValueError:
@@ -71,9 +73,8 @@ class RedisEnvironmentStates:
         raw = self._redis.hgetall(keys.ENVIRONMENT_FIGURES)
         out = {}
         for name, value in raw.items():
-            text = name.decode() if isinstance(name, bytes) else str(name)
             try:
-                out[text] = float(value)
+                out[text(name)] = float(value)
             except ValueError:
                 continue
         return out

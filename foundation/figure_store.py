@@ -19,6 +19,8 @@ from typing import Protocol
 
 import redis
 
+from .redis_clients import text
+
 
 @dataclass(frozen=True)
 class Increment:
@@ -69,6 +71,6 @@ class RedisFigureStore(FigureStore):
         for key in keys:
             pipe.hgetall(key)
         return [
-            {(field.decode() if isinstance(field, bytes) else str(field)): float(value) for field, value in raw.items()}
+            {(text(field)): float(value) for field, value in raw.items()}
             for raw in pipe.execute()
         ]

@@ -54,7 +54,7 @@ import redis
 from foundation import keys
 from foundation.errors import BadRequest
 from foundation.json_logs import MAX_LINE_BYTES, JsonLinesFormatter
-from foundation.redis_clients import background_client
+from foundation.redis_clients import background_client, text
 
 if TYPE_CHECKING:
     from foundation.settings import Settings
@@ -220,7 +220,7 @@ class RedisLogStreams(LogStreams):
             return LogPage([], cursor)
         lines = [parse_line(fields.get(LINE_FIELD.encode(), b"")) for _, fields in entries]
         last = entries[-1][0]
-        return LogPage(lines, last.decode() if isinstance(last, bytes) else str(last))
+        return LogPage(lines, text(last))
 
 
 def bounded_line(line: str) -> str | None:

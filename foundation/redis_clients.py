@@ -258,3 +258,8 @@ def connect(where: str | RedisAddress, retry_s: float, **options: Any) -> redis.
     """The store's client for `where` whose every command rides out Redis failures for up to `retry_s`
     seconds (`store_client` builds the same from settings)."""
     return client(where, STORE.riding_out(retry_s), **options)
+
+
+def text(raw: object) -> str:
+    """A reply as text: Sluice's clients answer bytes (a client made with `decode_responses` str)."""
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)

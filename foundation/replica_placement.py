@@ -20,6 +20,8 @@ import redis
 
 from foundation import keys
 
+from .redis_clients import text
+
 
 @dataclass(frozen=True)
 class PlacedReplicas:
@@ -71,7 +73,7 @@ class RedisReplicaAssignments:
     def all(self) -> dict[str, PlacedReplicas]:
         found = {}
         for key, value in self._redis.hgetall(keys.REPLICA_PLACEMENT).items():
-            name = key.decode() if isinstance(key, bytes) else key
+            name = text(key)
             found[name] = PlacedReplicas.from_dict(json.loads(value))
         return found
 

@@ -19,6 +19,8 @@ import redis
 
 from foundation import keys
 
+from .redis_clients import text
+
 
 @dataclass(frozen=True)
 class ReplicaScale:
@@ -65,7 +67,7 @@ class RedisScaleBook:
     def all(self) -> dict[str, ReplicaScale]:
         found = {}
         for key, value in self._redis.hgetall(keys.REPLICA_SCALE).items():
-            name = key.decode() if isinstance(key, bytes) else key
+            name = text(key)
             found[name] = ReplicaScale.from_dict(json.loads(value))
         return found
 

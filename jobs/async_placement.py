@@ -31,6 +31,7 @@ from kombu.exceptions import KombuError
 from foundation import keys
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi
+from foundation.redis_clients import text
 from predictors_runtime.autoscaling_config import AutoscalingConfig
 from predictors_runtime.config import ApiConfig
 
@@ -87,7 +88,7 @@ class RedisAsyncAssignments:
         found = {}
         for key, value in raw.items():
             record = json.loads(value)
-            found[key.decode() if isinstance(key, bytes) else key] = Placed(
+            found[text(key)] = Placed(
                 list(record["nodes"]), int(record["desired"]), float(record["in_flight"]))
         return found
 

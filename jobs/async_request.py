@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from foundation.errors import BadRequest
+from foundation.redis_clients import text
 
 # A client's `X-Request-ID` is the request's id when it matches this; otherwise a new one is made.
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -118,18 +119,17 @@ class AsyncRequest:
     @classmethod
     def from_fields(cls, api_name: str, request_id: str, raw: Mapping[bytes | str, bytes | str]) -> AsyncRequest:
         """The record from its stored hash (as redis-py returns it: bytes)."""
-        text = {(k.decode() if isinstance(k, bytes) else k): (v.encode() if isinstance(v, str) else v)
-                for k, v in raw.items()}
+        by_name = {text(k): (v.encode() if isinstance(v, str) else v) for k, v in raw.items()}
 
         def str_of(name: str) -> str:
-            value = text.get(name)
+            value = by_name.get(name)
             return value.decode() if value is not None else ""
 
         timestamp = str_of("timestamp")
         return cls(
             api_name=api_name, request_id=request_id, status=RequestStatus(str_of("status")),
             kind=PayloadKind(str_of("kind") or PayloadKind.BYTES.value), created=float(str_of("created") or 0),
-            payload=text.get("payload"), payload_uri=str_of("payload_uri"), result=text.get("result"),
+            payload=by_name.get("payload"), payload_uri=str_of("payload_uri"), result=by_name.get("result"),
             result_uri=str_of("result_uri"),
             message=str_of("message"), timestamp=float(timestamp) if timestamp else None,
             deliveries=int(str_of("deliveries") or 0),

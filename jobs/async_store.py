@@ -42,6 +42,7 @@ import redis
 from foundation import keys
 from foundation.api_registry import not_deployed
 from foundation.figures import ASYNC_REQUESTS, ASYNC_SECONDS, label_field, le_label
+from foundation.redis_clients import text
 
 from .async_counts import SLOT_TTL_S, AsyncCounts, counts_from, slot_of, window_slots
 from .async_request import AsyncRequest, RequestStatus
@@ -379,7 +380,7 @@ class AsyncRequestStore(Protocol):
 
 def _pairs(flat: list[bytes | str | int]) -> list[tuple[str, int]]:
     """A Lua script's {id, deliveries, id, deliveries, ...} as pairs."""
-    ids = [v.decode() if isinstance(v, bytes) else str(v) for v in flat[0::2]]
+    ids = [text(v) for v in flat[0::2]]
     return list(zip(ids, (int(d) for d in flat[1::2]), strict=True))
 
 
@@ -469,11 +470,11 @@ class RedisAsyncRequests:
             keys=[keys.async_request(api_name, request_id), keys.async_counts(api_name), keys.inflight(node),
                   keys.async_unstarted(api_name)],
             args=[repr(now), owner, entry, request_id])
-        text = status.decode() if isinstance(status, bytes) else str(status)
+        taken_status = RequestStatus(text(status)) if status else None
         record = None
         if fields:
             record = AsyncRequest.from_fields(api_name, request_id, dict(zip(fields[0::2], fields[1::2], strict=True)))
-        return Taken(RequestStatus(text) if text else None, int(deliveries), held=bool(held), request=record)
+        return Taken(taken_status, int(deliveries), held=bool(held), request=record)
 
     def _record_prefix(self, api_name: str) -> str:
         return keys.async_request(api_name, "")
@@ -529,7 +530,7 @@ class RedisAsyncRequests:
 
     def expired(self, now: float, limit: int = 500) -> list[tuple[str, str]]:
         members = self._redis.zrangebyscore(keys.ASYNC_EXPIRY, "-inf", now, start=0, num=limit)
-        return [parse_expiry_member(m.decode() if isinstance(m, bytes) else str(m)) for m in members]
+        return [parse_expiry_member(text(m)) for m in members]
 
     def remove(self, api_name: str, request_id: str) -> None:
         self._remove(keys=[keys.async_request(api_name, request_id), keys.ASYNC_EXPIRY, keys.async_counts(api_name),
@@ -538,7 +539,7 @@ class RedisAsyncRequests:
 
     def unstarted(self, api_name: str, queue_lists: Sequence[str], limit: int = UNSTARTED_LIMIT) -> list[str]:
         found = self._unstarted(keys=[keys.async_unstarted(api_name), *queue_lists], args=[limit])
-        return [v.decode() if isinstance(v, bytes) else str(v) for v in found]
+        return [text(v) for v in found]
 
     def counts(self, api_name: str, now: float) -> AsyncCounts:
         pipe = self._redis.pipeline(transaction=False)

@@ -33,7 +33,7 @@ from urllib.parse import quote, urlparse
 
 from kombu.transport import redis as kombu_redis
 
-from foundation.redis_clients import HEARTBEAT, KEEPALIVE_OPTIONS
+from foundation.redis_clients import HEARTBEAT, KEEPALIVE_OPTIONS, text
 from foundation.settings import RedisAddress, Settings
 
 TRANSPORT_PATH = "jobs.broker:Transport"
@@ -189,7 +189,7 @@ def _tags_by_task(unacked: dict[Any, Any], wanted: set[str]) -> dict[str, str]:
         except (ValueError, IndexError, TypeError, AttributeError):
             continue
         if task_id in wanted:
-            tags[task_id] = tag.decode() if isinstance(tag, bytes) else tag
+            tags[task_id] = text(tag)
     return tags
 
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import redis
 
 from foundation import keys
+from foundation.redis_clients import text
 
 # The delivery values are exported here too: what a node holds is spoken of in them.
 from .delivery import (
@@ -61,9 +62,6 @@ FORGET_AFTER_TTLS = 20
 Heartbeats = dict[str, dict[str, Any]]
 """Node name -> {"queues": the hardware queues it serves, "seen": when it last beat}."""
 
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 def is_placed_queue(name: str) -> bool:
@@ -155,7 +153,7 @@ class Nodes:
     def heartbeats(self) -> Heartbeats:
         heartbeats = {}
         for raw_name, raw in self._redis.hgetall(keys.NODES).items():
-            name = raw_name.decode(errors="replace") if isinstance(raw_name, bytes) else raw_name
+            name = text(raw_name)
             try:
                 record = json.loads(raw)
                 heartbeats[name] = {"queues": [str(q) for q in record["queues"]], "seen": float(record["seen"])}
@@ -176,11 +174,11 @@ class Nodes:
         self._redis.hdel(keys.inflight(delivery.node), delivery.task_id)
 
     def inflight(self, node: str) -> dict[str, str]:
-        return {_text(k): _text(v) for k, v in self._redis.hgetall(keys.inflight(node)).items()}
+        return {text(k): text(v) for k, v in self._redis.hgetall(keys.inflight(node)).items()}
 
     def inflight_nodes(self) -> list[str]:
         return sorted(
-            keys.node_of_inflight(_text(raw)) for raw in self._redis.scan_iter(match=keys.INFLIGHT_PATTERN, count=500)
+            keys.node_of_inflight(text(raw)) for raw in self._redis.scan_iter(match=keys.INFLIGHT_PATTERN, count=500)
         )
 
     def forget_inflight(self, node: str, task_ids: Iterable[str]) -> None:

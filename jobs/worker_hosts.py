@@ -16,6 +16,7 @@ from typing import Protocol
 import redis
 
 from foundation import keys
+from foundation.redis_clients import text
 
 from .node_plan import HostPlan, NodePlan, WorkerHostReport
 
@@ -44,9 +45,6 @@ class WorkerHosts(Protocol):
         """Why the job runs on fewer nodes than it asked, None when it does not."""
 
 
-def _text(raw: bytes | str) -> str:
-    return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-
 
 class RedisWorkerHosts:
     """`WorkerHosts` in the hashes `keys.WORKER_HOSTS`, `keys.NODE_PLANS` and `keys.JOB_WORKER_NOTES`."""
@@ -67,9 +65,9 @@ class RedisWorkerHosts:
         found = {}
         for raw_id, raw in self._redis.hgetall(keys.WORKER_HOSTS).items():
             try:
-                found[_text(raw_id)] = WorkerHostReport.from_dict(json.loads(raw))
+                found[text(raw_id)] = WorkerHostReport.from_dict(json.loads(raw))
             except (ValueError, TypeError, KeyError) as e:
-                log.warning("ignoring the unreadable report of worker host %s: %r", _text(raw_id), e)
+                log.warning("ignoring the unreadable report of worker host %s: %r", text(raw_id), e)
         return found
 
     def write_plan(self, plan: NodePlan) -> None:
@@ -93,4 +91,4 @@ class RedisWorkerHosts:
 
     def note_of(self, job_id: str) -> str | None:
         raw = self._redis.hget(keys.JOB_WORKER_NOTES, job_id)
-        return None if raw is None else _text(raw)
+        return None if raw is None else text(raw)

@@ -22,6 +22,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from foundation.api_kinds import KINDS, SCALED_KINDS, ApiKind
 from foundation.errors import ConfigError
+from foundation.hosts import BadQuantity, cpu_millis, mem_bytes
 from foundation.limits import MAX_BATCH_TIMEOUT_S
 from predictors_runtime.autoscaling_config import MAX_REPLICA_CONCURRENCY, AutoscalingConfig, count_or
 from predictors_runtime.config_base import ConfigModel as _Model
@@ -49,8 +50,6 @@ MAX_REQUEST_TIMEOUT_S = 24 * 3600
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
-_CPU_RE = re.compile(r"^(\d+(\.\d*)?|\.\d+)(m?)$")
-_MEM_RE = re.compile(r"^(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?$")
 
 
 def _relative_path(value: str) -> str:
@@ -292,14 +291,13 @@ class ComputeConfig(_Model):
         """Cortex accepts `1`, `0.5` and Kubernetes' `"200m"`; strings are kept as written."""
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ValueError(f"must be a number or a quantity such as '500m' (got {value!r})")
-        if isinstance(value, str):
-            match = _CPU_RE.match(value.strip())
-            if not match:
-                raise ValueError(f"must be a number or a quantity such as '500m' (got {value!r})")
-            amount = float(match.group(1)) / (1000 if match.group(3) else 1)
-        else:
-            amount = float(value)
-        if not amount > 0:
+        if not isinstance(value, str) and not value > 0:
+            raise ValueError(f"must be greater than 0 (got {value!r})")
+        try:  # the grammar placement reads it with (foundation/hosts.py)
+            millis = cpu_millis(value)
+        except BadQuantity:
+            raise ValueError(f"must be a number or a quantity such as '500m' (got {value!r})") from None
+        if not millis > 0:  # rounded up, so only a zero amount is zero
             raise ValueError(f"must be greater than 0 (got {value!r})")
         return value if isinstance(value, str) else float(value)
 
@@ -308,8 +306,11 @@ class ComputeConfig(_Model):
     def _memory_quantity(cls, value: Any) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             value = str(value)
-        if isinstance(value, str) and not _MEM_RE.match(value.strip()):
-            raise ValueError(f"must be a quantity such as '2G' or '512Mi' (got {value!r})")
+        if isinstance(value, str):
+            try:
+                mem_bytes(value)
+            except BadQuantity:
+                raise ValueError(f"must be a quantity such as '2G' or '512Mi' (got {value!r})") from None
         return value
 
 

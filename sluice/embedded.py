@@ -31,7 +31,7 @@ from foundation import keys
 from foundation.api_registry import RedisApiRegistry
 from foundation.errors import NotReady
 from foundation.hosts import RedisHostDirectory, Resources, machine_resources
-from foundation.redis_clients import HEARTBEAT
+from foundation.redis_clients import HEARTBEAT, text
 from foundation.redis_clients import client as redis_client
 from foundation.replica_placement import RedisReplicaAssignments
 from foundation.settings import RedisAddress, Settings, redis_address_from_env
@@ -355,7 +355,7 @@ class Stack:
         def registered() -> bool:
             if self._died(agent):
                 raise self._exited("the worker host", agent)
-            names = [n.decode() if isinstance(n, bytes) else str(n) for n in client.hkeys(keys.NODES)]
+            names = [text(n) for n in client.hkeys(keys.NODES)]
             return len([n for n in names if n.startswith(prefix)]) >= self.workers
 
         _wait_until(registered, timeout, f"{self.workers} worker node(s) of the worker host")
@@ -363,7 +363,7 @@ class Stack:
     def worker_nodes(self) -> list[str]:
         """The live worker nodes' Celery names (the stack's own, or its worker host's)."""
         client = redis_client(self.redis_address, HEARTBEAT)
-        return sorted(n.decode() if isinstance(n, bytes) else str(n) for n in client.hkeys(keys.NODES))
+        return sorted(text(n) for n in client.hkeys(keys.NODES))
 
     @staticmethod
     def _died(child: Child) -> bool:

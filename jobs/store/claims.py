@@ -9,6 +9,7 @@ from __future__ import annotations
 import redis
 
 from foundation import keys
+from foundation.redis_clients import text
 
 from . import scripts
 from .schema import JobField
@@ -25,7 +26,7 @@ class RedisCompletionClaims:
 
     def claim_completion(self, job_id: str, token: str, task_id: str = "") -> Claim:
         raw = self._claim_completion(keys=[keys.job(job_id)], args=[token, task_id])
-        return Claim(raw.decode() if isinstance(raw, bytes) else raw)
+        return Claim(text(raw))
 
     def mark_hook_done(self, job_id: str, message: str = "") -> None:
         self._redis.hset(keys.job(job_id), JobField.HOOK_DONE, message)

@@ -18,12 +18,11 @@ import redis
 from redis.typing import EncodableT
 
 from foundation import keys
-from foundation.redis_clients import TRANSIENT_ERRORS
+from foundation.redis_clients import TRANSIENT_ERRORS, text
 
 from ..delivery import Delivery, inflight_entry
 from ..job import ACTIVE_STATUSES, JobStatus
 from . import scripts, values
-from .records import text
 from .values import DEFAULT_JOB_TTL_S, BatchStart, Payload, Recorded, failed_batch_record
 
 log = logging.getLogger(__name__)

@@ -16,16 +16,12 @@ from redis.typing import EncodableT, FieldT
 
 from foundation import keys
 from foundation.figures import ENDED_JOBS
+from foundation.redis_clients import text
 
 from ..job import ACTIVE_STATUSES, Job, JobStatus
 from . import scripts, values
 from .schema import JobField, job_state, new_job_hash
 from .values import DEFAULT_JOB_TTL_S, JobState, not_found
-
-
-def text(raw: bytes | str) -> str:
-    """A reply as text (the store's clients answer bytes)."""
-    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 def _status(raw: bytes | str | None) -> JobStatus | None:
