@@ -21,6 +21,7 @@ import click
 
 from foundation.api_kinds import ApiKind
 from foundation.errors import SluiceError
+from foundation.job_submissions import submission_body
 from foundation.version import sluice_version
 from predictors_runtime.extras import needs_extra
 
@@ -556,16 +557,8 @@ def submit(ctx: click.Context, api: str, submission, items_file, body_file, batc
             body = json.load(body_file)
             if not isinstance(body, dict):
                 raise click.BadParameter("a job submission is a JSON object")
-            if workers is not None:
-                body["workers"] = workers
-            body.setdefault("workers", 1)
-            if config:
-                body["config"] = config
-            if timeout is not None:
-                body["timeout"] = timeout
-            if tries is not None:
-                body["sqs_dead_letter_queue"] = {"arn": "", "max_receive_count": tries}
-            spec = client.submit_raw(api, body)
+            spec = client.submit_raw(api, submission_body(body, workers=workers, config=config, timeout=timeout,
+                                                          tries=tries))
         else:
             assert batch_size is not None  # refused above when missing with --items
             spec = client.submit(api, json.load(items_file), batch_size, workers=workers or 1, config=config,

@@ -27,6 +27,7 @@ import yaml
 
 from foundation.api_kinds import ApiKind
 from foundation.errors import SluiceError
+from foundation.job_submissions import submission_body, task_submission_body
 from jobs.job import ACTIVE_STATUSES as _ACTIVE
 from jobs.job import TERMINAL_STATUSES as _TERMINAL
 from predictors_runtime.project import pack_project
@@ -444,23 +445,13 @@ class Client:
         config: dict[str, Any] | None = None, timeout: int | None = None, tries: int | None = None,
     ) -> dict[str, Any]:
         """Submit an item list; returns the job spec."""
-        body: dict[str, Any] = {"workers": workers, "item_list": {"items": items, "batch_size": batch_size}}
-        if config:
-            body["config"] = config
-        if timeout is not None:
-            body["timeout"] = timeout
-        if tries is not None:
-            body["sqs_dead_letter_queue"] = {"arn": "", "max_receive_count": tries}
-        return self.submit_raw(api_name, body)
+        return self.submit_raw(api_name, submission_body(items=items, batch_size=batch_size, workers=workers,
+                                                         config=config, timeout=timeout, tries=tries))
 
     def submit_task(self, api_name: str, config: dict[str, Any] | None = None,
                     timeout: int | None = None) -> dict[str, Any]:
         """Run a TaskAPI's `Task` once (`POST /tasks/<api>`); returns the task job's spec."""
-        body: dict[str, Any] = {}
-        if config:
-            body["config"] = config
-        if timeout is not None:
-            body["timeout"] = timeout
+        body = task_submission_body(config, timeout)
         self._job_routes[api_name] = "tasks"
         return self._call("POST", f"/tasks/{api_name}", data=json.dumps(body),
                           headers={"Content-Type": "application/json"})
