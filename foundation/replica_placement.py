@@ -12,7 +12,6 @@ for fast tests.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,7 +19,7 @@ import redis
 
 from foundation import keys
 
-from .redis_clients import text
+from .json_hash import JsonHash
 
 
 @dataclass(frozen=True)
@@ -64,21 +63,8 @@ def on_host(placements: dict[str, PlacedReplicas], host_id: str) -> dict[str, in
     return {api: p.hosts[host_id] for api, p in placements.items() if p.hosts.get(host_id, 0) > 0}
 
 
-class RedisReplicaAssignments:
+class RedisReplicaAssignments(JsonHash[PlacedReplicas]):
     """`ReplicaAssignments` in one Redis hash (`keys.REPLICA_PLACEMENT`: API name -> JSON)."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self._redis = client
-
-    def all(self) -> dict[str, PlacedReplicas]:
-        found = {}
-        for key, value in self._redis.hgetall(keys.REPLICA_PLACEMENT).items():
-            name = text(key)
-            found[name] = PlacedReplicas.from_dict(json.loads(value))
-        return found
-
-    def set(self, api_name: str, placed: PlacedReplicas) -> None:
-        self._redis.hset(keys.REPLICA_PLACEMENT, api_name, json.dumps(placed.to_dict()))
-
-    def forget(self, api_name: str) -> None:
-        self._redis.hdel(keys.REPLICA_PLACEMENT, api_name)
+        super().__init__(client, keys.REPLICA_PLACEMENT, PlacedReplicas.to_dict, PlacedReplicas.from_dict)

@@ -11,7 +11,6 @@ running) is placed at its `init_replicas`: the scaler's absence never removes a 
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -19,7 +18,7 @@ import redis
 
 from foundation import keys
 
-from .redis_clients import text
+from .json_hash import JsonHash
 
 
 @dataclass(frozen=True)
@@ -54,25 +53,8 @@ class ScaleBook(Protocol):
         """The API was deleted."""
 
 
-class RedisScaleBook:
+class RedisScaleBook(JsonHash[ReplicaScale]):
     """`ScaleBook` in one Redis hash (`keys.REPLICA_SCALE`: API name -> JSON)."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self._redis = client
-
-    def get(self, api_name: str) -> ReplicaScale | None:
-        raw = self._redis.hget(keys.REPLICA_SCALE, api_name)
-        return None if raw is None else ReplicaScale.from_dict(json.loads(raw))
-
-    def all(self) -> dict[str, ReplicaScale]:
-        found = {}
-        for key, value in self._redis.hgetall(keys.REPLICA_SCALE).items():
-            name = text(key)
-            found[name] = ReplicaScale.from_dict(json.loads(value))
-        return found
-
-    def set(self, api_name: str, scale: ReplicaScale) -> None:
-        self._redis.hset(keys.REPLICA_SCALE, api_name, json.dumps(scale.to_dict()))
-
-    def forget(self, api_name: str) -> None:
-        self._redis.hdel(keys.REPLICA_SCALE, api_name)
+        super().__init__(client, keys.REPLICA_SCALE, ReplicaScale.to_dict, ReplicaScale.from_dict)

@@ -18,12 +18,11 @@ have run (each is failed: the API is gone), then its queue is dropped.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 from kombu.exceptions import KombuError
@@ -31,7 +30,7 @@ from kombu.exceptions import KombuError
 from foundation import keys
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi
-from foundation.redis_clients import text
+from foundation.json_hash import JsonHash
 from predictors_runtime.autoscaling_config import AutoscalingConfig
 from predictors_runtime.config import ApiConfig
 
@@ -57,6 +56,13 @@ class Placed:
     desired: int
     in_flight: float
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": self.nodes, "desired": self.desired, "in_flight": self.in_flight}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Placed:
+        return cls(list(d["nodes"]), int(d["desired"]), float(d["in_flight"]))
+
 
 class AsyncAssignments(Protocol):
     """Where placement keeps which nodes serve each AsyncAPI."""
@@ -78,26 +84,19 @@ class RedisAsyncAssignments:
     """`AsyncAssignments` in one Redis hash (`keys.ASYNC_NODES`: API name -> JSON list of nodes)."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self._redis = client
+        self._records = JsonHash(client, keys.ASYNC_NODES, Placed.to_dict, Placed.from_dict)
 
     def all(self) -> dict[str, list[str]]:
         return {api: placed.nodes for api, placed in self.placed().items()}
 
     def placed(self) -> dict[str, Placed]:
-        raw = self._redis.hgetall(keys.ASYNC_NODES)
-        found = {}
-        for key, value in raw.items():
-            record = json.loads(value)
-            found[text(key)] = Placed(
-                list(record["nodes"]), int(record["desired"]), float(record["in_flight"]))
-        return found
+        return self._records.all()
 
     def set(self, api_name: str, nodes: list[str], desired: int | None = None, in_flight: float = 0.0) -> None:
-        record = {"nodes": nodes, "desired": len(nodes) if desired is None else desired, "in_flight": in_flight}
-        self._redis.hset(keys.ASYNC_NODES, api_name, json.dumps(record))
+        self._records.set(api_name, Placed(list(nodes), len(nodes) if desired is None else desired, in_flight))
 
     def forget(self, api_name: str) -> None:
-        self._redis.hdel(keys.ASYNC_NODES, api_name)
+        self._records.forget(api_name)
 
 
 def autoscaling_of(deployed: DeployedApi) -> AutoscalingConfig:

@@ -21,6 +21,7 @@ from jobs.memory_nodes import MemoryNodes
 from jobs.nodes import NodeRegistry, Nodes
 from jobs.task_messages import QueuedMessage
 from predictors_runtime.config import ApiConfig
+from tests.contracts.async_assignments import AsyncAssignmentsContract
 from tests.contracts.async_store import RETENTION_S, T0, AsyncRequestStoreContract, queued
 from tests.contracts.async_store import request as contract_request
 
@@ -126,3 +127,9 @@ def test_a_submitted_requests_task_message_is_queued_in_the_same_step_only_when_
     assert store.unstarted("echo", ["async.echo"]) == ["r1"]
     store.send(QueuedMessage("async.echo", b"task of the queued ones"))  # a task of no one request
     assert pushed() == [b"task of the queued ones", b"task of r1"]
+
+
+class TestTheRedisAsyncAssignments(AsyncAssignmentsContract):
+    @pytest.fixture
+    def assignments(self, redis_client: redis.Redis) -> RedisAsyncAssignments:
+        return RedisAsyncAssignments(redis_client)

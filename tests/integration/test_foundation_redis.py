@@ -23,6 +23,7 @@ from foundation.log_streams import LogStreams, RedisLogStreams, StreamLogHandler
 from foundation.proxy_load import RedisProxyLoadBook
 from foundation.redis_clients import BACKGROUND, client
 from foundation.replica_directory import RedisReplicaDirectory
+from foundation.replica_placement import RedisReplicaAssignments
 from foundation.replica_scale import RedisScaleBook
 from jobs.worker_hosts import RedisWorkerHosts
 from sluice.embedded import free_port
@@ -31,6 +32,7 @@ from tests.contracts.figure_store import FigureStoreContract
 from tests.contracts.hosts import HostDirectoryContract
 from tests.contracts.log_streams import LogStreamsContract
 from tests.contracts.proxy_load import ProxyLoadBookContract
+from tests.contracts.replica_assignments import ReplicaAssignmentsContract
 from tests.contracts.replica_directory import NOW, ReplicaDirectoryContract, record
 from tests.contracts.replica_scale import ScaleBookContract
 from tests.contracts.worker_hosts import WorkerHostsContract
@@ -156,6 +158,12 @@ def test_more_lines_between_two_flushes_than_a_stream_keeps_leave_its_newest_lin
     kept = streams.read(job_stream("flood")).lines
 
     assert [line["n"] for line in kept] == list(range(1000 - 50, 1001))
+
+
+class TestTheRedisReplicaAssignments(ReplicaAssignmentsContract):
+    @pytest.fixture
+    def assignments(self, redis_client: redis.Redis) -> RedisReplicaAssignments:
+        return RedisReplicaAssignments(redis_client)
 
 
 class TestTheRedisScaleBook(ScaleBookContract):

@@ -1,6 +1,7 @@
-"""The in-memory AsyncAPI request store keeps the store's contract (`tests/contracts/async_store.py`).
+"""The in-memory AsyncAPI request store and placement record keep their contracts
+(`tests/contracts/async_store.py`, `tests/contracts/async_assignments.py`).
 
-The same contract runs against Redis's `RedisAsyncRequests` and this one in
+The same contracts run against Redis's `RedisAsyncRequests`, `RedisAsyncAssignments` and these in
 tests/integration/test_async_store_redis.py.
 """
 
@@ -9,8 +10,9 @@ from __future__ import annotations
 import pytest
 
 from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
-from jobs.memory_async import MemoryAsyncRequests
+from jobs.memory_async import MemoryAsyncAssignments, MemoryAsyncRequests
 from jobs.memory_nodes import MemoryNodes
+from tests.contracts.async_assignments import AsyncAssignmentsContract
 from tests.contracts.async_store import RETENTION_S, AsyncRequestStoreContract
 
 
@@ -30,3 +32,9 @@ def test_each_in_memory_request_store_keeps_its_own_requests_and_counts() -> Non
     assert first.create(request, now=1000.0)
     assert first.get("echo", "r1") == request and second.get("echo", "r1") is None
     assert first.counts("echo", 1000.0).in_queue == 1 and second.counts("echo", 1000.0).in_queue == 0
+
+
+class TestTheMemoryAsyncAssignments(AsyncAssignmentsContract):
+    @pytest.fixture
+    def assignments(self) -> MemoryAsyncAssignments:
+        return MemoryAsyncAssignments()

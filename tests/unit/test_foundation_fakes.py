@@ -19,6 +19,7 @@ from foundation.memory import (
     MemoryHostDirectory,
     MemoryLogStreams,
     MemoryProxyLoadBook,
+    MemoryReplicaAssignments,
     MemoryReplicaDirectory,
     MemoryScaleBook,
 )
@@ -27,6 +28,7 @@ from tests.contracts.figure_store import FigureStoreContract
 from tests.contracts.hosts import HostDirectoryContract
 from tests.contracts.log_streams import LogStreamsContract, lines
 from tests.contracts.proxy_load import ProxyLoadBookContract
+from tests.contracts.replica_assignments import ReplicaAssignmentsContract
 from tests.contracts.replica_directory import ReplicaDirectoryContract, record
 from tests.contracts.replica_scale import ScaleBookContract
 
@@ -153,6 +155,12 @@ def test_waiting_for_lines_that_never_come_gives_what_the_stream_holds_after_the
     streams = MemoryLogStreams()
 
     assert streams.wait_for_lines(job_stream("quiet"), 1, timeout_s=0.01) == []
+
+
+class TestTheMemoryReplicaAssignments(ReplicaAssignmentsContract):
+    @pytest.fixture
+    def assignments(self) -> MemoryReplicaAssignments:
+        return MemoryReplicaAssignments()
 
 
 class TestTheMemoryScaleBook(ScaleBookContract):
