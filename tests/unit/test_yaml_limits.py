@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 
 from foundation.errors import ConfigError
-from predictors_runtime.config import (
-    MAX_CONFIG_BYTES,
-    MAX_YAML_ALIAS_EXPANSION,
-    MAX_YAML_DEPTH,
-    parse_api_configs,
-)
+from predictors_runtime.config import parse_api_configs
+from predictors_runtime.config_yaml import MAX_CONFIG_BYTES, MAX_YAML_ALIAS_EXPANSION, MAX_YAML_DEPTH
 from tests.hostile import billion_laughs
 
 HEAD = "- name: api\n  kind: BatchAPI\n  predictor:\n    type: python\n    path: predictor.py\n    config:\n"
