@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from sluice.client import Client, ClientError  # noqa: E402
 from sluice.embedded import Stack, free_port  # noqa: E402
-from tests.wheelhouse import make_wheel  # noqa: E402
+from testbed.wheels import make_wheel  # noqa: E402
 
 PREDICTOR = """
 {imports}

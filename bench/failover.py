@@ -1,6 +1,6 @@
 """What a Redis Sentinel failover costs a running batch job (`make bench`).
 
-A primary, a replica and three sentinels on loopback (`tests/integration/sentinel_cluster.py`:
+A primary, a replica and three sentinels on loopback (`testbed/sentinel_cluster.py`:
 `down-after-milliseconds 2000`, quorum 2), the embedded stack with 2 worker nodes and beat finding
 Redis through the sentinels, and one job of `--items` (20,000) small items in batches of
 `--batch-size` on a trivial python predictor. Once `--kill-at` (half) of its batches are recorded,
@@ -33,7 +33,7 @@ from foundation.redis_clients import connect  # noqa: E402
 from jobs.store import JobStore  # noqa: E402
 from sluice.client import Client  # noqa: E402
 from sluice.embedded import Stack, free_port  # noqa: E402
-from tests.integration.sentinel_cluster import SentinelCluster  # noqa: E402
+from testbed.sentinel_cluster import SentinelCluster  # noqa: E402
 
 PREDICTOR = '''
 class PythonPredictor:

@@ -18,7 +18,7 @@ import yaml
 from foundation.hosts import Resources
 from sluice.client import Client
 from sluice.embedded import Stack, free_port
-from tests.wheelhouse import make_wheelhouse
+from testbed.wheels import make_wheelhouse
 
 # The room a test stack offers to replicas: many APIs of the tests, each taking its `compute` (the
 # examples ask 1 cpu), share one stack on a 2-core machine; placement's limits have tests of their own.
@@ -105,7 +105,7 @@ def closing_client(url: str, **kwargs: Any) -> Client:
 # where Sluice has one, or runs on a stack below whose configuration says why it differs.
 @pytest.fixture(scope="session")
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tests' own packages (tests/wheelhouse.py), the only place projects' requirements come from."""
+    """The tests' own packages (testbed/wheels.py), the only place projects' requirements come from."""
     return make_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import requests
 
-from .waiting import wait_for
+from testbed.waiting import wait_for
 
 REQUEST_TIMEOUT_S = 30  # a cap on any one request: no answer by then is a stuck request
 

@@ -24,7 +24,7 @@ from jobs.async_objects import RequestObjects
 from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
 from jobs.async_store import RedisAsyncRequests
 from sluice.client import ClientError
-from tests.integration.waiting import wait_for
+from testbed.waiting import wait_for
 
 PREDICTOR = '''
 import json, os, time

@@ -18,9 +18,9 @@ from foundation.figures import ASYNC_REQUESTS, ASYNC_SECONDS, read_figures
 from jobs.async_store import RedisAsyncRequests
 from sluice.cli import main
 from sluice.client import ClientError
+from testbed.waiting import wait_for
 from tests.contracts.async_counts import API, AsyncCountsContract, move_four_requests
 from tests.integration.test_metrics import scrape, value
-from tests.integration.waiting import wait_for
 
 # Logs a line per request; one carrying `hold` runs until that file exists (a request seen in progress).
 PREDICTOR = '''

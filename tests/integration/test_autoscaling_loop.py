@@ -36,11 +36,11 @@ from foundation.replica_placement import RedisReplicaAssignments
 from foundation.replica_scale import RedisScaleBook
 from sluice.client import Client
 from sluice.embedded import Stack, free_port
+from testbed.waiting import wait_for
 
 from .conftest import FAST_LOOPS, closing_client
 from .netns_hosts import namespaces_refused
 from .steady_load import SteadyLoad, describe
-from .waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

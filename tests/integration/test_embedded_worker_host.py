@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from sluice.embedded import Stack, free_port
+from testbed.wheels import GREETING, GREETING_MODULE
 from tests.integration.conftest import FAST_LOOPS, ROOM, closing_client, read_events, write_project
-from tests.wheelhouse import GREETING, GREETING_MODULE
 
 pytestmark = pytest.mark.integration
 

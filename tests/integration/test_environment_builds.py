@@ -18,7 +18,7 @@ import pytest
 
 from predictors_runtime.environments import DependencyFiles, EnvironmentSpec, HostEnvironments, lock_environment
 from predictors_runtime.environments.lock import index_arguments
-from tests.wheelhouse import GREETING, GREETING_MODULE
+from testbed.wheels import GREETING, GREETING_MODULE
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """Projects that bring their own `requirements.txt` and `dependencies.sh`, as Cortex projects do.
 
-Every package comes from a wheelhouse the tests write (`tests/wheelhouse.py`), installed by the
+Every package comes from a wheelhouse the tests write (`testbed/wheels.py`), installed by the
 real uv with `SLUICE_FIND_LINKS` and `SLUICE_NO_INDEX`: no package index is reached. The stack
 is the session's (two worker nodes and realtime replicas); each API's environment is built on
 this host by the node or launcher that first needs it.
@@ -23,8 +23,8 @@ import yaml
 
 from sluice.client import Client, ClientError
 from sluice.embedded import Stack
+from testbed.wheels import GREETING, GREETING_MODULE
 from tests.integration.conftest import closing_client
-from tests.wheelhouse import GREETING, GREETING_MODULE
 
 pytestmark = pytest.mark.integration
 

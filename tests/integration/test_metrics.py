@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sluice.client import Client
 from sluice.embedded import Stack
 from sluice.proxy import live_proxies
+from testbed.waiting import wait_for
 
 from .test_realtime import write_realtime_project
-from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -35,8 +35,7 @@ from jobs.realtime_scaling import RealtimeScaling
 from predictors_runtime.config import ApiConfig
 from sluice.embedded import free_port
 from sluice.proxy import PROXIES_KEY, ProxyController, unrouted
-
-from .waiting import wait_for
+from testbed.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -29,9 +29,9 @@ from foundation.replica_directory import RedisReplicaDirectory, ReplicaDirectory
 from predictors_runtime.models import DEFAULT_MODEL_NAME
 from sluice.client import ApiNotFound, Client, ClientError
 from sluice.embedded import Stack, free_port
+from testbed.waiting import wait_for
 
 from .conftest import closing_client
-from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

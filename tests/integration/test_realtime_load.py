@@ -40,10 +40,10 @@ from jobs.realtime_placement import RealtimePlacement
 from sluice.client import Client
 from sluice.embedded import Stack
 from sluice.proxy import HAProxy, routed_everywhere
+from testbed.waiting import wait_for
 
 from .conftest import closing_client
 from .steady_load import Answer, SteadyLoad, describe
-from .waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -21,9 +21,8 @@ import requests
 from foundation.replica_directory import ReadinessMarkers
 from predictors_runtime.realtime_predictor import RealtimePredictor
 from sluice.embedded import free_port
+from testbed.waiting import wait_for
 from tests.unit.test_realtime_app import WAIT_S, Echo, deployed, replica_app
-
-from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -30,10 +30,10 @@ from jobs.services import Services
 from jobs.store import JobStore, Recorded
 from sluice.client import Client, ClientError
 from sluice.embedded import Stack, free_port
+from testbed.waiting import wait_for as _wait_for
 
 from .conftest import FAST_LOOPS, ROOM, closing_client, read_events, write_project
 from .redis_process import FAULTS_PREDICTOR, RedisProcess, read_marker
-from .waiting import wait_for as _wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -24,9 +24,8 @@ from foundation.replica_scale import RedisScaleBook
 from jobs.realtime_placement import RealtimePlacement
 from predictors_runtime.config import ApiConfig
 from sluice.replica_manager import ReplicaManager, on_hardware
+from testbed.waiting import wait_for
 from tests.unit.test_replica_hosts import _config
-
-from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -36,11 +36,11 @@ from jobs.job import Job, JobStatus
 from jobs.store import JobStore, Recorded, scripts
 from sluice.client import Client
 from sluice.embedded import Stack, free_port
+from testbed.sentinel_cluster import SentinelCluster
+from testbed.waiting import wait_for
 
 from .conftest import FAST_LOOPS, ROOM, closing_client, read_events, write_project
 from .redis_process import FAULTS_PREDICTOR
-from .sentinel_cluster import SentinelCluster
-from .waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -19,8 +19,7 @@ import pytest
 import requests
 
 from sluice.client import Client, ClientError
-
-from .waiting import wait_for
+from testbed.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 120.0

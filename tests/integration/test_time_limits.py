@@ -24,9 +24,9 @@ import yaml
 from jobs.store import JobStore
 from sluice.client import Client
 from sluice.embedded import Stack, free_port
+from testbed.waiting import wait_for as _wait_for
 
 from .conftest import FAST_LOOPS, ROOM, closing_client
-from .waiting import wait_for as _wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -22,9 +22,9 @@ from foundation import keys
 from sluice.cli import main
 from sluice.client import Client
 from sluice.embedded import Stack, free_port
+from testbed.waiting import wait_for
 
 from .conftest import FAST_LOOPS, closing_client, read_events, write_project
-from .waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,7 @@ import redis
 
 from foundation.settings import RedisAddress
 from sluice.embedded import free_port
-
-from .waiting import wait_for
+from testbed.waiting import wait_for
 
 MASTER = "sluice"
 
@@ -80,7 +79,8 @@ class SentinelCluster:
                     replicas = redis.Redis(port=port, socket_timeout=1, decode_responses=True).sentinel_slaves(MASTER)
                 except redis.RedisError:
                     return False
-                if master["num-other-sentinels"] < 2 or not any(r["master-link-status"] == "ok" for r in replicas):
+                if not isinstance(master, dict) or master["num-other-sentinels"] < 2 or not any(
+                        r["master-link-status"] == "ok" for r in replicas):
                     return False
             return True
 
@@ -108,11 +108,17 @@ class SentinelCluster:
 
     def primary_port(self) -> int:
         """The primary as a majority of sentinels names it."""
-        named: list[int] = []
-        for port in self.sentinels:
-            with suppress(redis.RedisError):
-                named.append(int(redis.Redis(port=port, socket_timeout=1).sentinel_get_master_addr_by_name(MASTER)[1]))
+        named = [found for port in self.sentinels if (found := self._named_by(port)) is not None]
         return max(set(named), key=named.count)
+
+    @staticmethod
+    def _named_by(sentinel_port: int) -> int | None:
+        """The primary's port as one sentinel names it; None when it cannot say."""
+        with suppress(redis.RedisError):
+            address = redis.Redis(port=sentinel_port, socket_timeout=1).sentinel_get_master_addr_by_name(MASTER)
+            if isinstance(address, tuple):
+                return int(address[1])
+        return None
 
     def kill_primary(self) -> int:
         """SIGKILL the primary (no shutdown, no goodbye to its replica); its port."""
@@ -125,10 +131,7 @@ class SentinelCluster:
         """Every sentinel names another primary, which answers as one; its port."""
 
         def promoted() -> int | None:
-            ports = set()
-            for port in self.sentinels:
-                with suppress(redis.RedisError):
-                    ports.add(int(redis.Redis(port=port, socket_timeout=1).sentinel_get_master_addr_by_name(MASTER)[1]))
+            ports = {found for port in self.sentinels if (found := self._named_by(port)) is not None}
             if len(ports) != 1 or old in ports:
                 return None
             [new] = ports
