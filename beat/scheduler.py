@@ -26,7 +26,7 @@ from .schedule import maintenance_steps
 log = logging.getLogger(__name__)
 
 
-class MaintenanceScheduler(Scheduler):
+class MaintenanceScheduler(Scheduler):  # type: ignore[misc]  # Celery ships no types
     """Celery's in-memory scheduler, ticking Sluice's `MaintenanceLoop` too."""
 
     def __init__(self, app: Celery, *args: Any, clock: Callable[[], float] = time.time, **kwargs: Any) -> None:
@@ -47,5 +47,5 @@ class MaintenanceScheduler(Scheduler):
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """Send Celery's due entries, run the due maintenance steps; seconds until either is due."""
-        wait = super().tick(*args, **kwargs)
+        wait = float(super().tick(*args, **kwargs))
         return min(wait, self.maintenance.tick(self._clock()))

@@ -104,7 +104,7 @@ class BuiltPredictor:
         """The first of `names` the instance has as a callable (bound method), or None."""
         with self.namespace.active():  # a property or __getattr__ of the user's runs in its namespace
             for name in names:
-                found = getattr(self.instance, name, None)
+                found: Callable[..., Any] | None = getattr(self.instance, name, None)
                 if callable(found):
                     return found
         return None

@@ -84,7 +84,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_YAML_DEPTH:
                 raise _YamlLimit(f"nested deeper than the limit of {MAX_YAML_DEPTH} levels",
-                                 self.peek_event().start_mark)
+                                 self.peek_event().start_mark)  # type: ignore[no-untyped-call]
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1

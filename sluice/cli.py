@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar, overload
 
 import click
 
@@ -30,6 +30,8 @@ from .client import ACTIVE_STATUSES, TERMINAL_STATUSES, Client
 from .log_follow import LogFollower
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from foundation.hosts import Resources
 
 OUTPUT_FORMATS = ("table", "json")
@@ -86,8 +88,21 @@ def one_line(message: str) -> str:
     return lines[0] + (" (...)" if len(lines) > 1 else "")
 
 
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+_OUTPUT_HELP = "table for people, json for scripts (one JSON document on stdout)."
+
+
+@overload
+def output_option(command: _Command) -> _Command: ...
+
+
+@overload
+def output_option(command: None = None, *, default: str = "table",
+                  help: str = _OUTPUT_HELP) -> Callable[[_Command], _Command]: ...
+
+
 def output_option(command: Callable[..., Any] | None = None, *, default: str = "table",
-                  help: str = "table for people, json for scripts (one JSON document on stdout).") -> Any:
+                  help: str = _OUTPUT_HELP) -> Any:
     """`-o/--output table|json`, on every command that prints, as Cortex's CLI had it."""
     option = click.option("-o", "--output", type=click.Choice(OUTPUT_FORMATS), default=default, show_default=True,
                           help=help)
@@ -102,7 +117,7 @@ def _print(data: Any) -> None:
     click.echo(json.dumps(data, indent=2))
 
 
-def _console():
+def _console() -> Console:
     """A console for tables: the terminal's width, or unbounded when piped (no folded cells)."""
     from rich.console import Console
 
@@ -528,7 +543,8 @@ def _show_task_job(api: str, job: dict[str, Any], now: float) -> None:
 @output_option(default="json", help="json (one document: the job's spec, or with --wait its final job_status) "
                "or table (a line for people).")
 @click.pass_context
-def submit(ctx: click.Context, api: str, submission, items_file, body_file, batch_size: int | None,
+def submit(ctx: click.Context, api: str, submission: IO[str] | None, items_file: IO[str] | None,
+           body_file: IO[str] | None, batch_size: int | None,
            workers: int | None, config_json: str | None, timeout: int | None, tries: int | None, wait: bool,
            output: str) -> None:
     """Submit a job to a BatchAPI (or run a TaskAPI's task) and print its spec (JSON), or with --wait
@@ -560,7 +576,7 @@ def submit(ctx: click.Context, api: str, submission, items_file, body_file, batc
             spec = client.submit_raw(api, submission_body(body, workers=workers, config=config, timeout=timeout,
                                                           tries=tries))
         else:
-            assert batch_size is not None  # refused above when missing with --items
+            assert batch_size is not None and items_file is not None  # refused above when missing with --items
             spec = client.submit(api, json.load(items_file), batch_size, workers=workers or 1, config=config,
                                  timeout=timeout, tries=tries)
     except json.JSONDecodeError as e:
@@ -775,7 +791,7 @@ def logs(ctx: click.Context, api: str, job_id: str | None, follow: bool, output:
 @output_option(help="table: the answer as it came (JSON pretty-printed); json: the answer as one JSON document "
                "(a text answer as a JSON string).")
 @click.pass_context
-def predict(ctx: click.Context, api: str, json_file, data: str | None, output: str) -> None:
+def predict(ctx: click.Context, api: str, json_file: IO[bytes] | None, data: str | None, output: str) -> None:
     """Send one request to a RealtimeAPI and print its answer."""
     if (json_file is None) == (data is None):
         raise click.UsageError("give exactly one of --json FILE or --data TEXT")

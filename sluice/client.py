@@ -37,6 +37,14 @@ TERMINAL_STATUSES = {status.value for status in _TERMINAL}
 ACTIVE_STATUSES = {status.value for status in _ACTIVE}
 
 
+
+def _records(answer: dict[str, Any], field: str) -> list[dict[str, Any]]:
+    """`answer[field]`, a list of JSON objects as the API documents it."""
+    found = answer.get(field)
+    if not isinstance(found, list):
+        raise ServerError(200, "bad_response", f"expected a list in {field!r}")
+    return found
+
 class ClientError(SluiceError):
     """The server answered with an error (or could not be reached: status 0).
 
@@ -186,7 +194,7 @@ class RetryPolicy:
     def delay(self, retry: int, retry_after: float) -> float:
         """Seconds to wait before retry number `retry` (0 for the first) when told `retry_after`."""
         base = max(retry_after, self.backoff * 2 ** retry)
-        return min(self.max_wait, base * (1 + self.jitter * self.random()))
+        return float(min(self.max_wait, base * (1 + self.jitter * self.random())))
 
 
 def _retry_after_s(response: requests.Response) -> float | None:
@@ -274,12 +282,16 @@ class Client:
             return f"{self.url}{endpoint}"
         return f"{self.url}/{quote(name, safe='')}"
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """The JSON object Sluice answered; anything else is a `ServerError` (`bad_response`)."""
         response = self._request(method, path, **kwargs)
         try:
-            return response.json()
+            answer = response.json()
         except ValueError as e:
             raise ServerError(response.status_code, "bad_response", response.text[:500]) from e
+        if not isinstance(answer, dict):
+            raise ServerError(response.status_code, "bad_response", f"expected a JSON object: {response.text[:500]}")
+        return answer
 
     # -- APIs -------------------------------------------------------------------------------
     def deploy(self, config_path: str | Path = "cortex.yaml") -> list[dict[str, Any]]:
@@ -295,7 +307,7 @@ class Client:
             "config": (config_name, config_text, "application/yaml"),
             "project": ("project.tar.gz", project, "application/gzip"),
         }
-        return self._call("POST", "/apis", files=files)["apis"]
+        return _records(self._call("POST", "/apis", files=files), "apis")
 
     def create_api(
         self, api_spec: dict[str, Any] | list[dict[str, Any]], predictor: Any = None, task: Any = None,
@@ -334,7 +346,7 @@ class Client:
         return deployed
 
     def apis(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/apis")["apis"]
+        return _records(self._call("GET", "/apis"), "apis")
 
     def list_apis(self) -> list[dict[str, Any]]:
         """Every deployed API's summary (name, kind, bundle, queue, deployed_at, spec)."""
@@ -456,7 +468,7 @@ class Client:
         return self._call("POST", f"/tasks/{api_name}", data=json.dumps(body),
                           headers={"Content-Type": "application/json"})
 
-    def _job_call(self, method: str, api_name: str, **kwargs: Any) -> Any:
+    def _job_call(self, method: str, api_name: str, **kwargs: Any) -> dict[str, Any]:
         """A call to the API's job endpoint: `/batch/<api>`, or `/tasks/<api>` for a TaskAPI (found
         out, once per client, when `/batch/<api>` answers that the API is not a BatchAPI)."""
         route = self._job_routes.get(api_name, "batch")
@@ -470,7 +482,8 @@ class Client:
 
     def job(self, api_name: str, job_id: str) -> dict[str, Any]:
         """The job's bare `job_status` (status, worker_counts, times; a batch job's batch_metrics): Sluice's own."""
-        return self.get_job(api_name, job_id)["job_status"]
+        status: dict[str, Any] = self.get_job(api_name, job_id)["job_status"]
+        return status
 
     def get_job(self, api_name: str, job_id: str) -> dict[str, Any]:
         """The job as Cortex's client returned it: `{"job_status", "endpoint", "api_spec"}`, what
@@ -482,7 +495,7 @@ class Client:
 
     def jobs(self, api_name: str, limit: int = 100) -> list[dict[str, Any]]:
         """The API's jobs, newest first (a BatchAPI's or a TaskAPI's)."""
-        return self._job_call("GET", api_name, params={"limit": limit})["jobs"]
+        return _records(self._job_call("GET", api_name, params={"limit": limit}), "jobs")
 
     def stop(self, api_name: str, job_id: str) -> dict[str, Any]:
         """Stop a batch or task job."""
@@ -496,7 +509,7 @@ class Client:
         """A batch job's batches that failed after all their tries (a task job has none to list)."""
         if self._job_routes.get(api_name) == "tasks":
             return []
-        return self._call("GET", f"/batch/{api_name}/failed", params={"jobID": job_id})["failed_batches"]
+        return _records(self._call("GET", f"/batch/{api_name}/failed", params={"jobID": job_id}), "failed_batches")
 
     # -- logs -------------------------------------------------------------------------------
     def get_logs(

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,10 +78,10 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
-def _wait_until(check, timeout: float, what: str, interval: float = 0.1) -> None:
+def _wait_until(check: Callable[[], object], timeout: float, what: str, interval: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -96,7 +96,7 @@ def _wait_until(check, timeout: float, what: str, interval: float = 0.1) -> None
 @dataclass
 class Child:
     name: str
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     log_path: Path
     argv: list[str] = field(default_factory=list)
     is_worker: bool = False
@@ -188,7 +188,7 @@ class Stack:
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
-    def _popen(self, argv: list[str], log_path: Path) -> subprocess.Popen:
+    def _popen(self, argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             return subprocess.Popen(
@@ -406,7 +406,7 @@ class Stack:
         if self._died(child):
             raise self._exited("the proxy", child)
 
-    def _spawn_launcher(self, api_name: str, port: int) -> subprocess.Popen:
+    def _spawn_launcher(self, api_name: str, port: int) -> subprocess.Popen[bytes]:
         """`sluice serve` for one replica of an API; it binds ports `port` and `port + 1` on loopback."""
         assert self.data_dir is not None
         return self._popen([

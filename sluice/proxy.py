@@ -187,7 +187,7 @@ class HAProxy:
             self._socket_dir = Path(tempfile.mkdtemp(prefix="sluice-proxy-"))
             socket_path = self._socket_dir / "master.sock"
         self.socket_path = socket_path
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
 
     # configuration
     def check(self, text: str) -> None:

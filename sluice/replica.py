@@ -114,7 +114,7 @@ def source_address(destination: str) -> str | None:
         family = socket.AF_INET6 if ":" in destination else socket.AF_INET
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
             probe.connect((destination.strip("[]"), 9))
-            return probe.getsockname()[0]
+            return str(probe.getsockname()[0])
     except OSError:
         return None
 
@@ -129,7 +129,7 @@ def restart_delay_s(quick_failures: int) -> float:
     """Back-off before starting again a gunicorn that keeps dying at once (0 after a long run)."""
     if quick_failures <= 0:
         return 0.0
-    return min(MAX_RESTART_DELAY_S, 0.5 * 2 ** (quick_failures - 1))
+    return float(min(MAX_RESTART_DELAY_S, 0.5 * 2 ** (quick_failures - 1)))
 
 
 def _proxy_unrouted() -> Unrouted:
@@ -153,7 +153,7 @@ class Generation:
     state_dir: Path
     env: dict[str, str]
     argv: list[str]
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     restart_at: float = 0.0
     quick_failures: int = 0
@@ -217,7 +217,7 @@ class ReplicaLauncher:
         self, api_name: str, *, redis_client: redis.Redis, bundles: BundleStore, state_root: Path,
         port: int, host: str = "127.0.0.1", advertise: str | None = None, api_url: str = DEFAULT_API_URL,
         base_env: Mapping[str, str] | None = None, drain_cap_s: float = DRAIN_CAP_S,
-        unrouted: Unrouted | None = None, spawn: Callable[..., subprocess.Popen] = spawn_gunicorn,
+        unrouted: Unrouted | None = None, spawn: Callable[..., subprocess.Popen[bytes]] = spawn_gunicorn,
         registry: ApiRegistry | None = None, directory: ReplicaDirectory | None = None,
         placement_host: str = "", environments: HostEnvironments | None = None,
     ) -> None:

@@ -42,7 +42,7 @@ log = logging.getLogger("sluice.replicas")
 # A launcher that exits within this many seconds of its start is started again after a back-off.
 QUICK_EXIT_S = 10.0
 
-SpawnLauncher = Callable[[str, int], subprocess.Popen]
+SpawnLauncher = Callable[[str, int], subprocess.Popen[bytes]]
 SelectApi = Callable[[DeployedApi], bool]
 
 HARDWARE = ("cpu", "gpu")
@@ -84,7 +84,7 @@ def free_port_pair(taken: set[int] | frozenset[int] = frozenset(), tries: int = 
     for _ in range(tries):
         with _probe_socket() as s:
             s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+            port = int(s.getsockname()[1])
         if port + 1 <= 65535 and not {port, port + 1} & set(taken) and _bindable(port + 1):
             return port
     raise OSError("no two adjacent free ports found for a replica")
@@ -96,7 +96,7 @@ class Launcher:
 
     api: str
     port: int
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     started_at: float
     quick_failures: int = 0
     restarts: int = 0
@@ -361,7 +361,7 @@ def serve_all(
                       offers=offers if offers is not None else machine_resources(), hardware=hardware,
                       every_s=host_heartbeat_s(settings.host_ttl_s))
 
-    def spawn(api_name: str, port: int) -> subprocess.Popen:
+    def spawn(api_name: str, port: int) -> subprocess.Popen[bytes]:
         argv = launcher_argv(api_name, port, host=host, advertise=address, api_url=api_url, state_dir=state_root,
                              placement_host=agent.host_id)
         return spawn_gunicorn(argv, env, Path.cwd())  # any command: own session, dies with us

@@ -112,14 +112,14 @@ def replica_env(
     return env
 
 
-def spawn_gunicorn(argv: list[str], env: Mapping[str, str], cwd: Path) -> subprocess.Popen:
+def spawn_gunicorn(argv: list[str], env: Mapping[str, str], cwd: Path) -> subprocess.Popen[bytes]:
     """gunicorn in its own process group (so the group can be killed as one), tied to our life."""
     return subprocess.Popen(
         argv, env=dict(env), cwd=cwd, start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
     )
 
 
-def signal_group(process: subprocess.Popen, sig: int) -> None:
+def signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
     """Signal gunicorn and its workers at once (a worker left by a dead arbiter keeps the port)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)

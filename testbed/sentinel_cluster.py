@@ -66,7 +66,8 @@ class SentinelCluster:
         self.wait_ready()
         for port in self.sentinels:
             with suppress(redis.ResponseError):
-                redis.Redis(port=port).execute_command("SENTINEL", "DEBUG", "INFO-PERIOD", 1000, "PUBLISH-PERIOD", 500)
+                redis.Redis(port=port).execute_command(  # type: ignore[no-untyped-call]
+                    "SENTINEL", "DEBUG", "INFO-PERIOD", 1000, "PUBLISH-PERIOD", 500)
         return self
 
     def wait_ready(self) -> None:

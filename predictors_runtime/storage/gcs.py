@@ -61,7 +61,7 @@ class GCSStorage(RemoteStorage):
                 from google.auth.credentials import AnonymousCredentials
 
                 return storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or "test",
-                                      credentials=AnonymousCredentials())
+                                      credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
             return storage.Client()
 
     def _blob(self, uri: str) -> Any:
