@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 RUN := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
 
 # The static checks and the fast tier, each a target of its own (`make check` runs all three):
-# lint (ruff.toml), types (mypy.ini; strict on foundation/ and jobs/), and the unit tests, which
+# lint and types (their settings in pyproject.toml; mypy strict on all but api/), and the unit tests, which
 # start no process, never sleep and need no Redis (tests/unit/conftest.py holds them to that).
 # Both tools keep their caches under $(VENV), so the checkout stays as it was.
 LINT := $(VENV)/bin/ruff check
@@ -37,11 +37,11 @@ $(UV):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check uv
 
-$(STAMP): setup.py requirements-dev.txt examples/requirements.txt | $(UV)
+$(STAMP): pyproject.toml requirements-dev.txt examples/requirements.txt | $(UV)
 	$(UV) pip install --quiet --python $(PY) -r requirements-dev.txt
 	touch $(STAMP) $(DEMO_STAMP)
 
-$(DEMO_STAMP): setup.py examples/requirements.txt | $(UV)
+$(DEMO_STAMP): pyproject.toml examples/requirements.txt | $(UV)
 	$(UV) pip install --quiet --python $(PY) -e '.[server,onnx]' -r examples/requirements.txt
 	touch $(DEMO_STAMP)
 

@@ -277,9 +277,9 @@ def _request_id_of_failed_request(environ: dict[str, Any]) -> str:
     return environ.get(_REQUEST_ID_KEY) or environ.get("HTTP_X_REQUEST_ID") or new_request_id()
 
 
-def create_replica_app(settings: ReplicaSettings | None = None, build: Build | None = None, *,
-                       configure_logging: bool = True, recorder: Recorder | None = None,
-                       log_streams: LogStreams | None = None) -> Flask:
+def create_replica_app(  # noqa: C901 - the app factory: each route is a closure over the one predictor
+        settings: ReplicaSettings | None = None, build: Build | None = None, *, configure_logging: bool = True,
+        recorder: Recorder | None = None, log_streams: LogStreams | None = None) -> Flask:
     """The WSGI app of one replica process; starts building the predictor in the background.
 
     `build(settings, api)` makes the predictor (default: `build_from_project`); tests inject

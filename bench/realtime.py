@@ -351,7 +351,7 @@ def bench_tensorflow(client: Client, stack: Stack, tmp: Path, processes: int, co
                 print(f"note: deleting {api} failed: {e}")
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901 - one flat script: the options, then each measurement in turn
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
     parser.add_argument("--concurrency", default="1,8,64")

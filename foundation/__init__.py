@@ -3,8 +3,8 @@ clients (`redis_clients`: one policy per kind of client), the error tree, figure
 the store they are summed in, JSON logs and log streams, API keys, and the registries of deployed
 APIs and of realtime replicas.
 
-It knows neither Flask nor Celery (`layers.ini` holds it to that), so a worker node, beat, the
-proxy controller and a replica launcher load only what they use.
+It knows neither Flask nor Celery (pyproject.toml's import-linter contracts hold it to that), so
+a worker node, beat, the proxy controller and a replica launcher load only what they use.
 
 Each collaborator that lives in Redis is a Protocol that callers type against, with its Redis
 implementation beside it and an in-memory fake in `memory` for fast tests of any layer:

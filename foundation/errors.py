@@ -138,7 +138,7 @@ class InsecureBind(SluiceError):
 
 
 class MissingExtra(SluiceError):
-    """This installation lacks the extra a feature needs (`pip install 'sluice[s3]'`); see setup.py."""
+    """This installation lacks the extra a feature needs (`pip install 'sluice[s3]'`); see pyproject.toml."""
 
     kind = "missing_extra"
 

@@ -1,4 +1,4 @@
-"""The optional parts of Sluice ("extras", setup.py) a feature needs, and the error naming a missing one.
+"""The optional parts of Sluice ("extras", pyproject.toml) a feature needs, and the error naming a missing one.
 
 A client-only install (`pip install sluice`) has the `sluice` command and the Python client;
 running Sluice, the model runtimes and the cloud storage clients come with extras. Code that

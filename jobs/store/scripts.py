@@ -1,4 +1,4 @@
-"""The store's Lua scripts, one file each in `jobs/store/lua/` (shipped as package data: setup.py).
+"""The store's Lua scripts, one file each in `jobs/store/lua/` (shipped as package data: pyproject.toml).
 
 Each script is one round trip that must not be split: counting a batch once, moving a status only
 from an allowed one, telling exactly one caller that a job completed. They are registered with

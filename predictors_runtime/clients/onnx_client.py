@@ -156,7 +156,7 @@ def _check_shape(spec: InputSpec, array: np.ndarray[Any, Any]) -> None:
             )
 
 
-def _cast(spec: InputSpec, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def _cast(spec: InputSpec, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:  # noqa: C901 - one rule per dtype family
     """Convert to the input's dtype, refusing conversions that would change values silently."""
     target = spec.dtype
     assert target is not None

@@ -1,4 +1,4 @@
-"""The architecture as `layers.ini` declares it, held by every import in the code."""
+"""The architecture as pyproject.toml's `[tool.importlinter]` declares it, held by every import in the code."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = ROOT / "layers.ini"
+LAYERS = ROOT / "pyproject.toml"
 _ARROW = re.compile(r"(?P<importer>[\w.]+) -> (?P<imported>[\w.]+) \(l\.(?P<line>\d+)\)")
 
 
@@ -26,7 +26,7 @@ def broken_arrows(report: str) -> list[str]:
     return list(dict.fromkeys(arrows))  # a chain shows an arrow once per contract it breaks
 
 
-def test_every_import_keeps_to_the_layers_that_layers_ini_declares(capsys: pytest.CaptureFixture[str],
+def test_every_import_keeps_to_the_declared_layers(capsys: pytest.CaptureFixture[str],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from importlinter import configuration
     from importlinter.application.use_cases import lint_imports
@@ -35,7 +35,7 @@ def test_every_import_keeps_to_the_layers_that_layers_ini_declares(capsys: pytes
     monkeypatch.chdir(ROOT)  # the packages are found from the repository's root
     kept = lint_imports(config_filename=str(LAYERS), cache_dir=None, no_logo=True)
     report = capsys.readouterr().out
-    assert kept, "imports break layers.ini:\n" + "\n".join(broken_arrows(report)) + "\n\n" + report
+    assert kept, "imports break the layers of pyproject.toml:\n" + "\n".join(broken_arrows(report)) + "\n\n" + report
 
 
 def test_a_broken_arrow_is_named_by_file_line_and_arrow() -> None:

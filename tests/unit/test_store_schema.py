@@ -4,6 +4,7 @@ them, the scripts ship with the package, and both stores read a hash back the sa
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -36,11 +37,12 @@ def test_the_fields_found_are_those_of_the_calls_including_every_pair_of_a_multi
     assert fields_touched(source) == {"status", "moved_by"}
 
 
-def test_every_script_is_a_file_of_the_package_and_setup_ships_them() -> None:
+def test_every_script_is_a_file_of_the_package_and_the_distribution_ships_them() -> None:
     folder = ROOT / "jobs" / "store" / "lua"
 
     assert sorted(path.stem for path in folder.glob("*.lua")) == sorted(scripts.SCRIPTS)
-    assert '"jobs.store": ["lua/*.lua"]' in (ROOT / "setup.py").read_text()
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["jobs.store"] == [
+        "lua/*.lua"]
     with pytest.raises(ValueError, match="no store script named 'nope'"):
         scripts.source("nope")
 
