@@ -11,7 +11,7 @@ import click
 
 from predictors_runtime.extras import needs_extra
 
-from .client import Client
+from ..client import Client
 
 # How long `sluice deploy` waits for a host to start building a new environment before it says
 # that none has (a deployment whose worker nodes are not kept by a worker host builds it at the
@@ -128,7 +128,7 @@ def env_prune(grace: float | None, output: str) -> None:
     from foundation.redis_clients import client as redis_client
     from jobs.store import JobStore
 
-    from .environment_upkeep import keys_in_use
+    from ..environment_upkeep import keys_in_use
 
     client = redis_client(settings.redis_address, STORE)
     keep = keys_in_use(RedisApiRegistry(client).all(), JobStore(client, settings.job_ttl_s))

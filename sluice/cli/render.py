@@ -1,0 +1,118 @@
+"""How the CLI shows things to people: tables, times, a job's progress and status in words, a
+realtime API's state."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+def table_console() -> Console:
+    """A console for tables: the terminal's width, or unbounded when piped (no folded cells)."""
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    return console if console.is_terminal else Console(highlight=False, width=1000)
+
+
+def print_table(title: str | None, columns: list[str], rows: list[list[str]]) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, box=None, header_style="bold", title_justify="left", pad_edge=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    table_console().print(table)
+
+
+def _epoch(value: Any) -> float | None:
+    """An epoch from a float or an RFC 3339 string (job specs carry the latter)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def ago(epoch: float | None, now: float) -> str:
+    if epoch is None:
+        return "-"
+    return f"{duration_text(now - epoch)} ago"
+
+
+def duration_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(int(seconds), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def job_duration(job: dict[str, Any], now: float) -> float | None:
+    start = _epoch(job.get("start_time"))
+    if start is None:
+        return None
+    end = _epoch(job.get("end_time")) or now
+    return end - start
+
+
+def status_word(status: str) -> str:
+    """A job status as every human-readable line spells it: `succeeded` for `status_succeeded`
+    (JSON output keeps Cortex's spelling)."""
+    return status.removeprefix("status_")
+
+
+def progress_cell(job: dict[str, Any]) -> str:
+    metrics = job.get("batch_metrics")
+    if metrics is None:  # a task job: one run, no batches
+        return "-"
+    return f"{metrics['succeeded']}/{metrics['failed']}/{job['total_batch_count']}"
+
+
+def progress_line(status: dict[str, Any]) -> str:
+    """A one-line text progress bar (used where no live display is wanted, e.g. examples/demo.py)."""
+    metrics = status["batch_metrics"]
+    done = metrics["succeeded"] + metrics["failed"]
+    total = status["total_batch_count"] or 1
+    width = 30
+    filled = int(width * done / total)
+    return (
+        f"[{'#' * filled}{'.' * (width - filled)}] {done}/{status['total_batch_count']} batches "
+        f"({metrics['failed']} failed) {status_word(status['status'])}"
+    )
+
+
+def replica_counts(api: dict[str, Any]) -> tuple[int, int]:
+    """(ready, wanted): every live, non-draining replica is wanted (one per serving host)."""
+    live = [r for r in api.get("replicas", []) if not r.get("draining")]
+    return sum(1 for r in live if r.get("ready")), len(live)
+
+
+def realtime_status(api: dict[str, Any]) -> str:
+    ready, wanted = replica_counts(api)
+    if any(r.get("message") for r in api.get("replicas", [])):
+        return "error" if not ready else "live (with errors)"
+    if wanted == 0:
+        return "no replicas"
+    if any(r.get("bundle") != api["bundle"] for r in api.get("replicas", [])):
+        return "updating"
+    return "live" if ready else "starting"
