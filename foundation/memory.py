@@ -53,6 +53,7 @@ from foundation.log_streams import (
 )
 from foundation.predictor_builds import PredictorBuilds
 from foundation.proxy_load import ProxyLoad, ProxyLoadBook
+from foundation.proxy_registry import FORGET_PROXIES_AFTER_S, PROXY_TTL_S, ProxyRecord, ProxyRegistry
 from foundation.replica_directory import (
     REPLICA_TTL_S,
     ReplicaDirectory,
@@ -235,6 +236,36 @@ class MemoryProxyLoadBook(_Fake, ProxyLoadBook):
             self._reach()
             self._loads = {k: raw for k, raw in self._loads.items()
                            if now - float(json.loads(raw)["seen"]) <= after_s}
+
+
+class MemoryProxyRegistry(_Fake, ProxyRegistry):
+    """Each proxy's routing state in a dict, stored as JSON text as Redis holds it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._records: dict[str, str] = {}
+
+    def publish(self, record: ProxyRecord) -> None:
+        with self.lock:
+            self._reach()
+            self._records[record.proxy_id] = json.dumps(record.to_dict())
+
+    def live(self, now: float, ttl_s: float = PROXY_TTL_S) -> list[ProxyRecord]:
+        with self.lock:
+            self._reach()
+            records = [ProxyRecord.from_dict(json.loads(raw)) for raw in self._records.values()]
+        return [record for record in records if now - record.seen <= ttl_s]
+
+    def forget_silent(self, now: float, after_s: float = FORGET_PROXIES_AFTER_S) -> None:
+        with self.lock:
+            self._reach()
+            self._records = {k: raw for k, raw in self._records.items()
+                             if now - float(json.loads(raw)["seen"]) <= after_s}
+
+    def withdraw(self, proxy_id: str) -> None:
+        with self.lock:
+            self._reach()
+            self._records.pop(proxy_id, None)
 
 
 class MemoryReplicaAssignments(_Fake, ReplicaAssignments):

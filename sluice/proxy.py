@@ -23,43 +23,35 @@ failed write only costs this turn: haproxy keeps routing.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import shutil
-import signal
 import socket
-import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import redis
 
-from foundation import keys
 from foundation.api_keys import KEYS_VARIABLE, PROTECT_REALTIME_VARIABLE, header_values, refuse_open_bind
 from foundation.api_registry import ApiRegistry, RedisApiRegistry
 from foundation.errors import ConfigError, NotReady
 from foundation.figure_store import RedisFigureStore
 from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS, Recorder
-from foundation.processes import die_with_parent
 from foundation.proxy_load import PUBLISH_EVERY_S, LoadTally, ProxyLoadBook, RedisProxyLoadBook
+from foundation.proxy_registry import FORGET_PROXIES_AFTER_S, ProxyRecord, RedisProxyRegistry
 from foundation.replica_directory import REPLICA_TTL_S, RedisReplicaDirectory, ReplicaDirectory
 from foundation.settings import Settings
 
+from .haproxy import HAProxy, HAProxyState
 from .local_socket import reachable_socket
 from .proxy_config import Route, in_flight_by_api, plan_routes, render_config, tag_of
 from .proxy_rejections import REASONS, TABLE, RejectionTally, parse_table
 
 log = logging.getLogger(__name__)
 
-PROXIES_KEY = keys.PROXIES
-# A proxy not heard from for this long is gone: it routes nothing any more.
-PROXY_TTL_S = 5.0
 STEP_INTERVAL_S = 0.3
 # A reload the master has not finished within this long is sent again.
 RELOAD_PATIENCE_S = 10.0
@@ -67,55 +59,6 @@ RELOAD_PATIENCE_S = 10.0
 RESTART_DELAY_S = 1.0
 # Replica records silent this long are dropped (their host died without deregistering), this often.
 FORGET_EVERY_S = 30.0
-# Records of proxies silent this long are dropped.
-FORGET_PROXIES_AFTER_S = 3600.0
-_SOCKET_PATH_MAX = 97  # haproxy refuses a longer master socket path ("max 97"), below sun_path's 108 bytes
-
-
-# -- what the proxies publish ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class ProxyRecord:
-    """One proxy's routing state, as launchers read it; `to_dict()` is the stored form."""
-
-    proxy_id: str
-    routes: list[str]     # replica ids its latest configuration routes to
-    settled: bool         # haproxy serves exactly that configuration, no older worker is left
-    seen: float           # last publication (epoch seconds)
-    config: str = ""      # the configuration's tag
-    listen: str = ""
-    pid: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ProxyRecord:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
-
-
-def live_proxies(client: redis.Redis, now: float, ttl_s: float = PROXY_TTL_S) -> list[ProxyRecord]:
-    records = []
-    for raw in client.hvals(PROXIES_KEY):
-        try:
-            record = ProxyRecord.from_dict(json.loads(raw))
-        except (ValueError, TypeError):
-            continue
-        if now - record.seen <= ttl_s:
-            records.append(record)
-    return records
-
-
-def unrouted(client: redis.Redis, replica_id: str, now: float) -> bool:
-    """True when no live proxy can send the replica another request: each has settled on a
-    configuration that does not route it (true as well when no proxy is running)."""
-    return all(p.settled and replica_id not in p.routes for p in live_proxies(client, now))
-
-
-def routed_everywhere(client: redis.Redis, replica_ids: set[str], now: float) -> bool:
-    """True when some proxy runs and every live one has settled on a configuration routing all
-    of `replica_ids` (no reload in progress, no older haproxy worker left)."""
-    proxies = live_proxies(client, now)
-    return bool(proxies) and all(p.settled and replica_ids <= set(p.routes) for p in proxies)
 
 
 # -- judging replicas silent ------------------------------------------------------------------------
@@ -151,173 +94,6 @@ class SilenceAllowance:
     def failed(self, now: float) -> None:
         if self._unread_since is None:
             self._unread_since = now if self._last_read is None else self._last_read
-
-
-# -- one haproxy master ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class HAProxyState:
-    """What the master CLI says: reloads done (and failed), workers, and the config the current one runs."""
-
-    reloads: int
-    failed: int
-    workers: tuple[int, ...]
-    old_workers: tuple[int, ...]
-    tag: str
-
-
-def find_haproxy() -> str:
-    """haproxy's path: on PATH, or where Debian puts it (/usr/sbin is not on every user's PATH)."""
-    found = shutil.which("haproxy")
-    if found:
-        return found
-    return "/usr/sbin/haproxy" if os.access("/usr/sbin/haproxy", os.X_OK) else "haproxy"
-
-
-class HAProxy:
-    """A haproxy master in master-worker mode, its configuration file and CLI in `state_dir`."""
-
-    def __init__(self, state_dir: Path, executable: str | None = None) -> None:
-        self.state_dir = Path(state_dir)
-        self.executable = executable or find_haproxy()
-        self.config_path = self.state_dir / "haproxy.cfg"
-        self.log_path = self.state_dir / "haproxy.log"
-        socket_path = self.state_dir / "master.sock"
-        self._socket_dir: Path | None = None
-        if len(str(socket_path)) > _SOCKET_PATH_MAX:
-            self._socket_dir = Path(tempfile.mkdtemp(prefix="sluice-proxy-"))
-            socket_path = self._socket_dir / "master.sock"
-        self.socket_path = socket_path
-        self.process: subprocess.Popen[bytes] | None = None
-
-    # configuration
-    def check(self, text: str) -> None:
-        """Raise NotReady with haproxy's complaint if it would not load `text`."""
-        staging = self.state_dir / ".haproxy.cfg.check"
-        staging.write_text(text, encoding="utf-8")
-        try:
-            result = subprocess.run([self.executable, "-c", "-q", "-f", str(staging)],
-                                    capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise NotReady(f"cannot run {self.executable} -c: {e}") from e
-        finally:
-            staging.unlink(missing_ok=True)
-        if result.returncode != 0:
-            raise NotReady(f"haproxy rejected the configuration: {(result.stderr or result.stdout).strip()}")
-
-    def write(self, text: str) -> None:
-        """Replace the configuration atomically: a reload reads the old or the new one, whole."""
-        staging = self.state_dir / ".haproxy.cfg.tmp"
-        with open(staging, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(staging, self.config_path)
-
-    # process
-    def start(self) -> None:
-        if shutil.which(self.executable) is None and not os.access(self.executable, os.X_OK):
-            raise NotReady(f"{self.executable} is not installed (apt-get install -y haproxy)")
-        self.socket_path.unlink(missing_ok=True)
-        with open(self.log_path, "ab") as out:
-            self.process = subprocess.Popen(
-                [self.executable, "-W", "-S", f"{self.socket_path},mode,600", "-f", str(self.config_path)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.state_dir,
-                # haproxy gets SIGTERM when its controller dies (even while it forks), so it never
-                # outlives it holding the public port with a stale configuration.
-                preexec_fn=die_with_parent(os.getpid()),
-            )
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def reload(self) -> None:
-        """Hitless: the master re-executes with the new file and hands the listeners to the new worker."""
-        if self.alive():
-            assert self.process is not None
-            self.process.send_signal(signal.SIGUSR2)
-
-    def stop(self, grace: float = 10.0) -> None:
-        """Soft stop (in-flight requests finish) within `grace`, then hard."""
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            for sig, wait in ((signal.SIGUSR1, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-                try:
-                    process.send_signal(sig)
-                    process.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        if process is not None:
-            process.poll()
-
-    def close(self) -> None:
-        if self._socket_dir is not None:
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    # master CLI
-    def command(self, text: str, timeout: float = 2.0) -> str:
-        """One master CLI command (`@1 ...` reaches the current worker); raises OSError."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            s.connect(str(self.socket_path))
-            s.sendall(text.encode() + b"\n")
-            s.shutdown(socket.SHUT_WR)  # non-interactive: the master answers and closes
-            chunks = []
-            while True:
-                data = s.recv(65536)
-                if not data:
-                    break
-                chunks.append(data)
-        return b"".join(chunks).decode(errors="replace")
-
-    def state(self) -> HAProxyState | None:
-        """None while the master cannot answer (starting, re-executing, dead)."""
-        if not self.alive():
-            return None
-        try:
-            proc = self.command("show proc")
-            info = self.command("@1 show info")
-        except OSError:
-            return None
-        reloads = failed = -1
-        workers: list[int] = []
-        old: list[int] = []
-        section = ""
-        for line in proc.splitlines():
-            if line.startswith("#"):
-                section = line.strip("# ").lower()
-                continue
-            parts = line.split()
-            if len(parts) < 3 or not parts[0].isdigit():
-                continue
-            if parts[1] == "master":
-                reloads = int(parts[2]) if parts[2].isdigit() else -1
-                match = re.search(r"failed:\s*(\d+)", line)
-                failed = int(match.group(1)) if match else 0
-            elif section == "workers":
-                workers.append(int(parts[0]))
-            elif section == "old workers":
-                old.append(int(parts[0]))
-        if reloads < 0:
-            return None
-        match = re.search(r"^description:\s*sluice-([0-9a-f]+)\s*$", info, re.MULTILINE | re.IGNORECASE)
-        return HAProxyState(reloads, failed, tuple(workers), tuple(old), match.group(1) if match else "")
-
-    def stats(self, pid: int | None = None) -> list[dict[str, str]]:
-        """`show stat` of worker `pid` (default: the current one), one dict per proxy/server row
-        (qcur, scur, ...)."""
-        text = self.command(f"@!{pid} show stat" if pid is not None else "@1 show stat")
-        lines = [line for line in text.splitlines() if line.strip()]
-        if not lines or not lines[0].startswith("# "):
-            return []
-        header = lines[0][2:].split(",")
-        return [dict(zip(header, line.split(","), strict=False)) for line in lines[1:]]
 
 
 # -- the controller -------------------------------------------------------------------------------
@@ -573,7 +349,7 @@ class ProxyController:
 
     def _publish(self, now: float, state: HAProxyState | None) -> None:
         self._settled = bool(state is not None and state.tag == tag_of(self._config) and not state.old_workers)
-        record = ProxyRecord(
+        RedisProxyRegistry(self.redis_client).publish(ProxyRecord(
             proxy_id=self.proxy_id or "",
             routes=[rid for route in self._routes for rid in route.replica_ids],
             settled=self._settled,
@@ -581,17 +357,10 @@ class ProxyController:
             config=tag_of(self._config),
             listen=f"{self.bind}:{self.port}",
             pid=os.getpid(),
-        )
-        self.redis_client.hset(PROXIES_KEY, record.proxy_id, json.dumps(record.to_dict()))
+        ))
 
     def _forget_silent_proxies(self, now: float) -> None:
-        for key, raw in self.redis_client.hgetall(PROXIES_KEY).items():
-            try:
-                seen = float(json.loads(raw)["seen"])
-            except (ValueError, TypeError, KeyError):
-                seen = 0.0
-            if now - seen > FORGET_PROXIES_AFTER_S:
-                self.redis_client.hdel(PROXIES_KEY, key)
+        RedisProxyRegistry(self.redis_client).forget_silent(now)
 
     def run(self, stop: threading.Event, interval: float = STEP_INTERVAL_S) -> None:
         """Step until `stop` is set; a failed turn (Redis away) is logged, haproxy keeps serving."""
@@ -613,7 +382,7 @@ class ProxyController:
             self._figures.close()
         self.haproxy.close()
         try:
-            self.redis_client.hdel(PROXIES_KEY, self.proxy_id or "")
+            RedisProxyRegistry(self.redis_client).withdraw(self.proxy_id or "")
             self._loads.withdraw(self.proxy_id or "")
         except redis.RedisError as e:
             log.warning("proxy: could not withdraw its record: %s", e)

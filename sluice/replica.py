@@ -42,6 +42,7 @@ from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi, RedisApiRegistry
 from foundation.environment_states import RedisEnvironmentStates
 from foundation.errors import ApiNotFound, ConfigError, NotReady, SluiceError
+from foundation.proxy_registry import RedisProxyRegistry, unrouted
 from foundation.redis_clients import heartbeat_client
 from foundation.replica_directory import ReadinessMarkers, RedisReplicaDirectory, ReplicaDirectory, ReplicaRecord
 from predictors_runtime.bundles import BundleStore
@@ -133,12 +134,8 @@ def restart_delay_s(quick_failures: int) -> float:
 
 
 def _proxy_unrouted() -> Unrouted:
-    """The proxy's answer to "does any proxy still route this replica?"."""
-    try:
-        from .proxy import unrouted
-    except ImportError:  # no proxy in this installation: nothing can route to a replica
-        return lambda _redis, _replica_id, _now: True
-    return unrouted
+    """The proxies' answer to "does any proxy still route this replica?" (`foundation/proxy_registry.py`)."""
+    return lambda client, replica_id, now: unrouted(RedisProxyRegistry(client).live(now), replica_id)
 
 
 # -- one gunicorn --------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import redis
 from api.app import create_app
 from foundation.api_keys import header_values
 from foundation.settings import Settings
-from sluice.proxy import find_haproxy
+from sluice.haproxy import find_haproxy
 from tests.unit.test_auth import KEY, OTHER_KEY, render
 
 pytestmark = pytest.mark.integration

@@ -21,6 +21,7 @@ from foundation.figure_store import RedisFigureStore
 from foundation.hosts import RedisHostDirectory
 from foundation.log_streams import LogStreams, RedisLogStreams, StreamLogHandler, api_stream, job_stream
 from foundation.proxy_load import RedisProxyLoadBook
+from foundation.proxy_registry import RedisProxyRegistry
 from foundation.redis_clients import BACKGROUND, client
 from foundation.replica_directory import RedisReplicaDirectory
 from foundation.replica_placement import RedisReplicaAssignments
@@ -32,6 +33,7 @@ from tests.contracts.figure_store import FigureStoreContract
 from tests.contracts.hosts import HostDirectoryContract
 from tests.contracts.log_streams import LogStreamsContract
 from tests.contracts.proxy_load import ProxyLoadBookContract
+from tests.contracts.proxy_registry import ProxyRegistryContract
 from tests.contracts.replica_assignments import ReplicaAssignmentsContract
 from tests.contracts.replica_directory import NOW, ReplicaDirectoryContract, record
 from tests.contracts.replica_scale import ScaleBookContract
@@ -188,3 +190,17 @@ class TestRedisWorkerHostsKeepsTheContract(WorkerHostsContract):
     @pytest.fixture
     def worker_hosts(self, redis_client: redis.Redis) -> RedisWorkerHosts:
         return RedisWorkerHosts(redis_client)
+
+
+class TestTheRedisProxyRegistry(ProxyRegistryContract):
+    @pytest.fixture
+    def proxies(self, redis_client: redis.Redis) -> RedisProxyRegistry:
+        return RedisProxyRegistry(redis_client)
+
+
+def test_an_unreadable_proxy_record_is_not_live_and_is_forgotten(redis_client: redis.Redis) -> None:
+    redis_client.hset(keys.PROXIES, "garbled", b"{not json")
+    proxies = RedisProxyRegistry(redis_client)
+    assert proxies.live(0.0) == []
+    proxies.forget_silent(0.0)
+    assert redis_client.hlen(keys.PROXIES) == 0

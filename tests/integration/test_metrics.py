@@ -20,9 +20,9 @@ import redis
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from foundation.proxy_registry import RedisProxyRegistry
 from sluice.client import Client
 from sluice.embedded import Stack
-from sluice.proxy import live_proxies
 from testbed.waiting import wait_for
 
 from .test_realtime import write_realtime_project
@@ -142,7 +142,7 @@ def test_realtime_requests_and_refusals_are_counted_by_code_and_reason(stack: St
     def routed() -> bool:
         replicas = client.api(api)["replicas"]
         ready = [r["id"] for r in replicas if r["ready"]]
-        records = live_proxies(proxies, time.time())
+        records = RedisProxyRegistry(proxies).live(time.time())
         return bool(ready) and bool(records) and all(p.settled and ready[0] in p.routes for p in records)
 
     wait_for(routed, 120, "the replica to be ready and routed")

@@ -28,19 +28,27 @@ import redis
 import requests
 
 from foundation.api_registry import RedisApiRegistry
+from foundation.keys import PROXIES as PROXIES_KEY
 from foundation.proxy_load import RedisProxyLoadBook
+from foundation.proxy_registry import RedisProxyRegistry
+from foundation.proxy_registry import unrouted as unrouted_by
 from foundation.replica_directory import RedisReplicaDirectory, ReplicaRecord
 from foundation.replica_scale import RedisScaleBook, ReplicaScale
 from jobs.realtime_scaling import RealtimeScaling
 from predictors_runtime.config import ApiConfig
 from sluice.embedded import free_port
-from sluice.proxy import PROXIES_KEY, ProxyController, unrouted
+from sluice.proxy import ProxyController
 from testbed.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 HERE = Path(__file__).resolve().parent
 BACKENDS = ("r1", "r2", "r3", "management")
+
+
+def unrouted(client, replica_id: str, now: float) -> bool:
+    """What a draining launcher asks: does any live proxy still route this replica?"""
+    return unrouted_by(RedisProxyRegistry(client).live(now), replica_id)
 
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sluice.proxy import find_haproxy
+from sluice.haproxy import find_haproxy
 from tests.unit import test_proxy_config as rendering
 
 pytestmark = pytest.mark.integration

@@ -33,13 +33,14 @@ import yaml
 
 from foundation.api_registry import RedisApiRegistry
 from foundation.hosts import RedisHostDirectory
+from foundation.proxy_registry import RedisProxyRegistry, routed_everywhere
 from foundation.replica_directory import RedisReplicaDirectory, ReplicaDirectory
 from foundation.replica_placement import RedisReplicaAssignments
 from foundation.replica_scale import RedisScaleBook, ReplicaScale
 from jobs.realtime_placement import RealtimePlacement
 from sluice.client import Client
 from sluice.embedded import Stack
-from sluice.proxy import HAProxy, routed_everywhere
+from sluice.haproxy import HAProxy
 from testbed.waiting import wait_for
 
 from .conftest import closing_client
@@ -197,7 +198,7 @@ def only_replica(load_client: Client, name: str) -> str:
 def wait_until_settled_on(redis_client: redis.Redis, replica_id: str) -> None:
     """Every proxy routes the replica and runs a single haproxy worker (no reload in progress),
     so the per-replica limits the test relies on are counted by one process."""
-    wait_for(lambda: routed_everywhere(redis_client, {replica_id}, time.time()), 60,
+    wait_for(lambda: routed_everywhere(RedisProxyRegistry(redis_client).live(time.time()), {replica_id}), 60,
              f"the proxy to settle on {replica_id}")
 
 

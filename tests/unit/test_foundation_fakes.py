@@ -19,6 +19,7 @@ from foundation.memory import (
     MemoryHostDirectory,
     MemoryLogStreams,
     MemoryProxyLoadBook,
+    MemoryProxyRegistry,
     MemoryReplicaAssignments,
     MemoryReplicaDirectory,
     MemoryScaleBook,
@@ -28,6 +29,7 @@ from tests.contracts.figure_store import FigureStoreContract
 from tests.contracts.hosts import HostDirectoryContract
 from tests.contracts.log_streams import LogStreamsContract, lines
 from tests.contracts.proxy_load import ProxyLoadBookContract
+from tests.contracts.proxy_registry import ProxyRegistryContract
 from tests.contracts.replica_assignments import ReplicaAssignmentsContract
 from tests.contracts.replica_directory import ReplicaDirectoryContract, record
 from tests.contracts.replica_scale import ScaleBookContract
@@ -179,3 +181,9 @@ class TestTheMemoryHostDirectory(HostDirectoryContract):
     @pytest.fixture
     def hosts(self) -> MemoryHostDirectory:
         return MemoryHostDirectory()
+
+
+class TestTheMemoryProxyRegistry(ProxyRegistryContract):
+    @pytest.fixture
+    def proxies(self) -> MemoryProxyRegistry:
+        return MemoryProxyRegistry()

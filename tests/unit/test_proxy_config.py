@@ -278,7 +278,7 @@ def test_haproxy_is_tied_to_its_controller_with_the_race_checked(tmp_path, monke
     copy without the check for a controller that died while forking)."""
     import subprocess
 
-    from sluice import proxy
+    from sluice import haproxy
 
     started: dict = {}
 
@@ -286,9 +286,9 @@ def test_haproxy_is_tied_to_its_controller_with_the_race_checked(tmp_path, monke
         def __init__(self, argv, **kwargs):
             started.update(kwargs)
 
-    monkeypatch.setattr(proxy.shutil, "which", lambda name: "/usr/sbin/haproxy")
+    monkeypatch.setattr(haproxy.shutil, "which", lambda name: "/usr/sbin/haproxy")
     monkeypatch.setattr(subprocess, "Popen", Recorded)
-    proxy.HAProxy(tmp_path, executable="/usr/sbin/haproxy").start()
+    haproxy.HAProxy(tmp_path, executable="/usr/sbin/haproxy").start()
 
     preexec = started["preexec_fn"]
     assert preexec.__qualname__ == "die_with_parent.<locals>.preexec"

@@ -18,7 +18,8 @@ from foundation.memory import MemoryApiRegistry, MemoryFigureStore, MemoryReplic
 from foundation.replica_directory import REPLICA_TTL_S, ReplicaRecord
 from foundation.settings import Settings
 from predictors_runtime.config import ApiConfig
-from sluice.proxy import HAProxy, ProxyController, SilenceAllowance
+from sluice.haproxy import HAProxy
+from sluice.proxy import ProxyController, SilenceAllowance
 
 KILLED = 1000.0  # the Redis primary dies; the replica was last heard from just before
 
