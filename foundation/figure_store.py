@@ -8,7 +8,7 @@ second; `foundation.figures.read_figures` reads the sums back and makes totals o
 
 The store knows keys, fields and numbers only; what a field means (label values, a histogram's
 bucket) is `foundation/figures.py`'s, so the two stores cannot read the same sums differently.
-`jobs/store.py` adds to the same hashes from inside its status-change script.
+The job store adds to the same hashes from inside its status-change script (`jobs/store/lua/transition.lua`).
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ Stored form, one hash per figure (`keys.figure(name)`):
 - a histogram: field `<labels>|<le>` = observations in the bucket up to `le` (not cumulative;
   `le` as `repr(float)`, or `+Inf`), field `<labels>|sum` = the sum of the observations.
 
-Label values are JSON so that any text is safe in them; `jobs/store.py` counts jobs that end
-inside its transition script (exactly once, whoever ends the job), writing the same form.
+Label values are JSON so that any text is safe in them; the job store counts jobs that end
+inside its transition script (`jobs/store/lua/transition.lua`: exactly once, whoever ends the
+job), writing the same form.
 
 A process killed outright loses what it counted in its last second; a flush whose reply is lost
 to a Redis failure may be sent again. Figures are for watching trends, not for accounting.

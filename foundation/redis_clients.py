@@ -33,7 +33,7 @@ again until Redis answers, for a bounded time.
 That is only safe because every command Sluice sends through the store's client may run twice:
 plain writes are idempotent (HSET, SADD, EXPIRE), and the job store's scripts carry a token per
 call so that a repeat of a call that already ran answers what the first run answered
-(`jobs/store.py`).
+(`jobs/store/`).
 """
 
 from __future__ import annotations

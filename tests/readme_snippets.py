@@ -1,4 +1,4 @@
-"""The README's code blocks, as the tests read them.
+"""The code blocks of the README and of docs/, as the tests read them.
 
 Each fenced block is preceded by a marker that says what a test does with it:
 `<!-- snippet: run -->` (run on a `sluice up` stack by tests/integration/test_readme_snippets.py)
@@ -14,7 +14,9 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = (README, *sorted((ROOT / "docs").glob("*.md")))
 _MARKER = re.compile(r"<!-- snippet: (run|skip: [^>]+) -->")
 
 
@@ -24,6 +26,11 @@ class Snippet:
     text: str
     line: int  # of the opening fence, 1-based
     marker: str | None  # "run", "skip: <why>", or None when the block has none
+    page: str = "README.md"  # where it is, from the repository's root
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
     @property
     def runs(self) -> bool:
@@ -42,6 +49,11 @@ class Snippet:
         return out
 
 
+def all_snippets() -> list[Snippet]:
+    """Every block of the README, then of each page of docs/."""
+    return [snippet for page in PAGES for snippet in snippets(page)]
+
+
 def snippets(path: Path = README) -> list[Snippet]:
     lines = path.read_text().splitlines()
     found: list[Snippet] = []
@@ -55,6 +67,6 @@ def snippets(path: Path = README) -> list[Snippet]:
         previous = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         marker = _MARKER.fullmatch(previous.strip())
         found.append(Snippet(fence.group(1), textwrap.dedent("\n".join(lines[i + 1:end])) + "\n", i + 1,
-                             marker.group(1) if marker else None))
+                             marker.group(1) if marker else None, path.relative_to(ROOT).as_posix()))
         i = end + 1
     return found

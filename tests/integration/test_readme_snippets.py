@@ -1,4 +1,4 @@
-"""The README's snippets marked `run` (tests/readme_snippets.py), run as a reader would on a
+"""The snippets of the README and docs/ marked `run` (tests/readme_snippets.py), run as a reader would on a
 `sluice up` stack: shell lines one by one in a copy of the examples, Python blocks as scripts.
 
 What a reader fills in is filled in here: the stack's address for `http://127.0.0.1:8888`, the
@@ -10,6 +10,7 @@ already ended) must say so.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -19,11 +20,14 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 import yaml
 
-from sluice.client import Client
+from foundation.replica_directory import RedisReplicaDirectory
+from sluice.client import ApiNotFound, Client
 from sluice.embedded import Stack
-from tests.readme_snippets import Snippet, snippets
+from testbed.waiting import wait_for
+from tests.readme_snippets import Snippet, all_snippets
 
 pytestmark = pytest.mark.integration
 
@@ -107,7 +111,7 @@ def _run(snippet: Snippet, reader: Path, stack: Stack, client: Client) -> str:
             _deploy_summarise(client, reader / "summarise")
         done = subprocess.run([sys.executable, "-c", snippet.text], cwd=reader, env=env, capture_output=True,
                               text=True, timeout=300)
-        assert done.returncode == 0, f"README.md:{snippet.line}\n{done.stderr}"
+        assert done.returncode == 0, f"{snippet.where}\n{done.stderr}"
         return done.stdout
     if "iris-batch" in snippet.text and "sluice deploy examples/iris-batch" not in snippet.text:
         client.deploy(reader / "examples/iris-batch/cortex.yaml")  # a block that calls the API deployed above
@@ -115,10 +119,25 @@ def _run(snippet: Snippet, reader: Path, stack: Stack, client: Client) -> str:
                    if not line.startswith(LEFT_TO_THE_STACK))
 
 
-RUN = [s for s in snippets() if s.runs]
+RUN = [s for s in all_snippets() if s.runs]
+# The APIs the snippets deploy under the names the docs give; other modules on the same stack may
+# deploy the same examples (tests/integration/test_realtime_examples.py).
+DEPLOYED_BY_THE_SNIPPETS = ("iris-batch", "iris-realtime", "summarise")
 
 
-@pytest.mark.parametrize("snippet", RUN, ids=lambda s: f"line{s.line}")
+@pytest.fixture(scope="module", autouse=True)
+def leave_the_stack_as_found(stack: Stack, client: Client):
+    """Delete what the snippets deployed, and wait until no replica of theirs is left serving."""
+    yield
+    replicas = RedisReplicaDirectory(redis.Redis.from_url(stack.redis_url or ""))
+    for name in DEPLOYED_BY_THE_SNIPPETS:
+        with contextlib.suppress(ApiNotFound):
+            client.delete_api(name, force=True)
+    wait_for(lambda: not any(replicas.live(time.time(), name) for name in DEPLOYED_BY_THE_SNIPPETS), 60,
+             "the snippets' replicas to stop")
+
+
+@pytest.mark.parametrize("snippet", RUN, ids=lambda s: s.where)
 def test_the_readme_snippet_runs_as_written(snippet: Snippet, reader: Path, stack: Stack, client: Client) -> None:
     printed = _run(snippet, reader, stack, client)
     # Each block shows what a reader came for.

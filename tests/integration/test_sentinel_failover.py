@@ -7,7 +7,7 @@ The store's client asks the sentinels for the primary and rides out the failover
 restart (`foundation/redis_clients.py`); the broker is kombu's Sentinel transport (`jobs/broker.py`).
 What the old primary acknowledged but had not yet copied to its replica is lost with it
 (asynchronous replication); on loopback that is rare, and the job store's idempotent recording
-and beat's search for lost batches (README, Reliability) make up for it, so these tests check
+and beat's search for lost batches (docs/batch-jobs.md, Reliability) make up for it, so these tests check
 that every item is recorded once and `on_job_complete` runs once, not that no predict call ran twice.
 """
 

@@ -1,4 +1,4 @@
-"""Every `SLUICE_*` variable that Sluice's code reads is documented in README.md's settings tables,
+"""Every `SLUICE_*` variable that Sluice's code reads is documented in docs/settings.md's tables,
 so an operator can find what a setting does and its default without reading the source.
 """
 
@@ -26,9 +26,9 @@ def names_in_source() -> dict[str, list[str]]:
 
 
 def names_in_readme_tables() -> set[str]:
-    """The names in the first column of README.md's tables (where settings are documented)."""
+    """The names in the first column of docs/settings.md's tables (where settings are documented)."""
     documented: set[str] = set()
-    for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
+    for line in (ROOT / "docs" / "settings.md").read_text(encoding="utf-8").splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if line.lstrip().startswith("|") and len(cells) >= 3:
             documented.update(NAME.findall(cells[0]))
@@ -45,9 +45,9 @@ def test_the_source_is_searched_where_settings_are_read() -> None:
 def test_every_sluice_variable_read_in_the_source_is_documented_in_the_readme(name: str) -> None:
     documented = names_in_readme_tables()
     if name.endswith("_"):  # a family named by its prefix (`SLUICE_REPLICA_*` in a docstring)
-        assert any(entry.startswith(name) for entry in documented), f"no {name}* variable in README.md's tables"
+        assert any(entry.startswith(name) for entry in documented), f"no {name}* variable in docs/settings.md's tables"
         return
     assert name in documented, (
-        f"{name} (read in {', '.join(names_in_source()[name])}) is missing from README.md's settings tables: "
+        f"{name} (read in {', '.join(names_in_source()[name])}) is missing from docs/settings.md's tables: "
         "add a row with its default and meaning"
     )
