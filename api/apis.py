@@ -16,8 +16,8 @@ from foundation.api_registry import DeployedApi
 from foundation.environment_states import RedisEnvironmentStates
 from foundation.errors import AccessDenied, BadRequest, ConfigError, Conflict, NotFound, SluiceError
 from foundation.replica_scale import RedisScaleBook
-from jobs.enqueue import stop_job
-from jobs.job import ACTIVE_STATUSES
+from jobs.batch.enqueue import stop_job
+from jobs.batch.job import ACTIVE_STATUSES
 from predictors_runtime.builder import resolve_model_paths
 from predictors_runtime.config import ApiConfig, parse_api_configs
 from predictors_runtime.environments import EnvironmentSpec, HostEnvironments, lock_environment, read_dependency_files

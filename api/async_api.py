@@ -5,7 +5,7 @@ the id when it is a valid one); `GET /<name>/<id>` answers its status, and once 
 result and when it completed. The proxy routes both here (an AsyncAPI has no replicas); the POST
 is answered in front of Flask (`api/async_front.py`), or, when that layer leaves it to Flask (a
 refused key, a body over the limit), by `api/fallback.py`'s `/<name>`. Requests run on worker nodes
-(`jobs/async_runner.py`).
+(`jobs/asyncapi/runner.py`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from flask import Blueprint, request
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
 from foundation.errors import ApiNotFound, NotFound
-from jobs.async_request import RequestStatus
-from jobs.async_submit import Submission, submit_request
+from jobs.asyncapi.request import RequestStatus
+from jobs.asyncapi.submit import Submission, submit_request
 
 from .context import registry, services
 from .schemas import AsyncRequestStatus, AsyncSubmitted

@@ -35,7 +35,7 @@ from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
 from foundation.errors import ApiNotFound, Unauthorized
 from foundation.settings import Settings
-from jobs.async_submit import Submission, submit_request
+from jobs.asyncapi.submit import Submission, submit_request
 from jobs.services import Services
 from predictors_runtime.config import RESERVED_NAMES
 

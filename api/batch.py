@@ -15,10 +15,10 @@ from flask import Blueprint, request
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
 from foundation.errors import ApiNotFound, BadRequest, Conflict, JobNotFound
-from jobs.enqueue import plan_job, stop_job, submit_job
-from jobs.status import job_status_view
+from jobs.batch.enqueue import plan_job, stop_job, submit_job
+from jobs.batch.status import job_status_view
+from jobs.batch.submission import parse_job_request
 from jobs.store import JobState
-from jobs.submission import parse_job_request
 
 from .context import registry, services
 from .json_body import parse_json_body

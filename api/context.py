@@ -28,7 +28,7 @@ ROUTES = "sluice.routes"
 # How old this process's view of an API may be when it routes a request to `/<name>`: one registry
 # read a second per API instead of one per request. A deploy or delete in this process is seen at
 # once; one in another process within the second. A request that view sends to an AsyncAPI deleted
-# meanwhile is refused by its store's check (`jobs/async_store.py` `submit`); one sent there although
+# meanwhile is refused by its store's check (`jobs/asyncapi/store.py` `submit`); one sent there although
 # the API is now of another kind is failed by its node, saying so.
 ROUTE_TTL_S = 1.0
 

@@ -29,11 +29,11 @@ from foundation.errors import JobNotFound
 from foundation.figure_store import FigureStore, RedisFigureStore
 from foundation.replica_directory import RedisReplicaDirectory, ReplicaDirectory
 from foundation.replica_scale import RedisScaleBook
-from jobs.async_counts import AsyncCounts
-from jobs.async_placement import Placed
-from jobs.broker import queue_lengths
-from jobs.job import job_queue_name
+from jobs.asyncapi.counts import AsyncCounts
+from jobs.batch.job import job_queue_name
+from jobs.placement.asyncapi import Placed
 from jobs.services import Services
+from jobs.transport.broker import queue_lengths
 
 from .replica_counts import RealtimeCounts, realtime_counts_of
 
@@ -41,10 +41,10 @@ from .replica_counts import RealtimeCounts, realtime_counts_of
 # (`job.<id>`), counted under its hardware queue.
 HARDWARE_QUEUES = ("cpu", "gpu", "inf")
 QUEUE_DEPTH = ("sluice_queue_depth", "Batches (and completion tasks) waiting in the broker, by hardware queue")
-# An AsyncAPI's requests now, from the counts its request store keeps (`jobs/async_counts.py`).
+# An AsyncAPI's requests now, from the counts its request store keeps (`jobs/asyncapi/counts.py`).
 ASYNC_IN_QUEUE = ("sluice_async_requests_in_queue", "AsyncAPI requests waiting for a worker node, by API")
 ASYNC_IN_PROGRESS = ("sluice_async_requests_in_progress", "AsyncAPI requests running on a worker node, by API")
-# What the scalers decided (for an AsyncAPI its worker nodes are its replicas: jobs/async_scaler.py).
+# What the scalers decided (for an AsyncAPI its worker nodes are its replicas: jobs/scaling/asyncapi.py).
 REPLICAS = ("sluice_replicas", "Replicas of an API by state (ready: serving; starting: placed, not ready yet; "
             "pending: wanted, no room yet)")
 REPLICAS_DESIRED = ("sluice_replicas_desired", "Replicas of an API its scaler wants")

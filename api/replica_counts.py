@@ -22,7 +22,7 @@ from foundation.api_registry import DeployedApi
 from foundation.replica_directory import ReplicaRecord
 from foundation.replica_placement import PlacedReplicas
 from foundation.replica_scale import ReplicaScale
-from jobs.async_placement import autoscaling_of
+from jobs.scaling.config import autoscaling_of
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The bodies the management API answers with, and the query parameters it reads, as pydantic models.
 
 `api/openapi.py` builds `GET /openapi.json` from these models (and from the request models that
-validate bodies: `jobs.submission.JobRequest`, `predictors_runtime.config.ApiConfig`), and the
+validate bodies: `jobs.batch.submission.JobRequest`, `predictors_runtime.config.ApiConfig`), and the
 handlers produce their JSON through them, so the document and the answers cannot drift apart: a
 field added to an answer but not here is refused (`extra="forbid"`) the first time a test runs
 that handler.
@@ -17,10 +17,10 @@ from pydantic.json_schema import JsonDict
 
 from foundation.errors import BadRequest
 from foundation.log_streams import DEFAULT_PAGE_LINES, MAX_PAGE_LINES
-from jobs.job import JobStatus
+from jobs.batch.job import JobStatus
 from predictors_runtime.config import ApiConfig
 
-# The input sources of jobs.submission.SOURCES (a unit test keeps the two the same).
+# The input sources of jobs.batch.submission.SOURCES (a unit test keeps the two the same).
 Source = Literal["item_list", "file_path_lister", "delimited_files", "retry_failed_of"]
 
 _RFC3339: JsonDict = {"format": "date-time"}
@@ -127,7 +127,7 @@ class WorkerCounts(Body):
 
 
 class JobStatusView(JobSpec):
-    """A job's progress (`jobs.status.job_status_view`)."""
+    """A job's progress (`jobs.batch.status.job_status_view`)."""
 
     status: JobStatus
     batches_in_queue: int
@@ -175,7 +175,7 @@ class TaskJobSpec(Body):
 
 
 class TaskJobStatusView(TaskJobSpec):
-    """A task job's progress (`jobs.status.task_status_view`)."""
+    """A task job's progress (`jobs.batch.status.task_status_view`)."""
 
     status: JobStatus
     start_time: str = Field(json_schema_extra=_RFC3339)

@@ -5,8 +5,8 @@ hears Redis's answer (a stall outlasting its retries: Redis ran the script and a
 or dies before sending, the job would stay `status_running` for good. So beat sends the
 completion again for any running job whose batches were all recorded at least `grace_s` ago and
 which has not ended, unless a completion is running it now (claimed, its hook not yet done: a
-dead claimant's delivery is given back by its node, see `jobs/settle.py`). Copies are harmless:
-the job store's claim lets one run `on_job_complete` (`jobs/completion.py`).
+dead claimant's delivery is given back by its node, see `jobs/transport/settle.py`). Copies are harmless:
+the job store's claim lets one run `on_job_complete` (`jobs/batch/completion.py`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 
 from foundation.settings import Settings
-from jobs.job import JobStatus
-from jobs.publish import SendCompletion
+from jobs.batch.job import JobStatus
+from jobs.batch.publish import SendCompletion
 from jobs.store import CompletionClaims, JobRecords, JobState
 
 from .steps import judge_each

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from jobs.services import Services
 
-from .schedule import Step
+from .timetable import Step
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ unacknowledged hash; a node killed in between (more likely than it sounds: the m
 comes back from a stall, every idle node is handed a message at once) takes the message along,
 and nothing would ever run that batch. A node killed after that record but before the batch
 entered its in-flight hash (`BatchLedger.begin_batch`) leaves the message in the unacknowledged hash
-with nothing to give it back (`jobs/settle.py` works from in-flight hashes)
+with nothing to give it back (`jobs/transport/settle.py` works from in-flight hashes)
 until Redis's visibility timeout, an hour by default. Either way the job waits.
 
 So for each running job whose batches are all published, beat looks for its batches everywhere
@@ -30,13 +30,13 @@ from typing import Any
 
 from foundation.redis_clients import text
 from foundation.settings import Settings
-from jobs.broker import queue_lengths
-from jobs.job import JobStatus, job_queue_name
-from jobs.nodes import is_request_entry, parse_inflight_entry
-from jobs.publish import BatchPublisher, send_completion
+from jobs.batch.job import JobStatus, job_queue_name
+from jobs.batch.publish import BatchPublisher, send_completion
+from jobs.nodes.registry import is_request_entry, parse_inflight_entry
 from jobs.services import Services
 from jobs.store import JobState, Recorded
 from jobs.tasks import RUN_BATCH
+from jobs.transport.broker import queue_lengths
 
 from .steps import judge_each
 

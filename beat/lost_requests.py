@@ -1,7 +1,7 @@
 """Beat's net under an AsyncAPI request's task message: a request whose message went missing is sent again.
 
 A request stored with a task message of its own leaves its API's unstarted set only when a
-delivery takes it (`jobs/async_store.py`). Its message can still go missing: on a broker transport
+delivery takes it (`jobs/asyncapi/store.py`). Its message can still go missing: on a broker transport
 whose messages Sluice cannot make, the API process that stored a request dies before sending its
 task through Celery; a node is killed between taking the message off the queue and taking the
 request, which leaves it in kombu's unacknowledged hash until Redis's visibility timeout (an
@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import RedisApiRegistry
-from jobs.async_placement import async_queue
-from jobs.async_submit import send_request
-from jobs.broker import queue_lists
+from jobs.asyncapi.submit import send_request
+from jobs.placement.asyncapi import async_queue
 from jobs.services import Services
+from jobs.transport.broker import queue_lists
 
 from .lost_batches import LOST_GRACE_S
 

@@ -21,7 +21,7 @@ from foundation.settings import Settings
 from jobs.wiring import init_services
 
 from .loop import MaintenanceLoop
-from .schedule import maintenance_steps
+from .timetable import maintenance_steps
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry
 from foundation.errors import JobNotFound, SluiceError
-from jobs.async_objects import RequestObjects
-from jobs.async_store import AsyncRequestStore
-from jobs.job import BAD_RECORD_ERRORS, JobStatus
-from jobs.placement import JobPlacement
+from jobs.asyncapi.objects import RequestObjects
+from jobs.asyncapi.store import AsyncRequestStore
+from jobs.batch.job import BAD_RECORD_ERRORS, JobStatus
+from jobs.placement.batch import JobPlacement
 from jobs.store import JobRecords, JobState
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """Beat's step that plans worker nodes: reads what placement did, what worker hosts run and offer,
-and leaves each host its plan and each short job its note (`jobs/node_plan.py`).
+and leaves each host its plan and each short job its note (`jobs/placement/node_plan.py`).
 
 It runs right after job placement and AsyncAPI placement, so that a free node has already been
 given to the jobs and APIs that lack one before any node is started for them, and an AsyncAPI's
@@ -15,12 +15,12 @@ from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi
 from foundation.errors import JobNotFound
 from foundation.hosts import HOST_TTL_S, HostDirectory
-from jobs.async_placement import AsyncAssignments, Placed
-from jobs.job import ACTIVE_STATUSES, BAD_RECORD_ERRORS
-from jobs.node_plan import AsyncWant, JobWant, NodePlan, node_compute, plan_nodes
-from jobs.nodes import NodeRegistry
+from jobs.batch.job import ACTIVE_STATUSES, BAD_RECORD_ERRORS
+from jobs.nodes.registry import NodeRegistry
+from jobs.nodes.worker_hosts import WorkerHosts
+from jobs.placement.asyncapi import AsyncAssignments, Placed
+from jobs.placement.node_plan import AsyncWant, JobWant, NodePlan, node_compute, plan_nodes
 from jobs.store import JobRecords
-from jobs.worker_hosts import WorkerHosts
 
 log = logging.getLogger(__name__)
 

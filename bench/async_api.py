@@ -45,8 +45,8 @@ import redis  # noqa: E402
 import urllib3  # noqa: E402
 
 from bench.onnx_batch import iris_model, mlp_model  # noqa: E402
-from jobs.async_request import RequestStatus  # noqa: E402
-from jobs.async_store import RedisAsyncRequests  # noqa: E402
+from jobs.asyncapi.request import RequestStatus  # noqa: E402
+from jobs.asyncapi.store import RedisAsyncRequests  # noqa: E402
 from sluice.client import Client  # noqa: E402
 from sluice.embedded import Stack, free_port  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The body of a job submission as Sluice's clients write it: one builder for the Python client
 and the CLI, so that `--tries` or `timeout` cannot mean one thing in one and another in the other.
-(The server reads it with `jobs/submission.py`.)"""
+(The server reads it with `jobs/batch/submission.py`.)"""
 
 from __future__ import annotations
 

@@ -65,7 +65,7 @@ def api_jobs(api_name: str) -> str:
 # -- AsyncAPI requests --------------------------------------------------------------------------
 def async_request(api_name: str, request_id: str) -> str:
     """Hash of one AsyncAPI request: status, payload (inline) or where it is stored, result's place,
-    message, times; expires `SLUICE_ASYNC_RETENTION_S` after its last change (jobs/async_store.py)."""
+    message, times; expires `SLUICE_ASYNC_RETENTION_S` after its last change (jobs/asyncapi/store.py)."""
     return f"{PREFIX}:async:{api_name}:{request_id}"
 
 
@@ -76,7 +76,7 @@ stored payload and result then (beat/steps.py)."""
 
 def async_counts(api_name: str) -> str:
     """Hash of an AsyncAPI's requests now `in_queue` and `in_progress`, changed by the same scripts
-    that change the requests' records (jobs/async_store.py)."""
+    that change the requests' records (jobs/asyncapi/store.py)."""
     return f"{PREFIX}:async-counts:{api_name}"
 
 
@@ -116,7 +116,7 @@ NODES = f"{PREFIX}:nodes"
 """Hash of worker nodes' heartbeats: node name -> {queues, seen} (JSON)."""
 
 ASYNC_NODES = f"{PREFIX}:async-nodes"
-"""Hash of the nodes placed on each AsyncAPI: API name -> JSON list of node names (jobs/async_placement.py)."""
+"""Hash of the nodes placed on each AsyncAPI: API name -> JSON list of node names (jobs/placement/asyncapi.py)."""
 
 INFLIGHT_PATTERN = f"{PREFIX}:inflight:*"
 
@@ -147,11 +147,11 @@ rewritten every heartbeat (foundation/hosts.py)."""
 
 WORKER_HOSTS = f"{PREFIX}:worker-hosts"
 """Hash of what each worker host's agent (`sluice workers`) runs: host id -> its queues, minimum and
-nodes (JSON), rewritten every heartbeat (jobs/worker_hosts.py)."""
+nodes (JSON), rewritten every heartbeat (jobs/nodes/worker_hosts.py)."""
 
 NODE_PLANS = f"{PREFIX}:node-plans"
 """Hash of what beat wants of each worker host: host id -> {target, busy, at} (JSON), replaced whole
-every beat step (jobs/node_plan.py)."""
+every beat step (jobs/placement/node_plan.py)."""
 
 JOB_WORKER_NOTES = f"{PREFIX}:job-worker-notes"
 """Hash of why an active job runs on fewer nodes than its `workers`: job id -> one line, replaced
@@ -167,7 +167,7 @@ proxy id -> JSON, rewritten once a second (foundation/proxy_load.py)."""
 
 REPLICA_PLACEMENT = f"{PREFIX}:replica-placement"
 """Hash of where each RealtimeAPI's replicas are placed: API name -> JSON {hosts: {host id: count},
-desired, pending, reason} (foundation/replica_placement.py, written by jobs/realtime_placement.py)."""
+desired, pending, reason} (foundation/replica_placement.py, written by jobs/placement/realtime.py)."""
 
 
 # -- figures (GET /metrics) ----------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Where each RealtimeAPI's replicas are placed: what placement writes and each host's agent runs.
 
-Placement (beat, and the API at deploy: `jobs/realtime_placement.py`) decides how many replicas of
+Placement (beat, and the API at deploy: `jobs/placement/realtime.py`) decides how many replicas of
 each API every live host runs, and why any it wanted fit nowhere; each host's replica manager
 (`sluice/replica_manager.py`) reads its own counts and runs that many launchers. `GET /apis/<name>`,
 `sluice get` and `/metrics` show the same record.

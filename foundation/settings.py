@@ -32,7 +32,7 @@ class RedisAddress:
 
     With `sentinels` set, every client asks them which server is the primary of `master` (and
     asks again after a failover) and `url` is unused; `foundation/redis_clients.py` builds both
-    kinds, `jobs/broker.py` the broker's URL. The passwords are kept out of repr and logs.
+    kinds, `jobs/transport/broker.py` the broker's URL. The passwords are kept out of repr and logs.
     """
 
     url: str = DEFAULT_REDIS_URL
@@ -146,14 +146,14 @@ class Settings:
     # caller gives up (foundation/redis_clients.py).
     redis_retry_s: float = 30.0
     # A worker node that has taken nothing for this long while its queues held messages ends
-    # itself, to be restarted on a fresh connection (jobs/stall_watch.py).
+    # itself, to be restarted on a fresh connection (jobs/nodes/stall_watch.py).
     worker_stall_s: float = 60.0
     # How often live reloading looks for changed models.
     model_poll_interval_s: float = 10.0
     # Seconds one try of a batch may run when neither the job nor its API says (None: no limit).
     batch_timeout_s: float | None = None
     # How long past a batch's time limit the kernel ends a node whose watchdog thread could not
-    # run (a predictor holding the GIL; jobs/time_limit.py).
+    # run (a predictor holding the GIL; jobs/batch/time_limit.py).
     hard_stop_grace_s: float = 5.0
     # Local folders that job inputs and outputs may name; none by default.
     local_input_roots: tuple[str, ...] = ()

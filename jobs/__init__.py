@@ -18,8 +18,7 @@ def __getattr__(name: str) -> Any:
     if name in ("app", "celery"):
         if _app is None:
             from foundation.settings import Settings
-
-            from .celery_app import create_celery
+            from jobs.celery_app import create_celery
 
             _app = create_celery(Settings.from_env())
         return _app

@@ -6,10 +6,10 @@
   `bench/onnx_batch.py`), sets CUDA up in the process that uses it, and is Cortex's
   one-process worker.
 - `task_acks_late`: a node killed mid-batch (or ended by its batch time limit,
-  `jobs/time_limit.py`) leaves the message unacknowledged; the node's in-flight hash lets beat
+  `jobs/batch/time_limit.py`) leaves the message unacknowledged; the node's in-flight hash lets beat
   (or the node's next life) give it back at once.
   `task_reject_on_worker_lost` covers anyone who runs a node with `--pool prefork` anyway.
-  (Giving back is `jobs/settle.py`'s.)
+  (Giving back is `jobs/transport/settle.py`'s.)
 - `worker_prefetch_multiplier` (`SLUICE_WORKER_PREFETCH`, default 1): a node holds one batch at a
   time, so nothing waits behind a slow batch on a busy node (2 measured slower).
 - `visibility_timeout` is the longest batch allowed before Redis re-delivers it.
@@ -18,11 +18,11 @@
   queue moved to the back of the BRPOP once it gave a message, so on a single node neither a long
   job nor a burst of requests starves the other (tests/integration/test_async_api.py).
 - `polling_interval` bounds kombu's BRPOP: a node told to consume a new job queue (see
-  `jobs/placement.py`) only starts on it when its current wait ends (1 s by kombu's default,
+  `jobs/placement/batch.py`) only starts on it when its current wait ends (1 s by kombu's default,
   half a second of every job's start on average).
-- The transport is kombu's Redis one with a reused client (`jobs/broker.py`), or its Sentinel
+- The transport is kombu's Redis one with a reused client (`jobs/transport/broker.py`), or its Sentinel
   one when `SLUICE_REDIS_SENTINELS` is set (the broker then follows a failover as the store
-  does); its sockets time out and are kept alive (`jobs.broker.transport_options`).
+  does); its sockets time out and are kept alive (`jobs.transport.broker.transport_options`).
 - `beat_scheduler`: `celery -A jobs beat` runs Sluice's maintenance steps (timeouts, placement)
   in its own process (`beat/scheduler.py`); no periodic task goes to the nodes, whose predictors
   may hang. Named, not imported: only beat's process loads it.
@@ -44,12 +44,12 @@ MAINTENANCE_SCHEDULER = "beat.scheduler:MaintenanceScheduler"
 
 def create_celery(settings: Settings) -> Celery:
     """A configured app with Sluice's tasks, beat scheduler and worker-node hooks registered."""
-    from .broker import broker_url, transport_for, transport_options
-    from .tasks import register_tasks
-    from .wiring import init_services, worker_runtime
-    from .worker_node import install_worker_hooks
+    from jobs.nodes.worker_node import install_worker_hooks
+    from jobs.tasks import register_tasks
+    from jobs.transport.broker import broker_url, transport_for, transport_options
+    from jobs.wiring import init_services, worker_runtime
 
-    # No result backend: tasks report to the job store, which also does the fan-in (jobs/publish.py).
+    # No result backend: tasks report to the job store, which also does the fan-in (jobs/batch/publish.py).
     broker = broker_url(settings.redis_address)
     app = Celery("sluice", broker=broker, set_as_current=False)
     app.conf.update(

@@ -1,11 +1,11 @@
 """What a worker process does with a batch and with a job's completion.
 
 `WorkerRuntime` is assembled once per process (`jobs/wiring.py`) from its `Services`: the job
-predictors it keeps (`jobs/predictors.py`), the batch pipeline (`jobs/batch_steps.py`) and the
-completion (`jobs/completion.py`), each given the collaborators it uses. `jobs/tasks.py` only wraps
+predictors it keeps (`jobs/batch/predictors.py`), the batch pipeline (`jobs/batch/steps.py`) and the
+completion (`jobs/batch/completion.py`), each given the collaborators it uses. `jobs/tasks.py` only wraps
 `run_batch` and `finish_job`. A batch's errors are caught and recorded in its pipeline and the task
 returns normally, so a Celery retry never runs a batch behind Sluice's back; the recording of the
-job's last batch sends its completion task (see `jobs/publish.py`).
+job's last batch sends its completion task (see `jobs/batch/publish.py`).
 
 Nothing here is called back by what it assembled: the arrows go from the runner down.
 """
@@ -26,17 +26,16 @@ from foundation.figures import Recorder
 from foundation.json_logs import labelled
 from foundation.log_streams import install_job_log_handler
 from foundation.predictor_builds import RedisPredictorBuilds
+from jobs.asyncapi.runner import AsyncPredictors, AsyncRuntime, BundleAsyncBuilder
+from jobs.asyncapi.submit import send_queued_task
+from jobs.batch.completion import JobCompletion
+from jobs.batch.predictors import BundlePredictors, JobPredictors
+from jobs.batch.publish import completion_sender
+from jobs.batch.steps import LOST_DELIVERY_ALLOWANCE, BatchRun, JobLogs, batch_id_of, batch_pipeline
+from jobs.batch.time_limit import BatchWatchdog
+from jobs.services import Services
+from jobs.transport.delivery import Delivery
 from predictors_runtime.environments import HostEnvironments
-
-from .async_runner import AsyncPredictors, AsyncRuntime, BundleAsyncBuilder
-from .async_submit import send_queued_task
-from .batch_steps import LOST_DELIVERY_ALLOWANCE, BatchRun, JobLogs, batch_id_of, batch_pipeline
-from .completion import JobCompletion
-from .delivery import Delivery
-from .predictors import BundlePredictors, JobPredictors
-from .publish import completion_sender
-from .services import Services
-from .time_limit import BatchWatchdog
 
 __all__ = ["LOST_DELIVERY_ALLOWANCE", "WorkerRuntime", "batch_id_of"]
 
@@ -111,14 +110,14 @@ class WorkerRuntime:
         self._run(BatchRun(job_id, index, payload, payload_ref, delivery))
 
     def run_request(self, api_name: str, request_id: str, delivery: Delivery | None = None) -> None:
-        """Run one AsyncAPI request and record its outcome once (`jobs/async_runner.py`); the lines
+        """Run one AsyncAPI request and record its outcome once (`jobs/asyncapi/runner.py`); the lines
         logged meanwhile (the predictor's included) go to the request's log stream and its API's too
         (and to those of the requests it batches with)."""
         with self.logs.capturing_request(api_name, request_id):
             self.requests.run_request(api_name, request_id, delivery)
 
     def run_queued_requests(self, api_name: str, delivery: Delivery | None = None) -> None:
-        """Run a batch of an AsyncAPI's queued requests (`server_side_batching`; `jobs/async_runner.py`);
+        """Run a batch of an AsyncAPI's queued requests (`server_side_batching`; `jobs/asyncapi/runner.py`);
         the lines logged meanwhile go to the API's log stream, and those of the batch's `predict` to
         each of its requests' streams too."""
         with self.logs.capturing_requests(api_name, []):
@@ -126,6 +125,6 @@ class WorkerRuntime:
 
     def finish_job(self, job_id: str, delivery: Delivery | None = None) -> None:
         """The completion task: run `on_job_complete` once, then settle the job's final status
-        (`jobs/completion.py`: it rides out Redis errors and duplicate copies of the task)."""
+        (`jobs/batch/completion.py`: it rides out Redis errors and duplicate copies of the task)."""
         with labelled(job_id=job_id), self.logs.capturing_job(job_id):
             self.completion.finish(job_id, delivery)

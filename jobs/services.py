@@ -19,19 +19,18 @@ from foundation.redis_clients import connect
 from foundation.replica_placement import RedisReplicaAssignments
 from foundation.replica_scale import RedisScaleBook
 from foundation.settings import Settings
+from jobs.asyncapi.objects import RequestObjects
+from jobs.asyncapi.store import AsyncRequestStore, RedisAsyncRequests
+from jobs.nodes.registry import NodeRegistry, Nodes
+from jobs.nodes.worker_hosts import RedisWorkerHosts, WorkerHosts
+from jobs.placement.asyncapi import AsyncPlacement, RedisAsyncAssignments
+from jobs.placement.batch import JobPlacement, Placement
+from jobs.placement.realtime import RealtimePlacement
+from jobs.store import JobStorage, JobStore
+from jobs.transport.queues import CeleryJobQueues, JobQueues
+from jobs.transport.task_messages import TaskMessages
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.project import BundleLimits
-
-from .async_objects import RequestObjects
-from .async_placement import AsyncPlacement, RedisAsyncAssignments
-from .async_store import AsyncRequestStore, RedisAsyncRequests
-from .nodes import NodeRegistry, Nodes
-from .placement import JobPlacement, Placement
-from .queues import CeleryJobQueues, JobQueues
-from .realtime_placement import RealtimePlacement
-from .store import JobStorage, JobStore
-from .task_messages import TaskMessages
-from .worker_hosts import RedisWorkerHosts, WorkerHosts
 
 
 @dataclass
@@ -55,7 +54,7 @@ class Services:
 
     @property
     def task_messages(self) -> TaskMessages:
-        """Celery's messages of a task, made to be queued by a Redis script (`jobs/task_messages.py`);
+        """Celery's messages of a task, made to be queued by a Redis script (`jobs/transport/task_messages.py`);
         the broker is `redis` (one `SLUICE_REDIS_URL` for both)."""
         if self.task_message_maker is None:
             self.task_message_maker = TaskMessages(self.celery)
@@ -63,34 +62,34 @@ class Services:
 
     @property
     def worker_hosts(self) -> WorkerHosts:
-        """What worker hosts run, beat's plan for them and the jobs' notes (`jobs/worker_hosts.py`)."""
+        """What worker hosts run, beat's plan for them and the jobs' notes (`jobs/nodes/worker_hosts.py`)."""
         if self.worker_host_store is None:
             self.worker_host_store = RedisWorkerHosts(self.redis)
         return self.worker_host_store
 
     @property
     def async_requests(self) -> AsyncRequestStore:
-        """The records of AsyncAPI requests (`jobs/async_store.py`)."""
+        """The records of AsyncAPI requests (`jobs/asyncapi/store.py`)."""
         if self.requests is None:
             self.requests = RedisAsyncRequests(self.redis, self.settings.async_retention_s)
         return self.requests
 
     @property
     def async_placement(self) -> AsyncPlacement:
-        """Which nodes serve each AsyncAPI (`jobs/async_placement.py`)."""
+        """Which nodes serve each AsyncAPI (`jobs/placement/asyncapi.py`)."""
         return AsyncPlacement(RedisApiRegistry(self.redis), self.async_requests, RedisAsyncAssignments(self.redis),
                               self.queues, self.nodes, self.placement.load)
 
     @property
     def realtime_placement(self) -> RealtimePlacement:
-        """Where each RealtimeAPI's replicas run (`jobs/realtime_placement.py`)."""
+        """Where each RealtimeAPI's replicas run (`jobs/placement/realtime.py`)."""
         return RealtimePlacement(RedisApiRegistry(self.redis), RedisHostDirectory(self.redis),
                                  RedisScaleBook(self.redis), RedisReplicaAssignments(self.redis),
                                  self.settings.host_ttl_s)
 
     @property
     def request_objects(self) -> RequestObjects:
-        """Where AsyncAPI payloads and results are stored (`jobs/async_objects.py`)."""
+        """Where AsyncAPI payloads and results are stored (`jobs/asyncapi/objects.py`)."""
         return RequestObjects(self.settings.storage)
 
     @classmethod

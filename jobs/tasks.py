@@ -1,7 +1,7 @@
 """Thin Celery task wrappers over the worker runtime (`jobs/runner.py`): the only tasks worker nodes run.
 
 No task stores a result (`ignore_result`): batches report to the job store, which also decides
-when a job is complete (see `jobs/publish.py`). Periodic maintenance is no task: it runs in beat's
+when a job is complete (see `jobs/batch/publish.py`). Periodic maintenance is no task: it runs in beat's
 own process (`beat/scheduler.py`), so a node whose predictor hangs cannot hold it up.
 """
 
@@ -14,8 +14,7 @@ from celery import Celery, Task
 from celery.exceptions import Reject
 
 from foundation.redis_clients import TRANSIENT_ERRORS
-
-from .delivery import Delivery
+from jobs.transport.delivery import Delivery
 
 RUN_BATCH = "sluice.run_batch"
 FINISH_JOB = "sluice.finish_job"
@@ -51,7 +50,7 @@ def register_tasks(app: Celery, runtime_factory: Callable[[], BatchWorker]) -> N
             runtime_factory().run_batch(job_id, index, payload, payload_ref, delivery)
         except TRANSIENT_ERRORS as e:  # Redis away past its retry window: not the batch's failure, and
             # Celery acknowledges (loses) a failed task's message; back to its queue instead, or, if
-            # Redis is still away, settled by this node when it reconnects (jobs/settle.py).
+            # Redis is still away, settled by this node when it reconnects (jobs/transport/settle.py).
             raise Reject(f"Redis failed while the batch ran: {e}", requeue=True) from e
 
     def finish_job(task: Task, job_id: str) -> None:

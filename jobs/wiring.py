@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING
 from celery import Celery
 
 from foundation.settings import Settings
-
-from .services import Services
+from jobs.services import Services
 
 if TYPE_CHECKING:
-    from .runner import WorkerRuntime
+    from jobs.runner import WorkerRuntime
 
 _lock = threading.RLock()
 _ATTRIBUTE = "_sluice_wired"  # kept on the app: it lives and goes with the app
@@ -52,7 +51,7 @@ def init_services(app: Celery, settings: Settings) -> Services:
 
 def worker_runtime(app: Celery, settings: Settings) -> WorkerRuntime:
     """This process's worker runtime for `app`, made on its first task (after any fork: it loads models)."""
-    from .runner import WorkerRuntime  # only a worker runs tasks: the API and beat never load it
+    from jobs.runner import WorkerRuntime  # only a worker runs tasks: the API and beat never load it
 
     with _lock:
         wired = _wired(app, settings)

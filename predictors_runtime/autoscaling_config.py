@@ -2,7 +2,7 @@
 
 Cortex projects carry this block, and its fields keep Cortex's names, defaults and rules so the
 same file means the same thing here. What this module settles is the figures; the scaler that
-acts on them (`jobs/autoscaler.py` computes a replica count from them) is separate.
+acts on them (`jobs/scaling/algorithm.py` computes a replica count from them) is separate.
 
 Durations are written as Cortex (Go) wrote them, `60s`, `5m`, `1h30m`, or as a number of
 seconds, and are held as seconds. The window must be a whole number of the scaler's 10-second

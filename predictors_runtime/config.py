@@ -146,7 +146,7 @@ def _check_json(value: Any, where: str) -> None:
 
 class ServerSideBatching(_Model):
     """Requests gathered into one `predict` call of lists (Cortex's field): a realtime replica's
-    concurrent requests, or an AsyncAPI's queued ones (`jobs/async_runner.py`)."""
+    concurrent requests, or an AsyncAPI's queued ones (`jobs/asyncapi/runner.py`)."""
 
     max_batch_size: int = Field(ge=1, le=MAX_THREADS)
     # Seconds the window stays open after its first request; Cortex wrote durations such as "100ms".
@@ -274,7 +274,7 @@ class PredictorConfig(_Model):
 
 class ComputeConfig(_Model):
     """Resources one replica or node of an API takes: they choose the Celery queue (cpu, gpu or inf),
-    and placement (`jobs/realtime_placement.py`) fits replicas into the room hosts offer with them.
+    and placement (`jobs/placement/realtime.py`) fits replicas into the room hosts offer with them.
 
     `cpu` defaults to Cortex's 200m, so that a small host holds several replicas as in Cortex; an
     API whose processes keep cores busy asks for what it uses.

@@ -28,8 +28,8 @@ import yaml
 from foundation.api_kinds import ApiKind
 from foundation.errors import SluiceError
 from foundation.job_submissions import submission_body, task_submission_body
-from jobs.job import ACTIVE_STATUSES as _ACTIVE
-from jobs.job import TERMINAL_STATUSES as _TERMINAL
+from jobs.batch.job import ACTIVE_STATUSES as _ACTIVE
+from jobs.batch.job import TERMINAL_STATUSES as _TERMINAL
 from predictors_runtime.project import pack_project
 
 DEFAULT_URL = "http://127.0.0.1:8888"

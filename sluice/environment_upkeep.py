@@ -21,7 +21,7 @@ import redis
 from foundation.api_kinds import WORKER_KINDS
 from foundation.api_registry import ApiRegistry, DeployedApi
 from foundation.errors import JobNotFound, SluiceError
-from jobs.job import ACTIVE_STATUSES, BAD_RECORD_ERRORS
+from jobs.batch.job import ACTIVE_STATUSES, BAD_RECORD_ERRORS
 from jobs.store import JobRecords
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.config import ApiConfig

@@ -3,11 +3,11 @@
 It runs at least `--min-nodes` nodes (each a `celery -A jobs worker` process, one predictor
 process: the app's `worker_concurrency` is 1) and announces every step what the host offers
 (`foundation.hosts.HostRecord`, role "workers") and which nodes it runs (`WorkerHostReport`). Beat
-plans from that (`jobs/node_plan.py`): when jobs want more nodes than run, it asks hosts with room
+plans from that (`jobs/placement/node_plan.py`): when jobs want more nodes than run, it asks hosts with room
 for more, and the agent starts them. A node above the minimum that beat's plan has not seen busy
 for `--idle-grace` seconds is stopped with Celery's warm shutdown (SIGTERM: a batch it runs is
 finished first), so an idle host gives its room back. A node that dies is started again under the
-same name, so it settles what its previous life held (`jobs/settle.py`). Without a fresh plan (beat
+same name, so it settles what its previous life held (`jobs/transport/settle.py`). Without a fresh plan (beat
 stopped) the agent holds what it runs.
 
 `WorkerHost.step(now)` is one turn of the loop, driven with a fixed clock in tests; the processes
@@ -36,9 +36,9 @@ import redis
 from foundation.errors import SluiceError
 from foundation.hosts import HostDirectory, HostRecord, Resources
 from foundation.processes import die_with_parent
-from jobs.node_plan import HostPlan, WorkerHostReport
-from jobs.nodes import NodeRegistry
-from jobs.worker_hosts import WorkerHosts
+from jobs.nodes.registry import NodeRegistry
+from jobs.nodes.worker_hosts import WorkerHosts
+from jobs.placement.node_plan import HostPlan, WorkerHostReport
 
 log = logging.getLogger(__name__)
 
@@ -237,9 +237,9 @@ def run_agent(config: AgentConfig, env: Mapping[str, str] | None = None, step_s:
     from foundation.hosts import RedisHostDirectory
     from foundation.redis_clients import heartbeat_client
     from foundation.settings import Settings
-    from jobs.nodes import Nodes
+    from jobs.nodes.registry import Nodes
+    from jobs.nodes.worker_hosts import RedisWorkerHosts
     from jobs.store import JobStore
-    from jobs.worker_hosts import RedisWorkerHosts
     from predictors_runtime.bundles import BundleStore
     from predictors_runtime.environments import HostEnvironments
     from predictors_runtime.project import BundleLimits

@@ -11,12 +11,21 @@ from __future__ import annotations
 
 import redis
 
-from .claims import RedisCompletionClaims
-from .ledger import RedisBatchLedger
-from .protocols import BatchLedger, CompletionClaims, JobRecords, JobStorage
-from .records import RedisJobRecords
-from .schema import JobField
-from .values import DEFAULT_JOB_TTL_S, BatchStart, Claim, JobState, Payload, Recorded, failed_batch_record, new_token
+from jobs.store.claims import RedisCompletionClaims
+from jobs.store.ledger import RedisBatchLedger
+from jobs.store.protocols import BatchLedger, CompletionClaims, JobRecords, JobStorage
+from jobs.store.records import RedisJobRecords
+from jobs.store.schema import JobField
+from jobs.store.values import (
+    DEFAULT_JOB_TTL_S,
+    BatchStart,
+    Claim,
+    JobState,
+    Payload,
+    Recorded,
+    failed_batch_record,
+    new_token,
+)
 
 __all__ = [
     "BatchLedger", "BatchStart", "Claim", "CompletionClaims", "JobField", "JobRecords", "JobState", "JobStorage",

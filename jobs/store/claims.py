@@ -1,7 +1,7 @@
 """Completion claims in Redis: who runs a job's `on_job_complete`, at most once (`lua/claim_completion.lua`).
 
 The completion task may arrive several times (a lost reply, a dead node, beat's re-send:
-`jobs/completion.py`); each copy asks here, and the claim decides which one runs the hook.
+`jobs/batch/completion.py`); each copy asks here, and the claim decides which one runs the hook.
 """
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ import redis
 
 from foundation import keys
 from foundation.redis_clients import text
-
-from . import scripts
-from .schema import JobField
-from .values import DEFAULT_JOB_TTL_S, Claim
+from jobs.store import scripts
+from jobs.store.schema import JobField
+from jobs.store.values import DEFAULT_JOB_TTL_S, Claim
 
 
 class RedisCompletionClaims:

@@ -3,7 +3,7 @@
 Beginning and recording a batch are scripts (`lua/begin_batch.lua`, `lua/record_batch.lua`,
 `lua/seal.lua`) that also enter and remove the batch in its node's in-flight hash, so that a batch
 leaves it in the same step as its outcome is counted; everything else about nodes is
-`jobs/nodes.py`'s. A node holding a delivery waits for Redis however long it is away (`until_answered`).
+`jobs/nodes/registry.py`'s. A node holding a delivery waits for Redis however long it is away (`until_answered`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from redis.typing import EncodableT
 
 from foundation import keys
 from foundation.redis_clients import TRANSIENT_ERRORS, text
-
-from ..delivery import Delivery, inflight_entry
-from ..job import ACTIVE_STATUSES, JobStatus
-from . import scripts, values
-from .values import DEFAULT_JOB_TTL_S, BatchStart, Payload, Recorded, failed_batch_record
+from jobs.batch.job import ACTIVE_STATUSES, JobStatus
+from jobs.store import scripts, values
+from jobs.store.values import DEFAULT_JOB_TTL_S, BatchStart, Payload, Recorded, failed_batch_record
+from jobs.transport.delivery import Delivery, inflight_entry
 
 log = logging.getLogger(__name__)
 

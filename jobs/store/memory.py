@@ -18,11 +18,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..delivery import Delivery, inflight_entry
-from ..job import ACTIVE_STATUSES, Job, JobStatus
-from . import values
-from .schema import JobField, job_state, new_job_hash
-from .values import BatchStart, Claim, JobState, Payload, Recorded, failed_batch_record, not_found
+from jobs.batch.job import ACTIVE_STATUSES, Job, JobStatus
+from jobs.store import values
+from jobs.store.schema import JobField, job_state, new_job_hash
+from jobs.store.values import BatchStart, Claim, JobState, Payload, Recorded, failed_batch_record, not_found
+from jobs.transport.delivery import Delivery, inflight_entry
 
 
 @dataclass

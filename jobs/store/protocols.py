@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from ..delivery import Delivery
-from ..job import ACTIVE_STATUSES, Job, JobStatus
-from .values import BatchStart, Claim, JobState, Payload, Recorded
+from jobs.batch.job import ACTIVE_STATUSES, Job, JobStatus
+from jobs.store.values import BatchStart, Claim, JobState, Payload, Recorded
+from jobs.transport.delivery import Delivery
 
 
 class JobRecords(Protocol):
@@ -118,14 +118,14 @@ class BatchLedger(Protocol):
         """The job's failed batches (index, error, tries, payload or payload_ref), in batch order."""
 
     def timed_out_tries(self, job_id: str, index: int) -> int:
-        """Tries of the batch used up by the batch time limit in earlier deliveries (`jobs/time_limit.py`)."""
+        """Tries of the batch used up by the batch time limit in earlier deliveries (`jobs/batch/time_limit.py`)."""
 
     def mark_timed_out(self, job_id: str, index: int, tries_used: int) -> None:
         """A try of the batch ran past the time limit: `tries_used` of its tries are used up."""
 
 
 class CompletionClaims(Protocol):
-    """Who runs a job's `on_job_complete`: the first claimant, once (`jobs/completion.py`)."""
+    """Who runs a job's `on_job_complete`: the first claimant, once (`jobs/batch/completion.py`)."""
 
     def claim_completion(self, job_id: str, token: str, task_id: str = "") -> Claim:
         """Ask to run the job's `on_job_complete`, which runs at most once per job.

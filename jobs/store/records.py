@@ -17,11 +17,10 @@ from redis.typing import EncodableT, FieldT
 from foundation import keys
 from foundation.figures import ENDED_JOBS
 from foundation.redis_clients import text
-
-from ..job import ACTIVE_STATUSES, Job, JobStatus
-from . import scripts, values
-from .schema import JobField, job_state, new_job_hash
-from .values import DEFAULT_JOB_TTL_S, JobState, not_found
+from jobs.batch.job import ACTIVE_STATUSES, Job, JobStatus
+from jobs.store import scripts, values
+from jobs.store.schema import JobField, job_state, new_job_hash
+from jobs.store.values import DEFAULT_JOB_TTL_S, JobState, not_found
 
 
 def _status(raw: bytes | str | None) -> JobStatus | None:

@@ -18,8 +18,8 @@ import json
 from collections.abc import Mapping
 from enum import StrEnum
 
-from ..job import Job, JobStatus
-from .values import JobState
+from jobs.batch.job import Job, JobStatus
+from jobs.store.values import JobState
 
 
 class JobField(StrEnum):
@@ -87,7 +87,7 @@ def _float(text: str | None) -> float | None:
 
 def job_state(fields: Mapping[str, str]) -> JobState:
     """A job's state from its hash, whichever store read it (a damaged field raises ValueError,
-    TypeError or KeyError: see `jobs.job.BAD_RECORD_ERRORS`)."""
+    TypeError or KeyError: see `jobs.batch.job.BAD_RECORD_ERRORS`)."""
     sealed_total = fields.get(JobField.SEALED_TOTAL)
     return JobState(
         job=Job.from_dict(json.loads(fields[JobField.RECORD])),

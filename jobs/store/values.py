@@ -13,8 +13,7 @@ from enum import IntEnum, StrEnum
 from typing import Any
 
 from foundation.errors import JobNotFound
-
-from ..job import Job, JobStatus
+from jobs.batch.job import Job, JobStatus
 
 # How long an ended job's keys are kept (`Settings.job_ttl_s` overrides it).
 DEFAULT_JOB_TTL_S = 7 * 24 * 3600

@@ -1,11 +1,11 @@
-"""The AsyncAPI placement record's contract (`jobs.async_placement.AsyncAssignments`).
+"""The AsyncAPI placement record's contract (`jobs.placement.asyncapi.AsyncAssignments`).
 
 Fixtures a subclass provides: `assignments` (empty).
 """
 
 from __future__ import annotations
 
-from jobs.async_placement import AsyncAssignments, Placed
+from jobs.placement.asyncapi import AsyncAssignments, Placed
 
 
 class AsyncAssignmentsContract:

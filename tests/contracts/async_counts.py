@@ -1,4 +1,4 @@
-"""The request store's counts (`jobs.async_store.AsyncRequestStore.counts`): queued, in progress and
+"""The request store's counts (`jobs.asyncapi.store.AsyncRequestStore.counts`): queued, in progress and
 ended per minute, moved exactly once per move of a request.
 
 A subclass provides the fixture `requests` (an empty store, retention 600 s). Run against the
@@ -8,9 +8,9 @@ tests/integration/test_async_operating.py (which checks the figures the Redis on
 
 from __future__ import annotations
 
-from jobs.async_counts import SLOT_S, AsyncCounts
-from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
-from jobs.async_store import AsyncRequestStore
+from jobs.asyncapi.counts import SLOT_S, AsyncCounts
+from jobs.asyncapi.request import AsyncRequest, PayloadKind, RequestStatus
+from jobs.asyncapi.store import AsyncRequestStore
 
 API = "counted"
 

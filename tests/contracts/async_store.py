@@ -1,19 +1,19 @@
-"""The AsyncAPI request store's contract (`jobs.async_store.AsyncRequestStore`): records stored once,
+"""The AsyncAPI request store's contract (`jobs.asyncapi.store.AsyncRequestStore`): records stored once,
 taken by one delivery at a time, claimed into batches, ended exactly once, expired after retention.
 
 Fixtures a subclass provides: `requests` (empty, with a retention of `RETENTION_S`) and `nodes` (a
-`jobs.nodes.NodeRegistry` reading the in-flight hashes `requests` writes). Run against the
+`jobs.nodes.registry.NodeRegistry` reading the in-flight hashes `requests` writes). Run against the
 in-memory store in tests/unit/test_async_store_contract.py, and against Redis's and the in-memory one
 in tests/integration/test_async_store_redis.py.
 """
 
 from __future__ import annotations
 
-from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
-from jobs.async_store import AsyncRequestStore, Outcome
-from jobs.delivery import Delivery, request_entry
-from jobs.nodes import NodeRegistry
-from jobs.task_messages import QueuedMessage
+from jobs.asyncapi.request import AsyncRequest, PayloadKind, RequestStatus
+from jobs.asyncapi.store import AsyncRequestStore, Outcome
+from jobs.nodes.registry import NodeRegistry
+from jobs.transport.delivery import Delivery, request_entry
+from jobs.transport.task_messages import QueuedMessage
 
 T0 = 1_700_000_000.0
 RETENTION_S = 60.0

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from foundation.errors import JobNotFound
-from jobs.job import Job, JobStatus
+from jobs.batch.job import Job, JobStatus
 from jobs.store import Claim, JobStorage, Recorded
 
 T0 = 1_700_000_000.0

@@ -1,4 +1,4 @@
-"""The node registry's contract (`jobs.nodes.NodeRegistry`): heartbeats and in-flight deliveries.
+"""The node registry's contract (`jobs.nodes.registry.NodeRegistry`): heartbeats and in-flight deliveries.
 
 Fixtures a subclass provides: `nodes` (empty, with a node TTL of `NODE_TTL_S`) and `store` (an empty
 job store whose batch ledger writes the same in-flight hashes `nodes` reads). Run against the
@@ -8,10 +8,10 @@ in tests/integration/test_nodes_redis.py.
 
 from __future__ import annotations
 
-from jobs.delivery import COMPLETION_ENTRY, Delivery, inflight_entry
-from jobs.job import Job, JobStatus
-from jobs.nodes import NodeRegistry, jobs_held, silent_too_long
+from jobs.batch.job import Job, JobStatus
+from jobs.nodes.registry import NodeRegistry, jobs_held, silent_too_long
 from jobs.store import JobStorage
+from jobs.transport.delivery import COMPLETION_ENTRY, Delivery, inflight_entry
 
 T0 = 1_700_000_000.0
 NODE_TTL_S = 15.0

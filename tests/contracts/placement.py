@@ -1,4 +1,4 @@
-"""Placement's contract (`jobs.placement.JobPlacement`): a job runs on at most `workers` live nodes of its
+"""Placement's contract (`jobs.placement.batch.JobPlacement`): a job runs on at most `workers` live nodes of its
 hardware, and heals when one is lost.
 
 `Placement` works over any job records and node registry; fixtures a subclass provides: `store`
@@ -16,12 +16,12 @@ from collections.abc import Callable
 
 import pytest
 
-from jobs.delivery import Delivery
-from jobs.job import Job, JobStatus
-from jobs.memory_queues import MemoryJobQueues
-from jobs.nodes import NodeRegistry
-from jobs.placement import Placement
+from jobs.batch.job import Job, JobStatus
+from jobs.nodes.registry import NodeRegistry
+from jobs.placement.batch import Placement
 from jobs.store import JobStorage
+from jobs.transport.delivery import Delivery
+from jobs.transport.memory import MemoryJobQueues
 
 T0 = 1_700_000_000.0
 NODE_TTL_S = 15.0

@@ -1,12 +1,12 @@
-"""The contract of worker hosts' reports and beat's plan for them (`jobs.worker_hosts.WorkerHosts`).
+"""The contract of worker hosts' reports and beat's plan for them (`jobs.nodes.worker_hosts.WorkerHosts`).
 
 Fixtures a subclass provides: `worker_hosts` (empty).
 """
 
 from __future__ import annotations
 
-from jobs.node_plan import HostPlan, NodePlan, WorkerHostReport
-from jobs.worker_hosts import WorkerHosts
+from jobs.nodes.worker_hosts import WorkerHosts
+from jobs.placement.node_plan import HostPlan, NodePlan, WorkerHostReport
 
 NOW = 1_700_000_000.0
 

@@ -20,9 +20,9 @@ import yaml
 from beat.steps import sweep_async_requests
 from foundation import keys
 from foundation.errors import StorageNotFound
-from jobs.async_objects import RequestObjects
-from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
-from jobs.async_store import RedisAsyncRequests
+from jobs.asyncapi.objects import RequestObjects
+from jobs.asyncapi.request import AsyncRequest, PayloadKind, RequestStatus
+from jobs.asyncapi.store import RedisAsyncRequests
 from sluice.client import ClientError
 from testbed.waiting import wait_for
 

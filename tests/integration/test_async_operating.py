@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from foundation.figure_store import RedisFigureStore
 from foundation.figures import ASYNC_REQUESTS, ASYNC_SECONDS, read_figures
-from jobs.async_store import RedisAsyncRequests
+from jobs.asyncapi.store import RedisAsyncRequests
 from sluice.cli import main
 from sluice.client import ClientError
 from testbed.waiting import wait_for

@@ -14,12 +14,12 @@ from foundation import keys
 from foundation.api_registry import RedisApiRegistry
 from foundation.errors import ApiNotFound
 from foundation.memory import MemoryApiRegistry
-from jobs.async_placement import AsyncAssignments, RedisAsyncAssignments
-from jobs.async_store import WAKE_TTL_S, AsyncRequestStore, RedisAsyncRequests, Submitted
-from jobs.memory_async import MemoryAsyncAssignments, MemoryAsyncRequests
-from jobs.memory_nodes import MemoryNodes
-from jobs.nodes import NodeRegistry, Nodes
-from jobs.task_messages import QueuedMessage
+from jobs.asyncapi.memory import MemoryAsyncAssignments, MemoryAsyncRequests
+from jobs.asyncapi.store import WAKE_TTL_S, AsyncRequestStore, RedisAsyncRequests, Submitted
+from jobs.nodes.memory import MemoryNodes
+from jobs.nodes.registry import NodeRegistry, Nodes
+from jobs.placement.asyncapi import AsyncAssignments, RedisAsyncAssignments
+from jobs.transport.task_messages import QueuedMessage
 from predictors_runtime.config import ApiConfig
 from tests.contracts.async_assignments import AsyncAssignmentsContract
 from tests.contracts.async_store import RETENTION_S, T0, AsyncRequestStoreContract, queued

@@ -9,8 +9,8 @@ import redis
 
 from beat.scheduler import MaintenanceScheduler
 from foundation.settings import Settings
+from jobs.batch.job import Job, JobStatus
 from jobs.celery_app import create_celery
-from jobs.job import Job, JobStatus
 from jobs.store import JobStore
 
 T0 = 1_700_000_000.0

@@ -1,6 +1,6 @@
 """The broker transport against Redis: kombu's Redis channel, with one client per channel for its own
-commands (`jobs/broker.py`), and the task messages made from what it keeps instead of sending
-(`jobs/task_messages.py`); which URLs get it is tested in tests/unit/test_broker.py."""
+commands (`jobs/transport/broker.py`), and the task messages made from what it keeps instead of sending
+(`jobs/transport/task_messages.py`); which URLs get it is tested in tests/unit/test_broker.py."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import redis
 from kombu import Connection, Queue
 
 from foundation.settings import Settings
-from jobs.broker import TRANSPORT_PATH, Channel
 from jobs.celery_app import create_celery
-from jobs.task_messages import TaskMessages
 from jobs.tasks import RUN_ASYNC
+from jobs.transport.broker import TRANSPORT_PATH, Channel
+from jobs.transport.task_messages import TaskMessages
 
 
 def test_the_celery_app_connects_through_the_sluice_channel(redis_server):

@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 import redis
 
-from jobs.broker import Channel
-from jobs.job import job_queue_name
+from jobs.batch.job import job_queue_name
+from jobs.transport.broker import Channel
 from sluice.client import Conflict
 
 pytestmark = pytest.mark.integration

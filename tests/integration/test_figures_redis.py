@@ -17,8 +17,8 @@ from api.metrics import exposition, queue_depths
 from foundation.figure_store import RedisFigureStore
 from foundation.figures import JOBS, RealtimeFigures, Recorder, read_figures
 from foundation.settings import Settings
+from jobs.batch.job import Job, JobStatus, job_queue_name
 from jobs.celery_app import create_celery
-from jobs.job import Job, JobStatus, job_queue_name
 from jobs.services import Services
 from jobs.store import JobStore
 

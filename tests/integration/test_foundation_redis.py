@@ -26,7 +26,7 @@ from foundation.redis_clients import BACKGROUND, client
 from foundation.replica_directory import RedisReplicaDirectory
 from foundation.replica_placement import RedisReplicaAssignments
 from foundation.replica_scale import RedisScaleBook
-from jobs.worker_hosts import RedisWorkerHosts
+from jobs.nodes.worker_hosts import RedisWorkerHosts
 from sluice.embedded import free_port
 from tests.contracts.api_registry import ApiRegistryContract
 from tests.contracts.figure_store import FigureStoreContract

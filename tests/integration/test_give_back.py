@@ -16,14 +16,14 @@ import redis
 from kombu import Consumer, Queue
 
 from foundation.settings import Settings
+from jobs.batch.job import Job, JobStatus
+from jobs.batch.publish import BatchPublisher
 from jobs.celery_app import create_celery
-from jobs.delivery import Delivery
-from jobs.job import Job, JobStatus
-from jobs.nodes import GIVE_BACK_AFTER_TTLS
-from jobs.publish import BatchPublisher
+from jobs.nodes.registry import GIVE_BACK_AFTER_TTLS
+from jobs.nodes.worker_node import SettleOnConnect
 from jobs.services import Services
-from jobs.settle import give_back
-from jobs.worker_node import SettleOnConnect
+from jobs.transport.delivery import Delivery
+from jobs.transport.settle import give_back
 
 from ..conftest import ROOT
 
@@ -36,7 +36,7 @@ TAKE_ONE_AND_DIE = textwrap.dedent("""
     from kombu import Consumer, Queue
     from jobs.celery_app import create_celery
     from foundation.settings import Settings
-    from jobs.delivery import Delivery
+    from jobs.transport.delivery import Delivery
     from jobs.wiring import init_services
 
     settings = Settings(redis_url={url!r})

@@ -171,7 +171,7 @@ def test_cloud_storage_and_tabular_outputs_without_their_extras_fail_naming_them
     out = run_without(CLIENT_ONLY, '''
         import json
 
-        from jobs.outputs import encode_rows
+        from jobs.batch.outputs import encode_rows
         from foundation.errors import MissingExtra
         from predictors_runtime.storage import storage_for
 

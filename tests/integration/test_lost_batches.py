@@ -17,11 +17,11 @@ from kombu import Consumer, Queue
 
 from beat.lost_batches import LOST_MESSAGE, LostBatchWatch
 from foundation.settings import Settings
+from jobs.batch.job import Job, JobStatus
+from jobs.batch.publish import BatchPublisher
 from jobs.celery_app import create_celery
-from jobs.delivery import Delivery
-from jobs.job import Job, JobStatus
-from jobs.publish import BatchPublisher
 from jobs.services import Services
+from jobs.transport.delivery import Delivery
 
 NODE = "alive@host"
 GRACE = 10.0

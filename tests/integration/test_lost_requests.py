@@ -18,10 +18,10 @@ from kombu import Consumer, Queue
 from beat.lost_requests import LostRequestWatch
 from foundation.api_registry import RedisApiRegistry
 from foundation.settings import Settings
-from jobs.async_placement import async_queue
-from jobs.async_request import RequestStatus
-from jobs.async_submit import Submission, submit_request
+from jobs.asyncapi.request import RequestStatus
+from jobs.asyncapi.submit import Submission, submit_request
 from jobs.celery_app import create_celery
+from jobs.placement.asyncapi import async_queue
 from jobs.services import Services
 from jobs.tasks import RUN_ASYNC
 from predictors_runtime.config import ApiConfig

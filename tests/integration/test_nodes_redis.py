@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from foundation.keys import NODES as NODES_KEY
-from jobs.memory_nodes import MemoryNodes
-from jobs.nodes import NodeRegistry, Nodes
+from jobs.nodes.memory import MemoryNodes
+from jobs.nodes.registry import NodeRegistry, Nodes
 from jobs.store import JobStorage, JobStore
 from jobs.store.memory import MemoryJobStore
 from tests.contracts.nodes import NODE_TTL_S, T0, NodeRegistryContract

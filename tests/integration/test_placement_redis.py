@@ -12,12 +12,12 @@ import pytest
 import redis
 
 from foundation.keys import NODES as NODES_KEY
-from jobs.memory_nodes import MemoryNodes
-from jobs.memory_queues import MemoryJobQueues
-from jobs.nodes import NodeRegistry, Nodes
-from jobs.placement import Placement
+from jobs.nodes.memory import MemoryNodes
+from jobs.nodes.registry import NodeRegistry, Nodes
+from jobs.placement.batch import Placement
 from jobs.store import JobField, JobStorage, JobStore
 from jobs.store.memory import MemoryJobStore
+from jobs.transport.memory import MemoryJobQueues
 from tests.contracts.placement import NODE_TTL_S, T0, DamageRecord, PlacementContract, submit
 
 Backend = tuple[JobStorage, NodeRegistry, DamageRecord]

@@ -18,7 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # Modules of the management app, and what only it needs.
-MANAGEMENT = ("flask", "api.app", "api.openapi", "api.schemas", "jobs.submission", "prometheus_client", "gunicorn")
+MANAGEMENT = ("flask", "api.app", "api.openapi", "api.schemas", "jobs.batch.submission", "prometheus_client",
+              "gunicorn")
 
 _REPORT = (
     "import json, sys\n"
@@ -29,9 +30,9 @@ WORKER = (
     "from celery.bin.celery import find_app\n"
     "app = find_app('jobs')\n"
     "app.loader.import_default_modules()\n"
-    "import jobs.runner, jobs.completion  # what a batch and a job's completion import when they run\n"
+    "import jobs.runner, jobs.batch.completion  # what a batch and a job's completion import when they run\n"
 )
-BEAT = "import beat.scheduler, beat.schedule\n"
+BEAT = "import beat.scheduler, beat.timetable\n"
 LAUNCHER = "import sluice.replica, sluice.replica_manager, sluice.replica_process\n"
 
 

@@ -34,7 +34,7 @@ from foundation.proxy_registry import RedisProxyRegistry
 from foundation.proxy_registry import unrouted as unrouted_by
 from foundation.replica_directory import RedisReplicaDirectory, ReplicaRecord
 from foundation.replica_scale import RedisScaleBook, ReplicaScale
-from jobs.realtime_scaling import RealtimeScaling
+from jobs.scaling.realtime import RealtimeScaling
 from predictors_runtime.config import ApiConfig
 from sluice.embedded import free_port
 from sluice.proxy import ProxyController

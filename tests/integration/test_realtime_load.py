@@ -37,7 +37,7 @@ from foundation.proxy_registry import RedisProxyRegistry, routed_everywhere
 from foundation.replica_directory import RedisReplicaDirectory, ReplicaDirectory
 from foundation.replica_placement import RedisReplicaAssignments
 from foundation.replica_scale import RedisScaleBook, ReplicaScale
-from jobs.realtime_placement import RealtimePlacement
+from jobs.placement.realtime import RealtimePlacement
 from sluice.client import Client
 from sluice.embedded import Stack
 from sluice.haproxy import HAProxy

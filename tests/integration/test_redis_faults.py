@@ -22,10 +22,10 @@ import redis
 from kombu import Consumer, Queue
 
 from foundation.settings import Settings
+from jobs.batch.job import Job, JobStatus, new_job_id
+from jobs.batch.publish import BatchPublisher
 from jobs.celery_app import create_celery
-from jobs.job import Job, JobStatus, new_job_id
-from jobs.nodes import Delivery
-from jobs.publish import BatchPublisher
+from jobs.nodes.registry import Delivery
 from jobs.services import Services
 from jobs.store import JobStore, Recorded
 from sluice.client import Client, ClientError

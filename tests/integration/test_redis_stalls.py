@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from foundation.redis_clients import connect
-from jobs.job import Job, JobStatus
+from jobs.batch.job import Job, JobStatus
 from jobs.store import JobStore, Recorded
 from sluice.embedded import free_port
 

@@ -21,7 +21,7 @@ from foundation.api_registry import ApiRegistry, RedisApiRegistry
 from foundation.hosts import HOST_TTL_S, RedisHostDirectory, Resources
 from foundation.replica_placement import PlacedReplicas, RedisReplicaAssignments, on_host
 from foundation.replica_scale import RedisScaleBook
-from jobs.realtime_placement import RealtimePlacement
+from jobs.placement.realtime import RealtimePlacement
 from predictors_runtime.config import ApiConfig
 from sluice.replica_manager import ReplicaManager, on_hardware
 from testbed.waiting import wait_for

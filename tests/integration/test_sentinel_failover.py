@@ -4,7 +4,7 @@ a realtime API's steady traffic and holds accepted AsyncAPI requests; and the ki
 started again on its own data, becomes a replica without anything it held being run again.
 
 The store's client asks the sentinels for the primary and rides out the failover like a Redis
-restart (`foundation/redis_clients.py`); the broker is kombu's Sentinel transport (`jobs/broker.py`).
+restart (`foundation/redis_clients.py`); the broker is kombu's Sentinel transport (`jobs/transport/broker.py`).
 What the old primary acknowledged but had not yet copied to its replica is lost with it
 (asynchronous replication); on loopback that is rare, and the job store's idempotent recording
 and beat's search for lost batches (docs/batch-jobs.md, Reliability) make up for it, so these tests check
@@ -32,7 +32,7 @@ import yaml
 from foundation import keys
 from foundation.redis_clients import connect
 from foundation.replica_directory import REPLICA_TTL_S
-from jobs.job import Job, JobStatus
+from jobs.batch.job import Job, JobStatus
 from jobs.store import JobStore, Recorded, scripts
 from sluice.client import Client
 from sluice.embedded import Stack, free_port

@@ -15,13 +15,13 @@ import redis
 from kombu import Consumer, Queue
 
 from foundation.settings import Settings
+from jobs.batch.job import Job, JobStatus
+from jobs.batch.publish import BatchPublisher, send_completion
 from jobs.celery_app import create_celery
-from jobs.delivery import COMPLETION_ENTRY, Delivery, inflight_entry
-from jobs.job import Job, JobStatus
-from jobs.publish import BatchPublisher, send_completion
+from jobs.nodes.worker_node import SettleOnConnect
 from jobs.services import Services
-from jobs.settle import Settled, settle_deliveries
-from jobs.worker_node import SettleOnConnect
+from jobs.transport.delivery import COMPLETION_ENTRY, Delivery, inflight_entry
+from jobs.transport.settle import Settled, settle_deliveries
 
 NODE = "alive@host"
 

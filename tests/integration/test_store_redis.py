@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from jobs.delivery import Delivery
-from jobs.job import Job, JobStatus
-from jobs.nodes import Nodes
+from jobs.batch.job import Job, JobStatus
+from jobs.nodes.registry import Nodes
 from jobs.store import JobField, JobStorage, JobStore
 from jobs.store.memory import MemoryJobStore
+from jobs.transport.delivery import Delivery
 from tests.contracts.job_store import T0, JobStoreContract, make_job
 
 TTL_S = 3600

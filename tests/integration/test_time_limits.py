@@ -273,7 +273,7 @@ def test_a_batch_running_past_the_visibility_timeout_is_not_delivered_again_whil
     keeps the message of a batch it still runs from looking abandoned."""
     from kombu import Connection
 
-    from jobs.broker import TRANSPORT_PATH
+    from jobs.transport.broker import TRANSPORT_PATH
 
     stack = two_nodes_short_visibility
     client, api = _deploy(stack, tmp_path / "project")

@@ -12,8 +12,8 @@ from prometheus_client.registry import CollectorRegistry
 
 from api.metrics import FiguresCollector
 from foundation.memory import MemoryFigureStore
-from jobs.async_counts import AsyncCounts, window_slots
-from jobs.memory_async import MemoryAsyncRequests
+from jobs.asyncapi.counts import AsyncCounts, window_slots
+from jobs.asyncapi.memory import MemoryAsyncRequests
 from tests.contracts.async_counts import AsyncCountsContract
 from tests.unit.test_async_runner import Harness
 

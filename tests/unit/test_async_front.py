@@ -33,14 +33,13 @@ from foundation.memory import (
     MemoryReplicaDirectory,
 )
 from foundation.settings import Settings
-from jobs.async_request import PayloadKind, RequestStatus
-from jobs.memory_async import MemoryAsyncRequests
-from jobs.memory_nodes import MemoryNodes
-from jobs.memory_queues import MemoryJobQueues
-from jobs.memory_worker_hosts import MemoryWorkerHosts
-from jobs.placement import Placement
+from jobs.asyncapi.memory import MemoryAsyncRequests
+from jobs.asyncapi.request import PayloadKind, RequestStatus
+from jobs.nodes.memory import MemoryNodes, MemoryWorkerHosts
+from jobs.placement.batch import Placement
 from jobs.services import Services
 from jobs.store.memory import MemoryJobStore
+from jobs.transport.memory import MemoryJobQueues
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.config import ApiConfig
 

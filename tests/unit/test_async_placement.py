@@ -7,11 +7,11 @@ from collections import Counter
 from typing import Any
 
 from foundation.memory import MemoryApiRegistry
-from jobs.async_placement import AsyncPlacement, async_queue
-from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
-from jobs.memory_async import MemoryAsyncAssignments, MemoryAsyncRequests
-from jobs.memory_nodes import MemoryNodes
-from jobs.memory_queues import MemoryJobQueues
+from jobs.asyncapi.memory import MemoryAsyncAssignments, MemoryAsyncRequests
+from jobs.asyncapi.request import AsyncRequest, PayloadKind, RequestStatus
+from jobs.nodes.memory import MemoryNodes
+from jobs.placement.asyncapi import AsyncPlacement, async_queue
+from jobs.transport.memory import MemoryJobQueues
 from predictors_runtime.config import ApiConfig
 
 NOW = 1_000.0
@@ -132,6 +132,6 @@ def test_a_deleted_api_keeps_its_node_until_its_requests_have_run_then_its_queue
 
 
 def test_a_nodes_heartbeat_names_its_hardware_queues_not_the_async_apis_placed_on_it() -> None:
-    from jobs.nodes import heartbeat_record
+    from jobs.nodes.registry import heartbeat_record
 
     assert heartbeat_record(["cpu", "async.summarise", "job.j1"], NOW)["queues"] == ["cpu"]

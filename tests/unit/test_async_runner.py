@@ -15,17 +15,17 @@ from foundation.errors import BadRequest, PredictorError
 from foundation.limits import ASYNC_INLINE_RESULT_BYTES
 from foundation.log_streams import StreamLogHandler, api_stream, request_stream
 from foundation.memory import MemoryApiRegistry, MemoryLogStreams
-from jobs.async_objects import RequestObjects
-from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus, check_payload, payload_kind
-from jobs.async_runner import AsyncPredictors, AsyncRuntime
-from jobs.delivery import Delivery, request_entry
-from jobs.memory_async import MemoryAsyncRequests
-from jobs.memory_nodes import MemoryNodes
-from jobs.memory_queues import MemoryJobQueues
-from jobs.nodes import jobs_held
-from jobs.settle import settle_deliveries
+from jobs.asyncapi.memory import MemoryAsyncRequests
+from jobs.asyncapi.objects import RequestObjects
+from jobs.asyncapi.request import AsyncRequest, PayloadKind, RequestStatus, check_payload, payload_kind
+from jobs.asyncapi.runner import AsyncPredictors, AsyncRuntime
+from jobs.batch.time_limit import EXIT_STOPPED_BATCH
+from jobs.nodes.memory import MemoryNodes
+from jobs.nodes.registry import jobs_held
 from jobs.store.memory import MemoryJobStore
-from jobs.time_limit import EXIT_STOPPED_BATCH
+from jobs.transport.delivery import Delivery, request_entry
+from jobs.transport.memory import MemoryJobQueues
+from jobs.transport.settle import settle_deliveries
 from predictors_runtime.async_predictor import AsyncPredictor
 from predictors_runtime.config import ApiConfig, parse_api_configs
 
@@ -540,7 +540,7 @@ def test_each_line_of_a_batched_predict_is_in_every_requests_log_and_a_failure_o
     h, _ = queued_harness(tmp_path, predict)
     streams = MemoryLogStreams(max_lines=1000, retention_s=3600)
     handler = StreamLogHandler(streams, flush_interval_s=3600)
-    runner_log = logging.getLogger("jobs.async_runner")
+    runner_log = logging.getLogger("jobs.asyncapi.runner")
     for logger in (user, runner_log):
         logger.addHandler(handler)
     h.runtime._capture = handler.capturing_requests

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from foundation.api_registry import DeployedApi
-from jobs.async_placement import autoscaling_of
-from jobs.async_scaler import AsyncScaler
+from jobs.scaling.asyncapi import AsyncScaler
+from jobs.scaling.config import autoscaling_of
 from predictors_runtime.config import ApiConfig
 
 DEPLOYED_AT = 1_000.0

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
-from jobs.memory_async import MemoryAsyncAssignments, MemoryAsyncRequests
-from jobs.memory_nodes import MemoryNodes
+from jobs.asyncapi.memory import MemoryAsyncAssignments, MemoryAsyncRequests
+from jobs.asyncapi.request import AsyncRequest, PayloadKind, RequestStatus
+from jobs.nodes.memory import MemoryNodes
 from tests.contracts.async_assignments import AsyncAssignmentsContract
 from tests.contracts.async_store import RETENTION_S, AsyncRequestStoreContract
 

@@ -1,4 +1,4 @@
-"""Submitting an AsyncAPI request (`jobs/async_submit.py`) with the in-memory request store: its task's
+"""Submitting an AsyncAPI request (`jobs/asyncapi/submit.py`) with the in-memory request store: its task's
 message is queued by the step that stores it, or sent through Celery where it cannot be."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from celery import Celery
 
 from foundation.errors import ApiNotFound
 from foundation.limits import ASYNC_INLINE_PAYLOAD_BYTES
-from jobs.async_objects import RequestObjects
-from jobs.async_request import RequestStatus
-from jobs.async_submit import Submission, submit_request
-from jobs.memory_async import MemoryAsyncRequests
-from jobs.task_messages import QueuedMessage, TaskMessages
+from jobs.asyncapi.memory import MemoryAsyncRequests
+from jobs.asyncapi.objects import RequestObjects
+from jobs.asyncapi.request import RequestStatus
+from jobs.asyncapi.submit import Submission, submit_request
 from jobs.tasks import RUN_ASYNC, RUN_ASYNC_QUEUED
+from jobs.transport.task_messages import QueuedMessage, TaskMessages
 
 
 class SentTasks(Celery):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from jobs.autoscaler import Decision, InFlightSample, Recommendation, decide, history_to_keep
+from jobs.scaling.algorithm import Decision, InFlightSample, Recommendation, decide, history_to_keep
 from predictors_runtime.autoscaling_config import AutoscalingConfig
 
 NOW = 1_000_000.0

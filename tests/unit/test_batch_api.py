@@ -31,14 +31,13 @@ from foundation.memory import (
     MemoryReplicaDirectory,
 )
 from foundation.settings import Settings
-from jobs.job import JobStatus
-from jobs.memory_nodes import MemoryNodes
-from jobs.memory_queues import MemoryJobQueues
-from jobs.memory_worker_hosts import MemoryWorkerHosts
-from jobs.placement import Placement
+from jobs.batch.job import JobStatus
+from jobs.nodes.memory import MemoryNodes, MemoryWorkerHosts
+from jobs.placement.batch import Placement
 from jobs.services import Services
 from jobs.store.memory import MemoryJobStore
 from jobs.tasks import RUN_BATCH
+from jobs.transport.memory import MemoryJobQueues
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.config import ApiConfig
 

@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from beat.loop import MaintenanceLoop
-from beat.schedule import Step, maintenance_steps
 from beat.scheduler import MaintenanceScheduler
+from beat.timetable import Step, maintenance_steps
 from foundation.settings import Settings
 from jobs.celery_app import create_celery
 

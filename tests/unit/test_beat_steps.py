@@ -12,14 +12,14 @@ import pytest
 
 from beat.steps import check_timeouts, fail_stalled_enqueues, wake_queued_requests
 from foundation.memory import MemoryApiRegistry
-from jobs.async_request import AsyncRequest, PayloadKind, RequestStatus
-from jobs.job import Job, JobStatus
-from jobs.memory_async import MemoryAsyncRequests
-from jobs.memory_nodes import MemoryNodes
-from jobs.memory_queues import MemoryJobQueues
-from jobs.placement import Placement
+from jobs.asyncapi.memory import MemoryAsyncRequests
+from jobs.asyncapi.request import AsyncRequest, PayloadKind, RequestStatus
+from jobs.batch.job import Job, JobStatus
+from jobs.nodes.memory import MemoryNodes
+from jobs.placement.batch import Placement
 from jobs.store import JobField
 from jobs.store.memory import MemoryJobStore
+from jobs.transport.memory import MemoryJobQueues
 from predictors_runtime.config import ApiConfig
 
 T0 = 1_700_000_000.0

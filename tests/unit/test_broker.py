@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.broker import SENTINEL_TRANSPORT_PATH, TRANSPORT_PATH, transport_for
+from jobs.transport.broker import SENTINEL_TRANSPORT_PATH, TRANSPORT_PATH, transport_for
 
 
 @pytest.mark.parametrize(

@@ -18,15 +18,15 @@ import redis
 from beat.completions import COMPLETION_GRACE_S, completion_grace_s, resend_completions
 from foundation.errors import PredictorError
 from foundation.settings import Settings
-from jobs.completion import DIED_MESSAGE, JobCompletion
-from jobs.delivery import Delivery
-from jobs.job import Job, JobStatus
-from jobs.memory_nodes import MemoryNodes
-from jobs.memory_queues import MemoryJobQueues
-from jobs.placement import Placement
-from jobs.predictors import JobPredictor, JobPredictors
+from jobs.batch.completion import DIED_MESSAGE, JobCompletion
+from jobs.batch.job import Job, JobStatus
+from jobs.batch.predictors import JobPredictor, JobPredictors
+from jobs.nodes.memory import MemoryNodes
+from jobs.placement.batch import Placement
 from jobs.store import JobStorage
 from jobs.store.memory import MemoryJobStore
+from jobs.transport.delivery import Delivery
+from jobs.transport.memory import MemoryJobQueues
 
 T0 = 1_700_000_000.0
 GRACE_S = 10.0

@@ -18,15 +18,15 @@ from celery import Celery
 
 from foundation.errors import BadRequest, Conflict, JobNotFound
 from foundation.settings import Settings
-from jobs.enqueue import plan_job, stop_job, submit_job
-from jobs.job import Job, JobStatus
-from jobs.memory_nodes import MemoryNodes
-from jobs.memory_queues import MemoryJobQueues
-from jobs.placement import Placement
+from jobs.batch.enqueue import plan_job, stop_job, submit_job
+from jobs.batch.job import Job, JobStatus
+from jobs.batch.submission import parse_job_request
+from jobs.nodes.memory import MemoryNodes
+from jobs.placement.batch import Placement
 from jobs.services import Services
 from jobs.store.memory import MemoryJobStore
-from jobs.submission import parse_job_request
 from jobs.tasks import FINISH_JOB, RUN_BATCH
+from jobs.transport.memory import MemoryJobQueues
 from predictors_runtime.bundles import BundleStore
 
 T0 = 1_700_000_000.0

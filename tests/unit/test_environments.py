@@ -12,7 +12,7 @@ import pytest
 
 from foundation.errors import ConfigError, DependencyConflict
 from foundation.memory import MemoryApiRegistry
-from jobs.job import Job, JobStatus
+from jobs.batch.job import Job, JobStatus
 from jobs.store.memory import MemoryJobStore
 from predictors_runtime.config import parse_api_configs
 from predictors_runtime.environments import EnvironmentSpec, read_dependency_files, server_pins

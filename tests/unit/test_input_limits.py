@@ -17,8 +17,8 @@ from pydantic import BaseModel
 
 from api.json_body import MAX_JSON_DEPTH, parse_json_body
 from foundation.errors import AccessDenied, BadRequest, ConfigError
-from jobs.inputs import RangeRef, read_range
-from jobs.submission import JobRequest, parse_job_request
+from jobs.batch.inputs import RangeRef, read_range
+from jobs.batch.submission import JobRequest, parse_job_request
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.project import (
     MAX_BUNDLE_FILES,

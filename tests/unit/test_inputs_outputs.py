@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from foundation.errors import BadRequest, BadStorageUri
-from jobs.inputs import EnqueueError, check_local_path, cut_ranges, match_files, matches, read_range
-from jobs.outputs import encode_rows, part_uri
-from jobs.submission import FileSource
+from jobs.batch.inputs import EnqueueError, check_local_path, cut_ranges, match_files, matches, read_range
+from jobs.batch.outputs import encode_rows, part_uri
+from jobs.batch.submission import FileSource
 from predictors_runtime.storage import storage_for
 
 
@@ -99,9 +99,9 @@ def test_json_lines_are_cut_into_ranges_that_read_back_to_the_same_items(tmp_pat
 @pytest.mark.parametrize("shape", ["plain", "blank lines", "crlf", "no final newline", "long lines"])
 def test_ranges_cover_the_file_whatever_the_blocks_and_lines(tmp_path, monkeypatch, block, batch_size, shape):
     """Blocks are read whole; lines across block edges, blank lines and a missing last newline still cut right."""
-    import jobs.inputs
+    import jobs.batch.inputs
 
-    monkeypatch.setattr(jobs.inputs, "READ_BLOCK", block)
+    monkeypatch.setattr(jobs.batch.inputs, "READ_BLOCK", block)
     items = [{"n": i, "text": "x" * (200 if shape == "long lines" else i % 4)} for i in range(20)]
     lines = [json.dumps(item) for item in items]
     newline = "\r\n" if shape == "crlf" else "\n"
@@ -126,9 +126,9 @@ def test_ranges_cover_the_file_whatever_the_blocks_and_lines(tmp_path, monkeypat
 
 @pytest.mark.parametrize("block", [5, 1 << 20])
 def test_a_malformed_line_is_found_in_any_block(tmp_path, monkeypatch, block):
-    import jobs.inputs
+    import jobs.batch.inputs
 
-    monkeypatch.setattr(jobs.inputs, "READ_BLOCK", block)
+    monkeypatch.setattr(jobs.batch.inputs, "READ_BLOCK", block)
     path = tmp_path / "in.jsonl"
     path.write_text("\n".join(['{"n": 1}'] * 30 + ['{"n": 1,}'] + ['{"n": 1}'] * 5) + "\n")
     info = storage_for(str(path)).stat(str(path))
@@ -234,7 +234,7 @@ def test_part_paths_sort_in_batch_order():
 
 def test_a_part_is_written_inside_its_root_and_an_output_folder_swapped_for_a_link_out_is_refused(tmp_path: Path):
     from foundation.errors import AccessDenied
-    from jobs.outputs import write_part
+    from jobs.batch.outputs import write_part
 
     root, outside = tmp_path / "root", tmp_path / "outside"
     root.mkdir()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jobs.job import Job, job_queue_name, new_job_id
+from jobs.batch.job import Job, job_queue_name, new_job_id
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 

@@ -4,7 +4,7 @@ what it builds is what the server reads."""
 from __future__ import annotations
 
 from foundation.job_submissions import submission_body, task_submission_body
-from jobs.submission import parse_job_request
+from jobs.batch.submission import parse_job_request
 
 
 def test_an_item_list_with_every_option_is_read_back_as_given() -> None:

@@ -45,7 +45,7 @@ def test_a_broken_arrow_is_named_by_file_line_and_arrow() -> None:
 
 # Literals that look like keys but are not: (file, literal prefix).
 NOT_KEYS = {
-    ("jobs/batch_steps.py", "sluice:"),  # the uuid5 name of a batch id, not a key
+    ("jobs/batch/steps.py", "sluice:"),  # the uuid5 name of a batch id, not a key
 }
 
 
@@ -74,3 +74,15 @@ def test_every_redis_key_is_named_in_foundation_keys() -> None:
             literals = [text for text in _key_literals(path) if (relative, text) not in NOT_KEYS]
             stray.extend(f"{relative}: {text!r}" for text in literals)
     assert not stray, "name these keys in foundation/keys.py: " + "; ".join(stray)
+
+
+def test_every_module_of_jobs_but_the_fakes_is_held_from_importing_them() -> None:
+    import tomllib
+
+    contracts = tomllib.loads(LAYERS.read_text())["tool"]["importlinter"]["contracts"]
+    [fakes] = [c for c in contracts if c["id"] == "fakes"]
+    modules = {".".join(path.relative_to(ROOT).with_suffix("").parts) for path in (ROOT / "jobs").rglob("*.py")
+               if path.name != "__init__.py" and path.stem != "memory"}
+    assert modules - set(fakes["source_modules"]) == set(), "add them to the fakes contract in pyproject.toml"
+    assert {m for m in fakes["forbidden_modules"] if m.startswith("jobs.")} == {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "jobs").rglob("memory.py")}

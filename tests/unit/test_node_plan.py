@@ -1,6 +1,6 @@
 """Beat's plan for worker hosts: a job asking for more `workers` than run, or an AsyncAPI whose scaler
 wants more nodes than serve its queue, gets nodes started on hosts with room, and a job that cannot
-says why (`jobs/node_plan.py`, `beat/worker_nodes.py`)."""
+says why (`jobs/placement/node_plan.py`, `beat/worker_nodes.py`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import pytest
 from beat.worker_nodes import plan_worker_nodes
 from foundation.hosts import HostRecord, Resources
 from foundation.memory import MemoryApiRegistry, MemoryHostDirectory
-from jobs.job import Job
-from jobs.memory_async import MemoryAsyncAssignments
-from jobs.memory_nodes import MemoryNodes
-from jobs.memory_worker_hosts import MemoryWorkerHosts
-from jobs.node_plan import AsyncWant, JobWant, WorkerHostReport, describe, node_compute, plan_nodes
+from jobs.asyncapi.memory import MemoryAsyncAssignments
+from jobs.batch.job import Job
+from jobs.nodes.memory import MemoryNodes, MemoryWorkerHosts
+from jobs.placement.node_plan import AsyncWant, JobWant, WorkerHostReport, describe, node_compute, plan_nodes
 from jobs.store.memory import MemoryJobStore
 from predictors_runtime.config import ApiConfig
 from tests.contracts.worker_hosts import WorkerHostsContract

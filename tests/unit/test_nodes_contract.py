@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.delivery import Delivery
-from jobs.memory_nodes import MemoryNodes
+from jobs.nodes.memory import MemoryNodes
 from jobs.store.memory import MemoryJobStore
+from jobs.transport.delivery import Delivery
 from tests.contracts.nodes import NODE_TTL_S, NodeRegistryContract, running_job
 
 

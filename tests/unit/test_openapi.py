@@ -19,7 +19,7 @@ from api.schemas import JobStatusView, Source
 from foundation.api_registry import DeployedApi
 from foundation.figures import Recorder
 from foundation.settings import Settings
-from jobs.submission import SOURCES, JobRequest
+from jobs.batch.submission import SOURCES, JobRequest
 from predictors_runtime.config import ApiConfig
 from predictors_runtime.realtime_predictor import RealtimePredictor
 

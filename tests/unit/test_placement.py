@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.delivery import COMPLETION_ENTRY, Delivery, inflight_entry
-from jobs.job import Job, JobStatus
-from jobs.memory_nodes import MemoryNodes
-from jobs.memory_queues import MemoryJobQueues
-from jobs.nodes import GIVE_BACK_AFTER_TTLS
-from jobs.placement import Placement
-from jobs.settle import give_back, settle_deliveries
+from jobs.batch.job import Job, JobStatus
+from jobs.nodes.memory import MemoryNodes
+from jobs.nodes.registry import GIVE_BACK_AFTER_TTLS
+from jobs.placement.batch import Placement
 from jobs.store import JobField
 from jobs.store.memory import MemoryJobStore
+from jobs.transport.delivery import COMPLETION_ENTRY, Delivery, inflight_entry
+from jobs.transport.memory import MemoryJobQueues
+from jobs.transport.settle import give_back, settle_deliveries
 from tests.contracts.placement import NODE_TTL_S, T0, DamageRecord, PlacementContract, submit
 
 

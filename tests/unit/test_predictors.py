@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.job import Job, JobStatus
-from jobs.predictors import SWEEP_INTERVAL_S, JobPredictor, JobPredictors
+from jobs.batch.job import Job, JobStatus
+from jobs.batch.predictors import SWEEP_INTERVAL_S, JobPredictor, JobPredictors
 from jobs.store.memory import MemoryJobStore
 
 T0 = 1_700_000_000.0

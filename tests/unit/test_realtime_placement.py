@@ -1,4 +1,4 @@
-"""Placing RealtimeAPIs' replicas on the room hosts offer (`jobs/realtime_placement.py`): spread
+"""Placing RealtimeAPIs' replicas on the room hosts offer (`jobs/placement/realtime.py`): spread
 first, then pack, by hardware, stable, pending with a reason, and a dead host's replicas placed
 again. The memory twins of the host directory, scale book and assignments, and a fixed clock.
 """
@@ -11,7 +11,7 @@ from foundation.hosts import HOST_TTL_S, HostRecord, Resources
 from foundation.memory import MemoryApiRegistry, MemoryHostDirectory, MemoryReplicaAssignments, MemoryScaleBook
 from foundation.replica_placement import on_host
 from foundation.replica_scale import ReplicaScale
-from jobs.realtime_placement import RealtimePlacement
+from jobs.placement.realtime import RealtimePlacement
 from predictors_runtime.config import ApiConfig
 
 T0 = 1_000.0

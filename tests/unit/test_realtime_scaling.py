@@ -12,7 +12,7 @@ import pytest
 from foundation.memory import MemoryApiRegistry, MemoryProxyLoadBook, MemoryScaleBook
 from foundation.proxy_load import LoadTally
 from foundation.replica_scale import ReplicaScale
-from jobs.realtime_scaling import RealtimeScaling
+from jobs.scaling.realtime import RealtimeScaling
 from predictors_runtime.config import ApiConfig
 
 DEPLOYED_AT = 1_000.0
@@ -63,10 +63,10 @@ def test_each_decision_is_one_log_line_with_its_inputs(caplog: pytest.LogCapture
     stack = Stack()
     deploy(stack.registry, target_replica_concurrency=2)
 
-    with caplog.at_level(logging.DEBUG, logger="jobs.scaler"):
+    with caplog.at_level(logging.DEBUG, logger="jobs.scaling.scaler"):
         stack.beat_steps(NOW, {"iris": 6}, {"iris": 6})
 
-    (line,) = [r for r in caplog.records if r.name == "jobs.scaler"]
+    (line,) = [r for r in caplog.records if r.name == "jobs.scaling.scaler"]
     assert line.getMessage() == "realtime api iris: 1 -> 2 replica(s) (as recommended)"
     fields = {k: getattr(line, k) for k in ("api_name", "avg_in_flight", "raw_recommendation", "replicas")}
     assert fields == {"api_name": "iris", "avg_in_flight": 6.0, "raw_recommendation": 3.0, "replicas": 2}

@@ -22,8 +22,8 @@ from foundation.redis_clients import (
     store_client,
 )
 from foundation.settings import RedisAddress, Settings
-from jobs.broker import SENTINEL_TRANSPORT_PATH, broker_url, transport_for, transport_options
-from jobs.stall_watch import StallWatch
+from jobs.nodes.stall_watch import StallWatch
+from jobs.transport.broker import SENTINEL_TRANSPORT_PATH, broker_url, transport_for, transport_options
 
 SENTINELS = {"SLUICE_REDIS_SENTINELS": "10.0.0.1:26379, 10.0.0.2:26380,[fd00::3]:26381",
              "SLUICE_REDIS_MASTER": "sluice"}

@@ -22,17 +22,17 @@ from foundation.errors import PredictorError
 from foundation.figures import BATCHES, ITEMS, Recorder, read_figures
 from foundation.memory import MemoryFigureStore
 from foundation.settings import Settings
-from jobs.batch_steps import LOST_DELIVERY_ALLOWANCE, batch_id_of
-from jobs.delivery import Delivery
-from jobs.job import Job, JobStatus
-from jobs.memory_nodes import MemoryNodes
-from jobs.memory_queues import MemoryJobQueues
-from jobs.placement import Placement
-from jobs.predictors import JobPredictor, JobPredictors
+from jobs.batch.job import Job, JobStatus
+from jobs.batch.predictors import JobPredictor, JobPredictors
+from jobs.batch.steps import LOST_DELIVERY_ALLOWANCE, batch_id_of
+from jobs.nodes.memory import MemoryNodes
+from jobs.placement.batch import Placement
 from jobs.runner import WorkerRuntime
 from jobs.services import Services
 from jobs.store.memory import MemoryJobStore
 from jobs.tasks import FINISH_JOB
+from jobs.transport.delivery import Delivery
+from jobs.transport.memory import MemoryJobQueues
 from predictors_runtime.bundles import BundleStore
 
 T0 = 1_700_000_000.0

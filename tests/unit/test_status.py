@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from jobs.job import Job, JobStatus
-from jobs.status import job_status_view
+from jobs.batch.job import Job, JobStatus
+from jobs.batch.status import job_status_view
 from jobs.store import JobStorage
 from jobs.store.memory import MemoryJobStore
 
@@ -187,7 +187,7 @@ def test_the_view_is_plain_json(store: JobStorage, job: Job) -> None:
 
 
 def test_every_status_is_either_active_or_terminal_and_the_client_agrees() -> None:
-    from jobs.job import ACTIVE_STATUSES, TERMINAL_STATUSES
+    from jobs.batch.job import ACTIVE_STATUSES, TERMINAL_STATUSES
     from sluice.client import ACTIVE_STATUSES as CLIENT_ACTIVE
     from sluice.client import TERMINAL_STATUSES as CLIENT_TERMINAL
 

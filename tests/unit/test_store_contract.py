@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from foundation.errors import JobNotFound
-from jobs.job import Job, JobStatus
+from jobs.batch.job import Job, JobStatus
 from jobs.store.memory import MemoryJobStore
 from tests.contracts.job_store import JobStoreContract
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.job import Job, JobStatus
+from jobs.batch.job import Job, JobStatus
 from jobs.store import JobField, scripts
 from jobs.store.schema import job_state, new_job_hash
 
@@ -66,7 +66,7 @@ def test_a_new_jobs_hash_reads_back_as_the_job_with_nothing_recorded() -> None:
 
 
 def test_a_damaged_field_raises_one_of_the_errors_steps_skip_a_record_for() -> None:
-    from jobs.job import BAD_RECORD_ERRORS
+    from jobs.batch.job import BAD_RECORD_ERRORS
 
     job = Job(job_id="j", api_name="iris", workers=1, config={}, timeout=None, total_batch_count=2, start_time=5.0)
     for field, text in [(JobField.RECORD, "{not json"), (JobField.SUCCEEDED, "many"), (JobField.STATUS, "done")]:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from foundation.errors import BadRequest
-from jobs.submission import parse_job_request, split_items
+from jobs.batch.submission import parse_job_request, split_items
 
 ITEMS = {"items": [[5.1, 3.5], [4.9, 3.0], [6.2, 3.4]], "batch_size": 2}
 FILES = {"s3_paths": ["s3://bucket/input/"], "batch_size": 10}

@@ -32,16 +32,15 @@ from foundation.memory import (
     MemoryReplicaDirectory,
 )
 from foundation.settings import Settings
-from jobs.job import Job, JobStatus
-from jobs.memory_nodes import MemoryNodes
-from jobs.memory_queues import MemoryJobQueues
-from jobs.memory_worker_hosts import MemoryWorkerHosts
-from jobs.placement import Placement
-from jobs.predictors import JobPredictor, JobPredictors
+from jobs.batch.job import Job, JobStatus
+from jobs.batch.predictors import JobPredictor, JobPredictors
+from jobs.nodes.memory import MemoryNodes, MemoryWorkerHosts
+from jobs.placement.batch import Placement
 from jobs.runner import WorkerRuntime
 from jobs.services import Services
 from jobs.store.memory import MemoryJobStore
 from jobs.tasks import FINISH_JOB, RUN_BATCH
+from jobs.transport.memory import MemoryJobQueues
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.config import ApiConfig, parse_api_configs
 from predictors_runtime.task_predictor import TaskPredictor

@@ -8,9 +8,9 @@ import pytest
 
 from foundation.errors import ConfigError
 from foundation.settings import Settings
-from jobs.job import Job, JobStatus
+from jobs.batch.job import Job, JobStatus
+from jobs.batch.time_limit import EXIT_STOPPED_BATCH, BatchWatchdog, batch_time_limit
 from jobs.store.memory import MemoryJobStore
-from jobs.time_limit import EXIT_STOPPED_BATCH, BatchWatchdog, batch_time_limit
 
 T0 = 1_700_000_000.0
 
@@ -139,7 +139,7 @@ def test_the_limit_is_the_jobs_else_the_apis_else_sluices() -> None:
 
 def test_batch_timeout_is_bounded_wherever_it_is_given() -> None:
     from foundation.errors import BadRequest, ConfigError
-    from jobs.submission import parse_job_request
+    from jobs.batch.submission import parse_job_request
     from predictors_runtime.config import parse_api_configs
 
     job = {"item_list": {"items": [1], "batch_size": 1}}
@@ -161,7 +161,7 @@ def test_batch_timeout_is_bounded_wherever_it_is_given() -> None:
 
 
 def test_a_hook_past_its_time_limit_is_recorded_then_its_process_ended() -> None:
-    from jobs.time_limit import hook_time_limit
+    from jobs.batch.time_limit import hook_time_limit
 
     ended, recorded, release = [], [], threading.Event()
 
@@ -175,7 +175,7 @@ def test_a_hook_past_its_time_limit_is_recorded_then_its_process_ended() -> None
 
 
 def test_a_hook_within_its_time_limit_or_without_one_is_left_alone() -> None:
-    from jobs.time_limit import hook_time_limit
+    from jobs.batch.time_limit import hook_time_limit
 
     calls: list[str] = []
     with hook_time_limit(30, lambda: calls.append("expired"), lambda code: calls.append(f"exit {code}")):
@@ -189,7 +189,7 @@ def test_the_kernel_hard_stop_comes_the_configured_grace_after_the_limit(
     store: MemoryJobStore, sent: Sent, ending: Ending, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A predictor holding the GIL starves the watchdog: SIGALRM ends the node `SLUICE_HARD_STOP_GRACE_S` later."""
-    import jobs.time_limit as time_limit
+    import jobs.batch.time_limit as time_limit
 
     alarms: list[int] = []
     monkeypatch.setattr(time_limit.signal, "alarm", lambda seconds: alarms.append(seconds) or 0)

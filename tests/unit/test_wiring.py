@@ -12,10 +12,10 @@ import pytest
 
 from foundation.settings import Settings
 from jobs.celery_app import create_celery
-from jobs.placement import Placement
+from jobs.nodes.worker_node import SettleOnConnect
+from jobs.placement.batch import Placement
 from jobs.tasks import FINISH_JOB, RUN_BATCH
 from jobs.wiring import init_services
-from jobs.worker_node import SettleOnConnect
 
 SETTINGS = Settings(redis_url="redis://127.0.0.1:1/0")  # never reached
 

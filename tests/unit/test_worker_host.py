@@ -10,9 +10,8 @@ import pytest
 
 from foundation.hosts import Resources
 from foundation.memory import MemoryHostDirectory
-from jobs.memory_nodes import MemoryNodes
-from jobs.memory_worker_hosts import MemoryWorkerHosts
-from jobs.node_plan import HostPlan, NodePlan
+from jobs.nodes.memory import MemoryNodes, MemoryWorkerHosts
+from jobs.placement.node_plan import HostPlan, NodePlan
 from sluice.worker_host import AgentConfig, BadAgentOption, WorkerHost
 
 T0 = 1_000_000.0

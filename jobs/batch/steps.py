@@ -1,0 +1,358 @@
+"""The run of one batch as a short pipeline of small steps, one concern each, as dramatiq's middleware are.
+
+A step is called with the batch's `BatchRun` and the rest of the pipeline (`call_next`): it may
+act before, call the rest once, several times (retries: once per try) or not at all (a batch
+that must not run), and act after. Outermost first:
+
+- `Labels`: log lines carry the job and batch, and go to the job's log stream too;
+- `OpenDelivery`: a delivery entered in its node's in-flight hash but never recorded (its job
+  ended) is taken off it;
+- `Figures`: a recorded batch is counted (batches, items, seconds) in this process's figures;
+- `Record`: the outcome the inner steps decided is recorded once, and the recording that
+  completes the job sends its completion task;
+- `Begin`: the delivery is counted; a batch of an ended job, one already recorded, or one whose
+  process died too often does not run;
+- `BuildPredictor`: the job's predictor in this process (a failure fails the job);
+- `ReadInput`: the items of a batch carried by reference are read from storage;
+- `TimeLimit`: tries an earlier delivery used up by the batch time limit count;
+- `Retries`: each remaining try runs the rest under the time limit, until one succeeds;
+- `Outputs`: the rows a try returned are written as the job's output part;
+- `predict`: the user's predictor.
+
+The runner builds the pipeline once per process (`batch_pipeline`); a new concern is one more
+step, not a branch inside the worker loop. Each step is given only the collaborators it uses (the
+batch ledger, the job records, the node registry, placement, the process's job predictors, its
+watchdog, figures and log capture, the function that sends a completion); none calls back into the
+runner that built it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from foundation.errors import PredictorError, SluiceError
+from foundation.figure_sink import FigureSink
+from foundation.figures import BATCH_SECONDS, BATCHES, ITEMS
+from foundation.json_logs import labelled
+from jobs.batch.inputs import read_range
+from jobs.batch.job import ACTIVE_STATUSES, Job, JobStatus
+from jobs.batch.outputs import write_part
+from jobs.batch.predictors import JobPredictor, JobPredictors
+from jobs.batch.publish import SendCompletion
+from jobs.batch.time_limit import BatchWatchdog, timed_out_message
+from jobs.nodes.registry import NodeRegistry
+from jobs.placement.batch import JobPlacement
+from jobs.store import BatchLedger, JobRecords, Recorded
+from jobs.transport.delivery import Delivery
+from predictors_runtime.loader import error_text
+
+log = logging.getLogger(__name__)
+
+# Deliveries of one batch beyond its tries before Sluice stops handing it to workers: each
+# such delivery means the process running it died (killed, or out of memory).
+LOST_DELIVERY_ALLOWANCE = 2
+
+
+def batch_id_of(job_id: str, index: int) -> str:
+    """A uuid for a batch, stable across redeliveries so a predictor's outputs stay idempotent."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"sluice:{job_id}:{index}"))
+
+
+def items_of(payload: Any, payload_ref: dict[str, Any] | None = None) -> int:
+    """How many items a batch holds: its payload's length, or the line count its storage range was cut with."""
+    if isinstance(payload, list):
+        return len(payload)
+    if payload_ref is not None:
+        return int(payload_ref.get("lines", 0))
+    return 0 if payload is None else 1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What is to be recorded of a batch."""
+
+    ok: bool
+    items: int
+    error: str = ""
+    tries: int = 0
+    # Seconds its tries ran; None for a batch that never ran (left out of the duration figure).
+    seconds: float | None = None
+    # Kept with a failed batch for inspection and retries: its items, or where they live.
+    payload: Any = None
+    payload_ref: dict[str, Any] | None = None
+
+
+@dataclass
+class BatchRun:
+    """One delivery of one batch, as it passes through the steps."""
+
+    job_id: str
+    index: int
+    payload: Any
+    payload_ref: dict[str, Any] | None
+    delivery: Delivery | None
+    job: Job | None = None
+    predictor: JobPredictor | None = None
+    open_delivery: Delivery | None = None  # in its node's in-flight hash and not recorded yet
+    first_try: int = 1
+    result: Any = None
+    outcome: Outcome | None = None
+    recorded: Recorded | None = None
+
+
+Next = Callable[[BatchRun], None]
+Step = Callable[[BatchRun, Next], None]
+
+
+class JobLogs(Protocol):
+    """Where a job's log lines also go (`foundation.log_streams.StreamLogHandler`)."""
+
+    def capturing_job(self, job_id: str) -> AbstractContextManager[None]:
+        """The lines this thread logs inside the block go to the job's log stream too."""
+
+
+def chain(steps: Sequence[Step]) -> Next:
+    """The steps as one callable: each gets the run and the rest of the chain."""
+
+    def call(position: int, run: BatchRun) -> None:
+        if position < len(steps):
+            steps[position](run, lambda inner: call(position + 1, inner))
+
+    return lambda run: call(0, run)
+
+
+class Labels:
+    """Log lines name the job and batch, and are also captured into the job's log stream."""
+
+    def __init__(self, logs: JobLogs) -> None:
+        self.logs = logs
+
+    def __call__(self, run: BatchRun, call_next: Next) -> None:
+        with labelled(job_id=run.job_id, batch_index=str(run.index)), self.logs.capturing_job(run.job_id):
+            call_next(run)
+
+
+class OpenDelivery:
+    """A delivery entered in flight but not recorded (its job ended meanwhile) leaves its node's hash."""
+
+    def __init__(self, nodes: NodeRegistry) -> None:
+        self.nodes = nodes
+
+    def __call__(self, run: BatchRun, call_next: Next) -> None:
+        try:
+            call_next(run)
+        finally:
+            if run.open_delivery is not None:
+                self.nodes.end_delivery(run.open_delivery)
+                run.open_delivery = None
+
+
+class Figures:
+    """A recorded batch counts in the figures (a duplicate does not: figures count what the store counts)."""
+
+    def __init__(self, figures: FigureSink) -> None:
+        self.figures = figures
+
+    def __call__(self, run: BatchRun, call_next: Next) -> None:
+        call_next(run)
+        outcome = run.outcome
+        if not run.recorded or outcome is None or run.job is None:
+            return
+        api = run.job.api_name
+        self.figures.count(BATCHES.name, (api, "succeeded" if outcome.ok else "failed"))
+        self.figures.count(ITEMS.name, (api,), outcome.items)
+        if outcome.seconds is not None:
+            self.figures.observe(BATCH_SECONDS.name, (api,), outcome.seconds)
+
+
+class Record:
+    """Record the outcome the inner steps decided, exactly once; the last batch sends the completion."""
+
+    def __init__(self, ledger: BatchLedger, send_completion: SendCompletion) -> None:
+        self.ledger = ledger
+        self.send_completion = send_completion
+
+    def __call__(self, run: BatchRun, call_next: Next) -> None:
+        call_next(run)
+        outcome, job = run.outcome, run.job
+        if outcome is None or job is None:
+            return  # the batch did not run (its job ended, or it was recorded already)
+        store, seconds = self.ledger, outcome.seconds or 0.0
+        if outcome.ok:
+            run.recorded = store.record_success(run.job_id, run.index, seconds, run.delivery)
+        else:
+            run.recorded = store.record_failure(
+                run.job_id, run.index, seconds, outcome.error, outcome.tries, outcome.payload, outcome.payload_ref,
+                delivery=run.delivery,
+            )
+        run.open_delivery = None  # recording took it off the node's in-flight hash
+        if run.recorded is Recorded.COMPLETED_JOB:
+            self.send_completion(job.job_id, job.queue)
+
+
+class Begin:
+    """Count the delivery; run nothing of an ended job, or of a batch recorded already, or one whose
+    process died more often than its tries allow."""
+
+    def __init__(self, ledger: BatchLedger, predictors: JobPredictors) -> None:
+        self.ledger = ledger
+        self.predictors = predictors
+
+    def __call__(self, run: BatchRun, call_next: Next) -> None:
+        start = self.ledger.begin_batch(run.job_id, run.index, run.delivery)
+        if start.status is None or start.status not in ACTIVE_STATUSES:
+            return  # unknown, stopped, timed out or failed job: nothing more runs
+        if start.already_recorded:
+            log.info("job %s batch %d was already recorded; skipping a duplicate delivery", run.job_id, run.index)
+            return
+        run.open_delivery = run.delivery
+        self.predictors.sweep(run.job_id, time.monotonic())
+        run.job = job = self.predictors.job(run.job_id)
+        if start.deliveries > job.tries + LOST_DELIVERY_ALLOWANCE:
+            run.outcome = Outcome(
+                ok=False, items=items_of(run.payload, run.payload_ref), tries=start.deliveries - 1,
+                error=f"the worker process running this batch died {start.deliveries - 1} times "
+                      "(killed, or out of memory)",
+                payload=run.payload,
+            )
+            return
+        call_next(run)
+
+
+class BuildPredictor:
+    """The job's predictor in this process; one that cannot be built fails the job (its nodes let go,
+    and what this process holds of it dropped)."""
+
+    def __init__(
+        self, predictors: JobPredictors, watchdog: BatchWatchdog, records: JobRecords, placement: JobPlacement,
+    ) -> None:
+        self.predictors = predictors
+        self.watchdog = watchdog
+        self.records = records
+        self.placement = placement
+
+    def __call__(self, run: BatchRun, call_next: Next) -> None:
+        job = _job_of(run)
+        try:
+            with self.watchdog.while_active(job, run.index):
+                run.predictor = self.predictors.predictor_for(job, run.delivery.node if run.delivery else None)
+        except PredictorError as e:
+            if self.records.transition(job.job_id, JobStatus.WORKER_ERROR, message=e.message):
+                log.error("job %s: %s: %s", job.job_id, JobStatus.WORKER_ERROR.value, e.message)
+                self.placement.release(job)
+            self.predictors.forget(job.job_id)
+            return
+        call_next(run)
+
+
+class ReadInput:
+    """A batch carried by reference (a JSON-lines byte range) has its items read from storage."""
+
+    def __init__(self, local_roots: tuple[str, ...]) -> None:
+        self.local_roots = local_roots
+
+    def __call__(self, run: BatchRun, call_next: Next) -> None:
+        if run.payload_ref is not None:
+            try:
+                run.payload = read_range(run.payload_ref, self.local_roots)
+            except (SluiceError, OSError, ValueError) as e:  # storage (its errors are Sluice's) went away, a
+                # local file is gone (OSError), or its lines are no longer the JSON that was cut (ValueError)
+                run.outcome = Outcome(
+                    ok=False, items=items_of(None, run.payload_ref), tries=1,
+                    error=f"reading the batch's input failed: {error_text(e)}", payload_ref=run.payload_ref,
+                )
+                return
+        call_next(run)
+
+
+class TimeLimit:
+    """Tries that earlier deliveries used up by running past the batch time limit count."""
+
+    def __init__(self, watchdog: BatchWatchdog) -> None:
+        self.watchdog = watchdog
+
+    def __call__(self, run: BatchRun, call_next: Next) -> None:
+        job = _job_of(run)
+        timed_out = self.watchdog.tries_timed_out(job, run.index)
+        if timed_out >= job.tries:
+            run.outcome = Outcome(
+                ok=False, items=items_of(run.payload, run.payload_ref), tries=job.tries,
+                error=timed_out_message(job.batch_timeout), payload=run.payload, payload_ref=run.payload_ref,
+            )
+            return
+        run.first_try = timed_out + 1
+        call_next(run)
+
+
+class Retries:
+    """Each try left runs the rest of the pipeline under the time limit, until one succeeds."""
+
+    def __init__(self, watchdog: BatchWatchdog) -> None:
+        self.watchdog = watchdog
+
+    def __call__(self, run: BatchRun, call_next: Next) -> None:
+        job = _job_of(run)
+        began = time.perf_counter()
+        error = ""
+        for attempt in range(run.first_try, job.tries + 1):
+            try:
+                with self.watchdog.running(job, run.index, attempt, run.payload, run.payload_ref):
+                    call_next(run)
+            except Exception as e:  # noqa: BLE001 - last-resort boundary: the user's code may raise anything; retry, then
+                # keep the batch as failed
+                error = error_text(e)
+                log.warning("job %s batch %d try %d/%d failed: %s", run.job_id, run.index, attempt, job.tries, e)
+                continue
+            run.outcome = Outcome(ok=True, items=items_of(run.payload), tries=attempt,
+                                  seconds=time.perf_counter() - began)
+            return
+        run.outcome = Outcome(ok=False, items=items_of(run.payload), tries=job.tries, error=error,
+                              seconds=time.perf_counter() - began, payload=run.payload)
+
+
+class Outputs:
+    """The rows a try returned are written as the job's output part (a failure to write fails the try)."""
+
+    def __init__(self, ledger: BatchLedger, local_roots: tuple[str, ...]) -> None:
+        self.ledger = ledger
+        self.local_roots = local_roots
+
+    def __call__(self, run: BatchRun, call_next: Next) -> None:
+        call_next(run)
+        job = _job_of(run)
+        if job.output is not None and isinstance(run.result, list):
+            rows = write_part(job.output, run.job_id, run.index, run.result, local_roots=self.local_roots)
+            self.ledger.record_part(run.job_id, run.index, rows)
+
+
+def predict(run: BatchRun, call_next: Next) -> None:
+    """The user's predictor, on the batch's items."""
+    if run.predictor is None:  # `BuildPredictor` sets it; a step placed before it is a programming error
+        raise RuntimeError("a batch was predicted before its job's predictor was built")
+    run.result = run.predictor.predict(run.payload, batch_id_of(run.job_id, run.index))
+    call_next(run)
+
+
+def _job_of(run: BatchRun) -> Job:
+    if run.job is None:  # `Begin` sets it; a step placed before it is a programming error
+        raise RuntimeError("a batch step ran before the batch's job was read")
+    return run.job
+
+
+def batch_pipeline(
+    *, ledger: BatchLedger, records: JobRecords, nodes: NodeRegistry, placement: JobPlacement,
+    predictors: JobPredictors, watchdog: BatchWatchdog, figures: FigureSink, logs: JobLogs,
+    send_completion: SendCompletion, local_roots: tuple[str, ...],
+) -> Next:
+    """The steps a batch goes through in this process, outermost first, each given what it uses."""
+    return chain([
+        Labels(logs), OpenDelivery(nodes), Figures(figures), Record(ledger, send_completion),
+        Begin(ledger, predictors), BuildPredictor(predictors, watchdog, records, placement), ReadInput(local_roots),
+        TimeLimit(watchdog), Retries(watchdog), Outputs(ledger, local_roots), predict,
+    ])
