@@ -2,7 +2,7 @@
 
 Built, not written: the paths are the Flask app's own routes (its `url_map`), each operation's
 words come from `OPERATIONS` below, and every body schema is generated from the pydantic models
-that validate the requests (`jobs.batch.submission.JobRequest`, `jobs.batch.task_jobs.TaskRequest`,
+that validate the requests (`jobs.batch.submission.JobRequest`, `jobs.batch.taskapi_jobs.TaskRequest`,
 `predictors_runtime.config.ApiConfig`) or build the answers (`api/schemas.py`). A route without an
 entry in `OPERATIONS` still appears, marked `x-undocumented`, and fails `tests/unit/test_openapi.py`
 until it is described.
@@ -24,7 +24,7 @@ from pydantic.json_schema import models_json_schema
 
 from foundation.version import sluice_version
 from jobs.batch.submission import SOURCES, JobRequest
-from jobs.batch.task_jobs import TaskRequest
+from jobs.batch.taskapi_jobs import TaskRequest
 from predictors_runtime.config import ApiConfig
 
 from . import schemas

@@ -2,7 +2,7 @@
 
 Every operation is served at `/tasks/<api_name>`, and Cortex's three (submit, read, stop) at the
 API's own path `/<api_name>` too: `api/fallback.py` hands those here when the name is a TaskAPI's.
-A task job is a job of the batch machinery (`jobs/batch/task_jobs.py`): reading and stopping one is
+A task job is a job of the batch machinery (`jobs/batch/taskapi_jobs.py`): reading and stopping one is
 the batch API's reading and stopping, with Cortex's task shapes.
 """
 
@@ -16,7 +16,7 @@ from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
 from foundation.errors import ApiNotFound
 from jobs.batch.status import task_status_view
-from jobs.batch.task_jobs import parse_task_request, submit_task
+from jobs.batch.taskapi_jobs import parse_task_request, submit_task
 from predictors_runtime.config import cortex_api_spec
 
 from .batch import endpoint_url, listed_jobs, stop_job_of

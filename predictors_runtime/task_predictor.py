@@ -1,7 +1,7 @@
 """One instance of a user's `Task` (a TaskAPI's class), built for one task job and called once.
 
 Cortex's TaskAPI runs `Task()(config)` once per job, `config` being the API's `definition.config`
-merged with the job's. On a worker node a task job is a job of one batch (`jobs/batch/task_jobs.py`),
+merged with the job's. On a worker node a task job is a job of one batch (`jobs/batch/taskapi_jobs.py`),
 so the task is built and called through the same path as a batch predictor: built in its API
 version's namespace (`.env`, `definition.env`, `python_path`, the project folder as working
 directory), called inside it, closed when the job ends.

@@ -2,4 +2,4 @@
 (`submission.py`), cutting its input into batches (`enqueue.py`, `inputs.py`, `publish.py`), a
 batch's run on a node (`steps.py`, `predictors.py`, `time_limit.py`), its outputs (`outputs.py`),
 the fan-in and completion (`completion.py`), the public status (`status.py`), and TaskAPI jobs
-(`task_jobs.py`: a job of one run)."""
+(`taskapi_jobs.py`: a job of one run)."""
