@@ -45,6 +45,7 @@ from foundation.figures import ASYNC_REQUESTS, ASYNC_SECONDS, label_field, le_la
 from foundation.redis_clients import text
 from jobs.asyncapi.counts import SLOT_TTL_S, AsyncCounts, counts_from, slot_of, window_slots
 from jobs.asyncapi.request import AsyncRequest, RequestStatus
+from jobs.lua_scripts import lua_source
 from jobs.transport.delivery import Delivery, request_entry
 from jobs.transport.task_messages import QueuedMessage
 
@@ -54,173 +55,7 @@ WAKE_TTL_S = 30
 # Most unstarted requests `unstarted` answers at once (beat sends those again, a few at a time).
 UNSTARTED_LIMIT = 500
 
-# Every script that moves a request moves its API's counts (`keys.async_counts`) with it.
-
-# Sets the record's fields unless it exists already; its expiry is remembered; one more queued; it is
-# unstarted (KEYS[4]; ARGV[4] its id) after the newest there.
-_CREATE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 5))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-redis.call('HINCRBY', KEYS[3], 'in_queue', 1)
-UNSTARTED(KEYS[4], ARGV[4])
-return 1
-"""
-
-# Lua: the request `id` joins the unstarted set `key` after the newest there (the set keeps the order
-# requests were stored in; scores restart from 1 once it is empty).
-_UNSTARTED = """
-local function UNSTARTED(key, id)
-  local newest = redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')
-  local score = 1
-  if newest[2] then score = tonumber(newest[2]) + 1 end
-  redis.call('ZADD', key, score, id)
-end
-"""
-
-# A delivery (ARGV[2], its owner) takes the request: counted, and in progress unless it has ended or
-# another owner holds it in progress (status, deliveries, held: 1 for that); a request taken comes
-# with its record's fields (the node needs its payload: one round trip instead of two). With ARGV[3]
-# (the delivery's in-flight entry), the delivery first enters its node's in-flight hash (KEYS[3]),
-# whatever the request's state: the node's step of `jobs/nodes/registry.py` `begin_delivery`, in the same trip.
-# A delivery finding the request (ARGV[4] its id) took its message: it is no longer unstarted (KEYS[4]).
-_BEGIN = """
-if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], ARGV[2], ARGV[3]) end
-redis.call('ZREM', KEYS[4], ARGV[4])
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return {'', 0, 0} end
-if status ~= 'in_queue' and status ~= 'in_progress' then return {status, 0, 0} end
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if status == 'in_progress' and owner and owner ~= '' and owner ~= ARGV[2] then return {status, 0, 1} end
-redis.call('HSET', KEYS[1], 'status', 'in_progress', 'started', ARGV[1], 'owner', ARGV[2])
-if status == 'in_queue' then
-  redis.call('HINCRBY', KEYS[2], 'in_queue', -1)
-  redis.call('HINCRBY', KEYS[2], 'in_progress', 1)
-end
-local taken = {status, redis.call('HINCRBY', KEYS[1], 'deliveries', 1), 0}
-for _, value in ipairs(redis.call('HGETALL', KEYS[1])) do taken[#taken + 1] = value end
-return taken
-"""
-
-# Up to ARGV[3] queued requests of the API (KEYS[1] its queued list, KEYS[2] the owner's claims,
-# KEYS[3] the API's counts, KEYS[4] its unstarted set,
-# ARGV[4] the record key's prefix) taken by the owner ARGV[2]: {id, deliveries, ...}. Ids of
-# requests no longer queued (taken by their own delivery, ended, expired) are dropped from the list.
-_CLAIM = """
-local claimed = {}
-local wanted = tonumber(ARGV[3])
-while #claimed < 2 * wanted do
-  local id = redis.call('RPOP', KEYS[1])
-  if not id then break end
-  local record = ARGV[4] .. id
-  if redis.call('HGET', record, 'status') == 'in_queue' then
-    redis.call('HSET', record, 'status', 'in_progress', 'started', ARGV[1], 'owner', ARGV[2])
-    redis.call('SADD', KEYS[2], id)
-    redis.call('ZREM', KEYS[4], id)
-    redis.call('HINCRBY', KEYS[3], 'in_queue', -1)
-    redis.call('HINCRBY', KEYS[3], 'in_progress', 1)
-    claimed[#claimed + 1] = id
-    claimed[#claimed + 1] = redis.call('HINCRBY', record, 'deliveries', 1)
-  end
-end
-if #claimed > 0 then redis.call('EXPIRE', KEYS[2], ARGV[5]) end
-return claimed
-"""
-
-# A request submitted: refused (-1) unless its API is registered (KEYS[4], field ARGV[4]; the API
-# routed it by a view of the registry up to a second old), 0 when one of its id exists already, else
-# created (`_CREATE`), its task's message (ARGV[8], when given) pushed on the broker's list (KEYS[7]),
-# and, when ARGV[6] is '1' (`server_side_batching`), offered to batches at once
-# (`_QUEUE`: 2 when the caller sends the task for the queued requests, else 1), else unstarted.
-# KEYS: record, expiry set, counts, registry, queued list, wake key, the task's broker list, unstarted set.
-# ARGV: expire seconds, expiry score, expiry member, api name, request id, queued, wake ttl, task
-# message, fields.
-_SUBMIT = """
-if redis.call('HEXISTS', KEYS[4], ARGV[4]) == 0 then return -1 end
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 9))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-redis.call('HINCRBY', KEYS[3], 'in_queue', 1)
-if ARGV[8] ~= '' then redis.call('LPUSH', KEYS[7], ARGV[8]) end
-if ARGV[6] ~= '1' then
-  UNSTARTED(KEYS[8], ARGV[5])
-  return 1
-end
-redis.call('LPUSH', KEYS[5], ARGV[5])
-redis.call('EXPIRE', KEYS[5], ARGV[1])
-if redis.call('SET', KEYS[6], '1', 'NX', 'EX', ARGV[7]) then return 2 end
-return 1
-"""
-
-# A request offered to batches (KEYS[1] the API's queued list, KEYS[2] its wake key, KEYS[3] its
-# unstarted set, which it leaves): 1 when no task for the queued requests is on its way (the caller
-# sends one: the wake key is now set for it).
-_QUEUE = """
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('LPUSH', KEYS[1], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[3]) then return 1 end
-return 0
-"""
-
-# After a batch: 1 when requests are still queued and no task for them is on its way (the caller sends one).
-_REARM = """
-if redis.call('LLEN', KEYS[1]) == 0 then return 0 end
-if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[1]) then return 1 end
-return 0
-"""
-
-# The owner's claimed requests still in progress under it, taken again: {id, deliveries, ...}.
-_RECLAIM = """
-local taken = {}
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local record = ARGV[3] .. id
-  if redis.call('HGET', record, 'status') == 'in_progress' and redis.call('HGET', record, 'owner') == ARGV[2] then
-    redis.call('HSET', record, 'started', ARGV[1])
-    taken[#taken + 1] = id
-    taken[#taken + 1] = redis.call('HINCRBY', record, 'deliveries', 1)
-  end
-end
-return taken
-"""
-
-# The outcome, once: only a request still queued or in progress ends (1), any later call is 0.
-# The one call that ends it counts it: out of its API's queued or in-progress count, into the
-# slot of requests ended (`jobs/asyncapi/counts.py`), the outcome figure and the duration histogram
-# (submission to now, both server times; `foundation/figures.py`'s stored form).
-# With ARGV[9] (a delivery's task id), that delivery also leaves its node's in-flight hash (KEYS[7]),
-# whether or not this call ends the request: its last step (`jobs/nodes/registry.py` `end_delivery`).
-# An ended request is not unstarted (KEYS[8]).
-# KEYS: record, expiry set, counts, ended slot, outcome figure, duration figure, in-flight hash,
-# unstarted set.
-# ARGV: expire seconds, expiry score, expiry member, now, status, outcome field, duration labels,
-# slot expire seconds, ending delivery's task id, request id, then the fields to set.
-_FINISH = """
-if ARGV[9] ~= '' then redis.call('HDEL', KEYS[7], ARGV[9]) end
-local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'in_queue' and status ~= 'in_progress' then return 0 end
-redis.call('ZREM', KEYS[8], ARGV[10])
-local created = tonumber(redis.call('HGET', KEYS[1], 'created') or '')
-redis.call('HSET', KEYS[1], unpack(ARGV, 11))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-redis.call('HINCRBY', KEYS[3], status, -1)
-redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
-redis.call('EXPIRE', KEYS[4], ARGV[8])
-redis.call('HINCRBY', KEYS[5], ARGV[6], 1)
-if created then
-  local seconds = math.max(0, tonumber(ARGV[4]) - created)
-  local le = '+Inf'
-  for i = 1, #BOUNDS do
-    if seconds <= BOUNDS[i] then le = LES[i]; break end
-  end
-  redis.call('HINCRBY', KEYS[6], ARGV[7] .. '|' .. le, 1)
-  redis.call('HINCRBYFLOAT', KEYS[6], ARGV[7] .. '|sum', tostring(seconds))
-end
-return 1
-"""
+# Every script (`lua/`) that moves a request moves its API's counts (`keys.async_counts`) with it.
 
 
 def _with_buckets(script: str, bounds: tuple[float, ...]) -> str:
@@ -230,27 +65,9 @@ def _with_buckets(script: str, bounds: tuple[float, ...]) -> str:
     return f"local BOUNDS = {{{numbers}}}\nlocal LES = {{{fields}}}\n{script}"
 
 
-# Forgets an expired request (ARGV[2] its id); one whose record is still there unended leaves its API's
-# counts, and its unstarted set (KEYS[4]).
-_REMOVE = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'in_queue' or status == 'in_progress' then redis.call('HINCRBY', KEYS[3], status, -1) end
-redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[2])
-return 1
-"""
-
-# The oldest unstarted requests (KEYS[1]) beyond as many as there are messages on the API's queue
-# (KEYS[2..], its lists), at most ARGV[1]: read in one step, so that no message moves between the counts.
-_UNSTARTED_BEYOND_QUEUE = """
-local waiting = redis.call('ZCARD', KEYS[1])
-local messages = 0
-for i = 2, #KEYS do messages = messages + redis.call('LLEN', KEYS[i]) end
-local beyond = math.min(waiting - messages, tonumber(ARGV[1]))
-if beyond <= 0 then return {} end
-return redis.call('ZRANGE', KEYS[1], 0, beyond - 1)
-"""
+def source(name: str) -> str:
+    """One of the store's scripts, `lua/<name>.lua` (each moves a request and its API's counts together)."""
+    return lua_source("jobs.asyncapi", name)
 
 
 def expiry_member(api_name: str, request_id: str) -> str:
@@ -393,16 +210,16 @@ class RedisAsyncRequests:
     def __init__(self, client: redis.Redis, retention_s: float) -> None:
         self._redis = client
         self.retention_s = retention_s
-        self._create = client.register_script(_UNSTARTED + _CREATE)
-        self._begin = client.register_script(_BEGIN)
-        self._finish = client.register_script(_with_buckets(_FINISH, ASYNC_SECONDS.buckets))
-        self._remove = client.register_script(_REMOVE)
-        self._claim = client.register_script(_CLAIM)
-        self._reclaim = client.register_script(_RECLAIM)
-        self._queue = client.register_script(_QUEUE)
-        self._submit = client.register_script(_UNSTARTED + _SUBMIT)
-        self._unstarted = client.register_script(_UNSTARTED_BEYOND_QUEUE)
-        self._rearm = client.register_script(_REARM)
+        self._create = client.register_script(source("unstarted") + source("create"))
+        self._begin = client.register_script(source("begin"))
+        self._finish = client.register_script(_with_buckets(source("finish"), ASYNC_SECONDS.buckets))
+        self._remove = client.register_script(source("remove"))
+        self._claim = client.register_script(source("claim"))
+        self._reclaim = client.register_script(source("reclaim"))
+        self._queue = client.register_script(source("queue"))
+        self._submit = client.register_script(source("unstarted") + source("submit"))
+        self._unstarted = client.register_script(source("unstarted_beyond_queue"))
+        self._rearm = client.register_script(source("rearm"))
 
     def _expiry_args(self, api_name: str, request_id: str, now: float) -> list[str]:
         return [str(_expire_seconds(self.retention_s)), repr(now + self.retention_s),
@@ -509,7 +326,8 @@ class RedisAsyncRequests:
 
     def _finish_one(self, api_name: str, outcome: Outcome, now: float, ending: Delivery | None,
                     client: redis.client.Pipeline | None = None) -> object:
-        """`_FINISH` for one outcome, called on `client` when given (a pipeline: queued, answered by its execute)."""
+        """The finish script (`lua/finish.lua`) for one outcome, called on `client` when given (a
+        pipeline: queued, answered by its execute)."""
         request_id, status = outcome.request_id, outcome.status
         fields: list[str | bytes] = ["status", status.value, "timestamp", repr(now)]
         if outcome.result is not None:

@@ -8,21 +8,19 @@ script cache is empty after a failover): never cache their SHAs by hand.
 
 from __future__ import annotations
 
-from functools import cache
-from importlib import resources
-
 import redis
 from redis.commands.core import Script
+
+from jobs.lua_scripts import lua_source
 
 SCRIPTS = ("transition", "begin_batch", "record_batch", "seal", "claim_completion", "note_predictor")
 
 
-@cache
 def source(name: str) -> str:
     """The text of `lua/<name>.lua`, read once per process."""
     if name not in SCRIPTS:
         raise ValueError(f"no store script named {name!r}")
-    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+    return lua_source("jobs.store", name)
 
 
 def register(client: redis.Redis, name: str) -> Script:
