@@ -48,9 +48,9 @@ from foundation.settings import Settings
 from jobs.asyncapi.objects import RequestObjects
 from jobs.asyncapi.request import AsyncRequest, RequestStatus, decode_payload, one_line
 from jobs.asyncapi.store import AsyncRequestStore, Outcome
-from jobs.batch.predictors import BuildOutcomes, record_build
 from jobs.batch.time_limit import hard_stop, hook_time_limit, timed_out_message
 from jobs.nodes.registry import NodeRegistry
+from jobs.predictor_cache import Build, BuildOutcomes, PredictorCache
 from jobs.transport.delivery import Delivery, request_entry
 from predictors_runtime.async_predictor import AsyncPredictor
 from predictors_runtime.bundles import BundleStore
@@ -146,29 +146,19 @@ class AsyncPredictors:
 
     def __init__(self, builder: AsyncBuilder, outcomes: BuildOutcomes | None = None) -> None:
         self._builder = builder
-        self._outcomes = outcomes
-        self._built: dict[str, tuple[DeployedApi, RequestPredictor]] = {}
+        self._built: PredictorCache[RequestPredictor] = PredictorCache(outcomes)
 
     def predictor_for(self, deployed: DeployedApi) -> RequestPredictor:
-        held = self._built.get(deployed.name)
-        if held is not None and version_of(held[0]) == version_of(deployed):
-            return held[1]
-        if held is not None:  # a new version: the old one's models and modules go first
-            self.forget(deployed.name)
-        predictor = record_build(self._outcomes, deployed.name, deployed.bundle,
-                                 lambda: self._builder.build(deployed))
-        self._built[deployed.name] = (deployed, predictor)
-        return predictor
+        return self._built.get(deployed.name, version_of(deployed), Build(
+            deployed.name, deployed.bundle, lambda: self._builder.build(deployed),
+            lambda: self._builder.discard(deployed)))
 
     def forget(self, api_name: str) -> None:
-        held = self._built.pop(api_name, None)
-        if held is not None:
-            held[1].close()
-            self._builder.discard(held[0])
+        self._built.forget(api_name)
 
     def built(self) -> list[str]:
         """The APIs whose predictor this process holds."""
-        return sorted(self._built)
+        return self._built.held_keys()
 
 
 @dataclass

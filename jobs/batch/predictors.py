@@ -12,16 +12,15 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import redis
 
 from foundation.api_kinds import ApiKind
-from foundation.errors import PredictorError
 from foundation.settings import Settings
 from jobs.batch.job import Job
+from jobs.predictor_cache import Build, BuildOutcomes, PredictorCache
 from jobs.store import JobRecords
 from predictors_runtime.batch_predictor import BatchPredictor
 from predictors_runtime.bundles import BundleStore
@@ -99,27 +98,6 @@ class BundlePredictors:
             self._bundles.release(job.bundle)
 
 
-class BuildOutcomes(Protocol):
-    """Told how each build of an API's predictor ended (`foundation.predictor_builds.RedisPredictorBuilds`)."""
-
-    def failed(self, api_name: str, bundle: str, message: str) -> None: ...
-
-    def succeeded(self, api_name: str) -> None: ...
-
-
-def record_build(outcomes: BuildOutcomes | None, api_name: str, bundle: str, build: Callable[[], T]) -> T:
-    """`build()`, its failure (a `PredictorError`) or success told to `outcomes` for `sluice get`."""
-    try:
-        built = build()
-    except PredictorError as e:
-        if outcomes is not None:
-            outcomes.failed(api_name, bundle, e.message)
-        raise
-    if outcomes is not None:
-        outcomes.succeeded(api_name)
-    return built
-
-
 class JobPredictors:
     """Per process: each job's record (read once) and predictor (built once), until the job is forgotten."""
 
@@ -129,7 +107,7 @@ class JobPredictors:
         self._outcomes = outcomes
         self._lock = threading.Lock()  # the node's main thread builds; a hook's watchdog may forget
         self._jobs: dict[str, Job] = {}
-        self._predictors: dict[str, JobPredictor] = {}
+        self._predictors: PredictorCache[JobPredictor] = PredictorCache(outcomes)
         self._last_sweep = 0.0
 
     def job(self, job_id: str) -> Job:
@@ -142,14 +120,15 @@ class JobPredictors:
     def predictor_for(self, job: Job, node: str | None = None) -> JobPredictor:
         """The job's predictor in this process, built once per (API version, job). While it builds,
         the job's status says so (its phase, until a first batch ends), naming `node`."""
-        predictor = self._predictors.get(job.job_id)
-        if predictor is None:
-            where = f" on {node}" if node else ""
-            environment = " and its environment" if job.environment else ""
-            self._note(job, f"building the predictor{environment}{where}")
-            predictor = self._predictors[job.job_id] = record_build(
-                self._outcomes, job.api_name, job.bundle, lambda: self._builder.build(job))
-            self._note(job, f"running the first batches{where}")
+        build = Build(job.api_name, job.bundle, lambda: self._builder.build(job),
+                      lambda: self._builder.discard(job.job_id, job))
+        if self._predictors.held(job.job_id):
+            return self._predictors.get(job.job_id, job.bundle, build)
+        where = f" on {node}" if node else ""
+        environment = " and its environment" if job.environment else ""
+        self._note(job, f"building the predictor{environment}{where}")
+        predictor = self._predictors.get(job.job_id, job.bundle, build)
+        self._note(job, f"running the first batches{where}")
         return predictor
 
     def _note(self, job: Job, note: str) -> None:
@@ -162,15 +141,12 @@ class JobPredictors:
     def forget(self, job_id: str) -> None:
         """Close the job's predictor (if built here) and drop what this process holds of the job."""
         with self._lock:
-            predictor = self._predictors.pop(job_id, None)
-            job = self._jobs.pop(job_id, None)
-        if predictor is not None:
-            predictor.close()
-            self._builder.discard(job_id, job)
+            self._jobs.pop(job_id, None)
+        self._predictors.forget(job_id)
 
     def sweep(self, current_job_id: str, now: float) -> None:
         """Drop the predictors of jobs that have ended elsewhere (stopped, timed out, finished)."""
-        others = [j for j in self._predictors if j != current_job_id]
+        others = [j for j in self._predictors.held_keys() if j != current_job_id]
         if not others or now - self._last_sweep < SWEEP_INTERVAL_S:
             return
         self._last_sweep = now
