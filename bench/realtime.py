@@ -278,15 +278,15 @@ def wait_proxy_settled(stack_redis_url: str, apis: list[str], timeout: float = 6
     during a run (a replica becoming routable just after it answered ready) would be measured."""
     import redis
 
+    from foundation.proxy_registry import RedisProxyRegistry, routed_everywhere
     from foundation.replica_directory import RedisReplicaDirectory
-    from sluice.proxy import routed_everywhere
 
     client = redis.Redis.from_url(stack_redis_url)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         now = time.time()
         wanted = {r.replica_id for api in apis for r in RedisReplicaDirectory(client).routable(now, api)}
-        if wanted and routed_everywhere(client, wanted, now):
+        if wanted and routed_everywhere(RedisProxyRegistry(client).live(now), wanted):
             return
         time.sleep(0.2)
     raise RuntimeError(f"the proxy did not settle on the replicas of {', '.join(apis)} within {timeout:.0f}s")
