@@ -3,21 +3,20 @@
 API and replaced by a new deployment).
 
 Building is the expensive part (unpacking a bundle, loading models, starting an environment's
-process), so a predictor is built once per key and version and kept. Replacing or forgetting one
-closes it, then discards what its build left on the host (models, the bundle's hold), in that
-order. Each build's outcome is told to `BuildOutcomes`, so `sluice get` shows an API in error.
+process), so a predictor is built once per key and version and kept. Its owner builds it (inside
+`build_outcome`, which tells `BuildOutcomes` how it went, so `sluice get` shows an API in error),
+and closes then discards what its build left (models, the bundle's hold) when it takes it back.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from foundation.errors import PredictorError
-
-T = TypeVar("T")
 
 
 class Closable(Protocol):
@@ -25,6 +24,7 @@ class Closable(Protocol):
 
 
 P = TypeVar("P", bound=Closable)
+K = TypeVar("K")
 
 
 class BuildOutcomes(Protocol):
@@ -35,69 +35,52 @@ class BuildOutcomes(Protocol):
     def succeeded(self, api_name: str) -> None: ...
 
 
-def record_build(outcomes: BuildOutcomes | None, api_name: str, bundle: str, build: Callable[[], T]) -> T:
-    """`build()`, its failure (a `PredictorError`) or success told to `outcomes` for `sluice get`."""
+@contextmanager
+def build_outcome(outcomes: BuildOutcomes | None, api_name: str, bundle: str) -> Iterator[None]:
+    """Around a build: its failure (a `PredictorError`) or success told to `outcomes` for `sluice
+    get`. (A context, not a function taking the build, so that nothing here calls back into the
+    caller's module: tests/integration/test_batch_path.py holds the batch path to that.)"""
     try:
-        built = build()
+        yield
     except PredictorError as e:
         if outcomes is not None:
             outcomes.failed(api_name, bundle, e.message)
         raise
     if outcomes is not None:
         outcomes.succeeded(api_name)
-    return built
 
 
 @dataclass(frozen=True)
-class Build(Generic[P]):
-    """How to build one predictor, and what to clean up after it: `discard()` once it is closed."""
-
-    api_name: str
-    bundle: str
-    make: Callable[[], P]
-    discard: Callable[[], None]
-
-
-@dataclass(frozen=True)
-class _Held(Generic[P]):
+class _Held(Generic[P, K]):
     version: Hashable
     predictor: P
-    discard: Callable[[], None]
+    token: K  # what the owner needs to discard it (the job, the deployment)
 
 
-class PredictorCache(Generic[P]):
-    """Predictors by key, each built once per version. Thread-safe: a node's main thread builds, a
-    watchdog thread may forget."""
+class PredictorCache(Generic[P, K]):
+    """Predictors by key, each held at one version. Thread-safe: a node's main thread builds, a
+    watchdog thread may forget. The owner builds, closes and discards: the cache only holds."""
 
-    def __init__(self, outcomes: BuildOutcomes | None = None) -> None:
-        self._outcomes = outcomes
-        self._held: dict[str, _Held[P]] = {}
+    def __init__(self) -> None:
+        self._held: dict[str, _Held[P, K]] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: str, version: Hashable, build: Build[P]) -> P:
-        """The predictor held for `key` at `version`; another version's is closed and replaced."""
+    def current(self, key: str, version: Hashable) -> P | None:
+        """The predictor held for `key` at `version`; None when none is, or another version is
+        (which `take` then hands over, for its owner to close and discard)."""
         with self._lock:
             held = self._held.get(key)
-        if held is not None and held.version == version:
-            return held.predictor
-        if held is not None:  # a new version: the old one's models and modules go first
-            self.forget(key)
-        predictor = record_build(self._outcomes, build.api_name, build.bundle, build.make)
-        with self._lock:
-            self._held[key] = _Held(version, predictor, build.discard)
-        return predictor
+        return held.predictor if held is not None and held.version == version else None
 
-    def held(self, key: str) -> bool:
+    def put(self, key: str, version: Hashable, predictor: P, token: K) -> None:
         with self._lock:
-            return key in self._held
+            self._held[key] = _Held(version, predictor, token)
 
-    def forget(self, key: str) -> None:
-        """Close the predictor held for `key` (if any) and discard what its build left."""
+    def take(self, key: str) -> tuple[P, K] | None:
+        """The predictor held for `key` and its token, no longer held; None when there is none."""
         with self._lock:
             held = self._held.pop(key, None)
-        if held is not None:
-            held.predictor.close()
-            held.discard()
+        return (held.predictor, held.token) if held is not None else None
 
     def held_keys(self) -> list[str]:
         with self._lock:

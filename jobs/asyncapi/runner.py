@@ -50,7 +50,7 @@ from jobs.asyncapi.request import AsyncRequest, RequestStatus, decode_payload, o
 from jobs.asyncapi.store import AsyncRequestStore, Outcome
 from jobs.batch.time_limit import hard_stop, hook_time_limit, timed_out_message
 from jobs.nodes.registry import NodeRegistry
-from jobs.predictor_cache import Build, BuildOutcomes, PredictorCache
+from jobs.predictor_cache import BuildOutcomes, PredictorCache, build_outcome
 from jobs.transport.delivery import Delivery, request_entry
 from predictors_runtime.async_predictor import AsyncPredictor
 from predictors_runtime.bundles import BundleStore
@@ -146,15 +146,25 @@ class AsyncPredictors:
 
     def __init__(self, builder: AsyncBuilder, outcomes: BuildOutcomes | None = None) -> None:
         self._builder = builder
-        self._built: PredictorCache[RequestPredictor] = PredictorCache(outcomes)
+        self._outcomes = outcomes
+        self._built: PredictorCache[RequestPredictor, DeployedApi] = PredictorCache()
 
     def predictor_for(self, deployed: DeployedApi) -> RequestPredictor:
-        return self._built.get(deployed.name, version_of(deployed), Build(
-            deployed.name, deployed.bundle, lambda: self._builder.build(deployed),
-            lambda: self._builder.discard(deployed)))
+        predictor = self._built.current(deployed.name, version_of(deployed))
+        if predictor is not None:
+            return predictor
+        self.forget(deployed.name)  # an older version's models and modules go first
+        with build_outcome(self._outcomes, deployed.name, deployed.bundle):
+            predictor = self._builder.build(deployed)
+        self._built.put(deployed.name, version_of(deployed), predictor, deployed)
+        return predictor
 
     def forget(self, api_name: str) -> None:
-        self._built.forget(api_name)
+        taken = self._built.take(api_name)
+        if taken is not None:
+            predictor, deployed = taken
+            predictor.close()
+            self._builder.discard(deployed)
 
     def built(self) -> list[str]:
         """The APIs whose predictor this process holds."""

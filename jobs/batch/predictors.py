@@ -20,7 +20,7 @@ import redis
 from foundation.api_kinds import ApiKind
 from foundation.settings import Settings
 from jobs.batch.job import Job
-from jobs.predictor_cache import Build, BuildOutcomes, PredictorCache
+from jobs.predictor_cache import BuildOutcomes, PredictorCache, build_outcome
 from jobs.store import JobRecords
 from predictors_runtime.batch_predictor import BatchPredictor
 from predictors_runtime.bundles import BundleStore
@@ -107,7 +107,7 @@ class JobPredictors:
         self._outcomes = outcomes
         self._lock = threading.Lock()  # the node's main thread builds; a hook's watchdog may forget
         self._jobs: dict[str, Job] = {}
-        self._predictors: PredictorCache[JobPredictor] = PredictorCache(outcomes)
+        self._predictors: PredictorCache[JobPredictor, Job] = PredictorCache()
         self._last_sweep = 0.0
 
     def job(self, job_id: str) -> Job:
@@ -120,14 +120,15 @@ class JobPredictors:
     def predictor_for(self, job: Job, node: str | None = None) -> JobPredictor:
         """The job's predictor in this process, built once per (API version, job). While it builds,
         the job's status says so (its phase, until a first batch ends), naming `node`."""
-        build = Build(job.api_name, job.bundle, lambda: self._builder.build(job),
-                      lambda: self._builder.discard(job.job_id, job))
-        if self._predictors.held(job.job_id):
-            return self._predictors.get(job.job_id, job.bundle, build)
+        predictor = self._predictors.current(job.job_id, job.bundle)
+        if predictor is not None:
+            return predictor
         where = f" on {node}" if node else ""
         environment = " and its environment" if job.environment else ""
         self._note(job, f"building the predictor{environment}{where}")
-        predictor = self._predictors.get(job.job_id, job.bundle, build)
+        with build_outcome(self._outcomes, job.api_name, job.bundle):
+            predictor = self._builder.build(job)
+        self._predictors.put(job.job_id, job.bundle, predictor, job)
         self._note(job, f"running the first batches{where}")
         return predictor
 
@@ -142,7 +143,11 @@ class JobPredictors:
         """Close the job's predictor (if built here) and drop what this process holds of the job."""
         with self._lock:
             self._jobs.pop(job_id, None)
-        self._predictors.forget(job_id)
+        taken = self._predictors.take(job_id)
+        if taken is not None:
+            predictor, job = taken
+            predictor.close()
+            self._builder.discard(job_id, job)
 
     def sweep(self, current_job_id: str, now: float) -> None:
         """Drop the predictors of jobs that have ended elsewhere (stopped, timed out, finished)."""

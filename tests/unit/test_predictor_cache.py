@@ -1,21 +1,19 @@
-"""One cache of built predictors for batch jobs and AsyncAPIs (`jobs/predictor_cache.py`): built
-once per key and version, a new version replaces the old (closed, then its leftovers discarded),
-and every build's outcome is told for `sluice get`."""
+"""One cache of built predictors for batch jobs and AsyncAPIs (`jobs/predictor_cache.py`): it
+holds one predictor per key at one version and hands it back to its owner to close; every build's
+outcome is told for `sluice get`. (Its owners' use: tests/unit/test_predictors.py and
+test_async_runner.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
 from foundation.errors import PredictorError
-from jobs.predictor_cache import Build, PredictorCache
+from jobs.predictor_cache import PredictorCache, build_outcome
 
 
 class Predictor:
-    def __init__(self, name: str, events: list[str]) -> None:
-        self.name, self.events = name, events
-
     def close(self) -> None:
-        self.events.append(f"close {self.name}")
+        pass
 
 
 class Outcomes:
@@ -29,40 +27,29 @@ class Outcomes:
         self.told.append(("succeeded", api_name))
 
 
-def build(name: str, events: list[str], bundle: str = "b1") -> Build[Predictor]:
-    def make() -> Predictor:
-        events.append(f"build {name}")
-        return Predictor(name, events)
+def test_a_predictor_is_current_only_at_the_version_it_was_held_at_and_taken_back_with_its_token() -> None:
+    cache: PredictorCache[Predictor, str] = PredictorCache()
+    first = Predictor()
 
-    return Build("iris", bundle, make, lambda: events.append(f"discard {name}"))
+    assert cache.current("iris", "v1") is None
+    cache.put("iris", "v1", first, "the deployment of v1")
+    assert cache.current("iris", "v1") is first
+    assert cache.current("iris", "v2") is None  # another version: its owner takes the old one back
+    assert cache.held_keys() == ["iris"]
 
-
-def test_a_predictor_is_built_once_per_version_and_a_new_version_replaces_it_in_order() -> None:
-    events: list[str] = []
-    cache: PredictorCache[Predictor] = PredictorCache(Outcomes())
-
-    first = cache.get("iris", "v1", build("v1", events))
-    assert cache.get("iris", "v1", build("v1-again", events)) is first
-    second = cache.get("iris", "v2", build("v2", events))
-
-    assert second is not first and cache.held_keys() == ["iris"]
-    assert events == ["build v1", "close v1", "discard v1", "build v2"]
-    cache.forget("iris")
-    cache.forget("never-built")
-    assert events[-2:] == ["close v2", "discard v2"] and cache.held_keys() == []
+    assert cache.take("iris") == (first, "the deployment of v1")
+    assert cache.take("iris") is None and cache.held_keys() == []
 
 
-def test_each_build_is_told_and_a_failed_one_holds_nothing() -> None:
+def test_each_build_is_told_and_a_failed_one_raises_on() -> None:
     outcomes = Outcomes()
-    cache: PredictorCache[Predictor] = PredictorCache(outcomes)
 
-    def broken() -> Predictor:
+    with pytest.raises(PredictorError), build_outcome(outcomes, "iris", "b1"):
         raise PredictorError("predictor.py line 3: NameError: name 'np' is not defined")
-
-    with pytest.raises(PredictorError):
-        cache.get("iris", "v1", Build("iris", "b1", broken, lambda: None))
-    cache.get("iris", "v1", build("v1", []))
+    with build_outcome(outcomes, "iris", "b2"):
+        pass
+    with build_outcome(None, "iris", "b3"):  # a process that reports nowhere
+        pass
 
     assert outcomes.told == [("failed", "iris", "b1", "predictor.py line 3: NameError: name 'np' is not defined"),
                              ("succeeded", "iris")]
-    assert cache.held("iris")
