@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 RUN := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
 
 # The static checks and the fast tier, each a target of its own (`make check` runs all three):
-# lint and types (their settings in pyproject.toml; mypy strict on all but api/), and the unit tests, which
+# lint and types (their settings in pyproject.toml; mypy strict), and the unit tests, which
 # start no process, never sleep and need no Redis (tests/unit/conftest.py holds them to that).
 # Both tools keep their caches under $(VENV), so the checkout stays as it was.
 LINT := $(VENV)/bin/ruff check

@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 from flask import Blueprint, request
+from flask.typing import ResponseReturnValue
 
 from foundation.api_kinds import KINDS, ApiKind
 from foundation.api_registry import DeployedApi
@@ -39,7 +40,7 @@ def _uploaded(name: str) -> bytes:
     upload = request.files.get(name)
     if upload is None:
         raise BadRequest(f"multipart field {name!r} is required (the CLI's `sluice deploy` sends it)")
-    return upload.read()
+    return bytes(upload.read())
 
 
 def _validate_models(api: ApiConfig, project_dir: Path, source: str) -> None:
@@ -72,7 +73,7 @@ def _validate_models(api: ApiConfig, project_dir: Path, source: str) -> None:
 
 
 @blueprint.post("/apis")
-def deploy():
+def deploy() -> ResponseReturnValue:
     """Body: multipart with `config` (the cortex.yaml) and `project` (the packed project folder)."""
     config_upload = request.files.get("config")
     source = (config_upload.filename if config_upload is not None else None) or "cortex.yaml"
@@ -201,7 +202,7 @@ def place_realtime_replicas(now: float) -> None:
 
 
 @blueprint.get("/apis")
-def list_apis():
+def list_apis() -> ResponseReturnValue:
     return ApiList.model_validate({"apis": [view_of(api, states=True) for api in registry().all()]}).response()
 
 
@@ -217,7 +218,7 @@ def replicas_of(api: DeployedApi, now: float) -> list[dict[str, Any]]:
 
 
 @blueprint.get("/apis/<name>")
-def get_api(name: str):
+def get_api(name: str) -> ResponseReturnValue:
     """The API's summary with its endpoint; a realtime API's also lists its replicas (launchers
     announce them) and its scaling (wanted, ready, per host), an AsyncAPI's its request counts, the
     nodes that serve it and its scaling."""
@@ -252,7 +253,7 @@ def get_api(name: str):
 
 
 @blueprint.delete("/apis/<name>")
-def delete_api(name: str):
+def delete_api(name: str) -> ResponseReturnValue:
     """Refuses while jobs run, unless `?force=true`, which stops them first.
 
     A realtime API's launchers see it gone from the registry and stop its replicas.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Flask, request
+from flask import Flask, Response, request
 from flask.json.provider import DefaultJSONProvider
 
 from foundation import figure_sink as process_figures
@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         request.max_content_length = limit
 
     @app.after_request
-    def _count(response):
+    def _count(response: Response) -> Response:
         HTTP_RESPONSES.labels(status=f"{response.status_code // 100}xx").inc()
         return response
 

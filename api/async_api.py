@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-from flask import Blueprint, request
+from flask import Blueprint, Response, request
 
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
@@ -39,7 +39,7 @@ def is_batched(api: DeployedApi) -> bool:
     return (api.spec.get("predictor") or {}).get("server_side_batching") is not None
 
 
-def submit(api_name: str, batched: bool = False) -> Any:
+def submit(api_name: str, batched: bool = False) -> Response:
     """`POST /<name>` of an AsyncAPI (`api/fallback.py` hands it here); `batched`: it has `server_side_batching`."""
     svc = services()
     submission = Submission(

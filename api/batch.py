@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from flask import Blueprint, request
+from flask import Blueprint, Response, request
+from flask.typing import ResponseReturnValue
 
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
@@ -61,7 +62,7 @@ def batch_api(api_name: str) -> DeployedApi:
 
 
 @blueprint.post("/batch/<api_name>")
-def submit(api_name: str):
+def submit(api_name: str) -> ResponseReturnValue:
     api = batch_api(api_name)
     query = parse_query(SubmitQuery)
     plan = plan_job(services(), parse_job_request(_json_body()), api.name)
@@ -73,7 +74,7 @@ def submit(api_name: str):
 
 
 @blueprint.get("/batch/<api_name>")
-def get_jobs(api_name: str):
+def get_jobs(api_name: str) -> ResponseReturnValue:
     """With `jobID`: that job's status; without: the API's jobs, newest first."""
     api = batch_api(api_name)
     store = services().store
@@ -99,7 +100,7 @@ def listed_jobs(api_name: str, limit: int, view: Callable[[JobState], dict[str, 
     return views
 
 
-def stop_job_of(api: DeployedApi) -> Any:
+def stop_job_of(api: DeployedApi) -> Response:
     """`DELETE ...?jobID=` of a batch or task API: the job stopped, or a 409 if it has already ended."""
     state = services().store.state(parse_query(JobQuery).jobID, api_name=api.name)
     if not stop_job(services(), state.job):
@@ -109,12 +110,12 @@ def stop_job_of(api: DeployedApi) -> Any:
 
 
 @blueprint.delete("/batch/<api_name>")
-def stop(api_name: str):
+def stop(api_name: str) -> ResponseReturnValue:
     return stop_job_of(batch_api(api_name))
 
 
 @blueprint.get("/batch/<api_name>/failed")
-def failed_batches(api_name: str):
+def failed_batches(api_name: str) -> ResponseReturnValue:
     """The batches of a job that failed after all their tries, with error and payload."""
     api = batch_api(api_name)
     state = services().store.state(parse_query(JobQuery).jobID, api_name=api.name)
@@ -124,4 +125,4 @@ def failed_batches(api_name: str):
 
 
 # Cortex's endpoint, `/<api_name>`, as the fallback dispatches it (after checking the API key).
-AT_API_PATH = {"POST": submit, "GET": get_jobs, "DELETE": stop}
+AT_API_PATH: dict[str, Callable[[str], ResponseReturnValue]] = {"POST": submit, "GET": get_jobs, "DELETE": stop}

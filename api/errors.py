@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, request
+from flask import Flask, Response, request
+from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as BaseResponse
 
@@ -15,7 +16,7 @@ from .schemas import Error
 log = logging.getLogger(__name__)
 
 
-def error_response(status: int, kind: str, message: str):
+def error_response(status: int, kind: str, message: str) -> Response:
     return Error(kind=kind, message=message).response(status)
 
 
@@ -67,12 +68,12 @@ def error_of(e: Exception) -> tuple[int, Error]:
 
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(SluiceError)
-    def _sluice_error(e: SluiceError):
+    def _sluice_error(e: SluiceError) -> Response:
         status, body = error_of(e)
         return body.response(status)
 
     @app.errorhandler(HTTPException)
-    def _http_error(e: HTTPException):
+    def _http_error(e: HTTPException) -> ResponseReturnValue:
         kinds = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
         status = e.code or 500
         message = e.description or e.name
@@ -84,6 +85,6 @@ def register_error_handlers(app: Flask) -> None:
         return with_exception_headers(response, e)
 
     @app.errorhandler(Exception)
-    def _unexpected(e: Exception):
+    def _unexpected(e: Exception) -> Response:
         status, body = error_of(e)
         return body.response(status)

@@ -13,9 +13,10 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response, make_response, request
+from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import MethodNotAllowed
 from werkzeug.routing import BaseConverter
 
@@ -43,7 +44,7 @@ class UnreservedName(BaseConverter):
     regex = "(?!(?:" + "|".join(re.escape(n) for n in sorted(RESERVED_NAMES)) + ")$)[^/]+"
 
 
-def _answer(status: int, kind: str, message: str, request_id: str | None = None):
+def _answer(status: int, kind: str, message: str, request_id: str | None = None) -> Response:
     body = RealtimeError(kind=kind, message=message)
     if request_id is not None:
         body.request_id = request_id
@@ -64,14 +65,15 @@ def unrouted_api(api_name: str) -> Response:
         api = routed_api(name)
     except ApiNotFound:
         return _answer(404, ApiNotFound.kind, f"api {name} is not deployed")
-    endpoints: dict[str, Any] = {ApiKind.BATCH: batch.AT_API_PATH, ApiKind.TASK: tasks.AT_API_PATH}
+    endpoints: dict[str, dict[str, Callable[[str], ResponseReturnValue]]] = {
+        ApiKind.BATCH: batch.AT_API_PATH, ApiKind.TASK: tasks.AT_API_PATH}
     job_endpoints = endpoints.get(api.kind)
     if job_endpoints is not None:
         # Open only as far as realtime APIs are: a job submission always wants the key.
         refusal = auth.key_refusal(services().settings.api_keys)
         if refusal is not None:
             return refusal
-        return job_endpoints[request.method](name)
+        return make_response(job_endpoints[request.method](name))
     if api.kind == ApiKind.ASYNC:
         # As a BatchAPI's: submitting wants the key whenever keys are set.
         refusal = auth.key_refusal(services().settings.api_keys)

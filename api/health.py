@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import redis
 from flask import Blueprint, Response, current_app, jsonify
+from flask.typing import ResponseReturnValue
 
 from foundation.errors import NotReady
 
@@ -16,7 +17,7 @@ blueprint = Blueprint("health", __name__)
 
 
 @blueprint.get("/healthz")
-def healthz():
+def healthz() -> ResponseReturnValue:
     """Ready when Redis answers; also says how many worker nodes are alive."""
     import time
 
@@ -29,12 +30,12 @@ def healthz():
 
 
 @blueprint.get("/metrics")
-def metrics():
+def metrics() -> ResponseReturnValue:
     """Sluice's figures, summed over every process on every host (api/metrics.py)."""
     return Response(exposition(services(), figure_store(), registry(), replica_directory()),
                     content_type=CONTENT_TYPE_LATEST)  # as given: `mimetype` would add a second charset
 
 
 @blueprint.get("/openapi.json")
-def openapi():
+def openapi() -> ResponseReturnValue:
     return jsonify(openapi_document(current_app))

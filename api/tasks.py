@@ -8,9 +8,11 @@ the batch API's reading and stopping, with Cortex's task shapes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from flask import Blueprint, request
+from flask.typing import ResponseReturnValue
 
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
@@ -49,7 +51,7 @@ def _body() -> Any:
 
 
 @blueprint.post("/tasks/<api_name>")
-def submit(api_name: str):
+def submit(api_name: str) -> ResponseReturnValue:
     api = task_api(api_name)
     job = submit_task(services(), parse_task_request(_body()), api.name, api.spec, api.bundle, api.queue,
                       environment=api.environment)
@@ -58,7 +60,7 @@ def submit(api_name: str):
 
 
 @blueprint.get("/tasks/<api_name>")
-def get_jobs(api_name: str):
+def get_jobs(api_name: str) -> ResponseReturnValue:
     """With `jobID`: that task job's status; without: the API's task jobs, newest first."""
     api = task_api(api_name)
     store = services().store
@@ -73,9 +75,9 @@ def get_jobs(api_name: str):
 
 
 @blueprint.delete("/tasks/<api_name>")
-def stop(api_name: str):
+def stop(api_name: str) -> ResponseReturnValue:
     return stop_job_of(task_api(api_name))
 
 
 # Cortex's endpoint, `/<api_name>`, as the fallback dispatches it (after checking the API key).
-AT_API_PATH = {"POST": submit, "GET": get_jobs, "DELETE": stop}
+AT_API_PATH: dict[str, Callable[[str], ResponseReturnValue]] = {"POST": submit, "GET": get_jobs, "DELETE": stop}
