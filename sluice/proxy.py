@@ -41,7 +41,7 @@ from foundation.errors import ConfigError, NotReady
 from foundation.figure_store import RedisFigureStore
 from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS, Recorder
 from foundation.proxy_load import PUBLISH_EVERY_S, LoadTally, ProxyLoadBook, RedisProxyLoadBook
-from foundation.proxy_registry import FORGET_PROXIES_AFTER_S, ProxyRecord, RedisProxyRegistry
+from foundation.proxy_registry import FORGET_PROXIES_AFTER_S, ProxyRecord, ProxyRegistry, RedisProxyRegistry
 from foundation.replica_directory import REPLICA_TTL_S, RedisReplicaDirectory, ReplicaDirectory
 from foundation.settings import Settings
 
@@ -161,6 +161,7 @@ class ProxyController:
         self._haproxy = HAProxy(self.state_dir, self.executable)
         self._figures = self.recorder or Recorder(RedisFigureStore(self.redis_client))
         self._loads: ProxyLoadBook = self.loads or RedisProxyLoadBook(self.redis_client)
+        self._proxies: ProxyRegistry = RedisProxyRegistry(self.redis_client)
 
     @property
     def haproxy(self) -> HAProxy:
@@ -349,7 +350,7 @@ class ProxyController:
 
     def _publish(self, now: float, state: HAProxyState | None) -> None:
         self._settled = bool(state is not None and state.tag == tag_of(self._config) and not state.old_workers)
-        RedisProxyRegistry(self.redis_client).publish(ProxyRecord(
+        self._proxies.publish(ProxyRecord(
             proxy_id=self.proxy_id or "",
             routes=[rid for route in self._routes for rid in route.replica_ids],
             settled=self._settled,
@@ -360,7 +361,7 @@ class ProxyController:
         ))
 
     def _forget_silent_proxies(self, now: float) -> None:
-        RedisProxyRegistry(self.redis_client).forget_silent(now)
+        self._proxies.forget_silent(now)
 
     def run(self, stop: threading.Event, interval: float = STEP_INTERVAL_S) -> None:
         """Step until `stop` is set; a failed turn (Redis away) is logged, haproxy keeps serving."""
@@ -382,7 +383,7 @@ class ProxyController:
             self._figures.close()
         self.haproxy.close()
         try:
-            RedisProxyRegistry(self.redis_client).withdraw(self.proxy_id or "")
+            self._proxies.withdraw(self.proxy_id or "")
             self._loads.withdraw(self.proxy_id or "")
         except redis.RedisError as e:
             log.warning("proxy: could not withdraw its record: %s", e)

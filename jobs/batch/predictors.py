@@ -13,7 +13,7 @@ import logging
 import shutil
 import threading
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import redis
 
@@ -30,8 +30,6 @@ from predictors_runtime.environments.remote import start_in_environment
 from predictors_runtime.task_predictor import TaskPredictor
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 # Shortest time between two looks for predictors of jobs that ended elsewhere.
 SWEEP_INTERVAL_S = 5.0
