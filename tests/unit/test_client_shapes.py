@@ -78,3 +78,22 @@ def test_get_job_is_cortexs_shape_and_job_is_the_bare_status(server, endpoint):
     assert job["job_status"] == JOB_STATUS and job["api_spec"] == {"name": "bt"}
     assert job["endpoint"] == (endpoint if endpoint.startswith("http") else f"{server.url}/bt")
     assert client.job("bt", "j1") == JOB_STATUS
+
+
+@pytest.mark.parametrize(("answer", "call"), [
+    (b"[1, 2]", lambda c: c.api("iris")),                  # JSON, but not the object the API documents
+    (b'"text"', lambda c: c.job("iris", "j1")),
+    (b'{"apis": "not a list"}', lambda c: c.apis()),       # an object whose documented list is not one
+])
+def test_an_answer_of_the_wrong_shape_is_a_server_error_that_says_so(monkeypatch, answer, call):
+    import requests
+
+    from sluice.client import ServerError
+
+    response = requests.Response()
+    response.status_code, response._content = 200, answer
+    client = Client("http://127.0.0.1:1")
+    monkeypatch.setattr(client, "_request", lambda method, path, **kwargs: response)
+
+    with pytest.raises(ServerError, match="bad_response"):
+        call(client)
