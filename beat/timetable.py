@@ -16,6 +16,7 @@ from foundation.replica_scale import RedisScaleBook
 from foundation.settings import Settings
 from jobs.asyncapi.submit import send_queued_task
 from jobs.batch.publish import completion_sender
+from jobs.placement.host_demand import RedisHostDemandBook
 from jobs.scaling.asyncapi import AsyncScaler
 from jobs.scaling.config import autoscaling_of
 from jobs.scaling.realtime import RealtimeScaling
@@ -23,6 +24,7 @@ from jobs.services import Services
 
 from . import steps
 from .completions import completion_grace_s, resend_completions
+from .host_demand import HostDemandWatch
 from .lost_batches import LostBatchWatch, lost_grace_s
 from .lost_requests import LostRequestWatch
 from .worker_nodes import plan_worker_nodes
@@ -92,6 +94,13 @@ def maintenance_steps(settings: Settings) -> list[Step]:
         services.realtime_placement.reconcile(now)
         return None
 
+    demand = HostDemandWatch(settings.host_pools, settings.host_ttl_s)
+
+    def measure_demand(services: Services, now: float) -> object:
+        """How many hosts each host pool wants, for what placement could not place (`jobs/placement/host_demand.py`)."""
+        return demand.step(RedisHostDirectory(services.redis), services.worker_hosts, services.realtime_placement,
+                           RedisHostDemandBook(services.redis), now)
+
     return [
         Step("check-timeouts", check_timeouts, every),
         Step("fail-stalled-enqueues", fail_stalled_enqueues, every),
@@ -100,6 +109,7 @@ def maintenance_steps(settings: Settings) -> list[Step]:
         Step("plan-worker-nodes", plan_nodes, every),
         Step("scale-realtime-apis", scale_realtime, every),
         Step("place-realtime-replicas", place_realtime, every),
+        Step("measure-host-demand", measure_demand, every),
         Step("resend-completions", resend, every),
         Step("recover-lost-batches", LostBatchWatch(lost_grace_s(settings)), every),
         Step("sweep-async-requests", sweep_async, every),

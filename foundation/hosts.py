@@ -139,6 +139,7 @@ class HostRecord:
     hardware: str | None  # "cpu" or "gpu" when it serves only those APIs, None for every one
     roles: tuple[str, ...]  # what its agent runs: "replicas", "workers"
     seen: float           # time of the last heartbeat (epoch seconds)
+    pool: str | None = None  # the host pool it belongs to (`--pool`; foundation/host_pools.py), if any
 
     def live(self, now: float, ttl_s: float = HOST_TTL_S) -> bool:
         return now - self.seen <= ttl_s
@@ -153,7 +154,7 @@ class HostRecord:
         offers = d["offers"]
         return cls(str(d["host_id"]), str(d["address"]),
                    Resources(int(offers["cpu_m"]), int(offers["mem"]), int(offers["gpu"])),
-                   d.get("hardware"), tuple(d.get("roles", ())), float(d["seen"]))
+                   d.get("hardware"), tuple(d.get("roles", ())), float(d["seen"]), d.get("pool"))
 
 
 class HostDirectory(Protocol):

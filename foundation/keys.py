@@ -157,6 +157,14 @@ JOB_WORKER_NOTES = f"{PREFIX}:job-worker-notes"
 """Hash of why an active job runs on fewer nodes than its `workers`: job id -> one line, replaced
 whole with NODE_PLANS."""
 
+NODE_SHORTFALL = f"{PREFIX}:node-shortfall"
+"""Hash of the worker nodes that fit on no live host: hardware queue -> {count, cpu_m, mem, gpu}
+(JSON), replaced whole with NODE_PLANS."""
+
+HOST_DEMAND = f"{PREFIX}:host-demand"
+"""String: what beat last measured of the host pools and of what placement could not place (JSON,
+jobs/placement/host_demand.py)."""
+
 REPLICA_SCALE = f"{PREFIX}:replica-scale"
 """Hash of each RealtimeAPI's replica count as its scaler last decided: API name -> JSON
 (foundation/replica_scale.py)."""

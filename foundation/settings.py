@@ -13,6 +13,8 @@ from pathlib import Path
 
 from . import api_keys
 from .errors import ConfigError
+from .host_pools import VARIABLE as HOST_POOLS_VARIABLE
+from .host_pools import HostPool, parse_host_pools
 from .hosts import HOST_TTL_S
 from .limits import (
     DEFAULT_ASYNC_RETENTION_S,
@@ -182,6 +184,9 @@ class Settings:
     environment_grace_s: float = 3600.0
     # Celery's task events, for Flower or `celery events`: off, as each costs a message per task.
     task_events: bool = False
+    # The host pools something outside Sluice scales (KEDA on Kubernetes): beat publishes how many
+    # hosts each one wants (`foundation/host_pools.py`).
+    host_pools: tuple[HostPool, ...] = ()
 
     @property
     def redis_address(self) -> RedisAddress:
@@ -237,4 +242,5 @@ class Settings:
             no_index=api_keys.flag(env, "SLUICE_NO_INDEX"),
             environment_grace_s=_number(env, "SLUICE_ENVIRONMENT_GRACE_S", defaults.environment_grace_s),
             task_events=api_keys.flag(env, "SLUICE_TASK_EVENTS"),
+            host_pools=parse_host_pools(env.get(HOST_POOLS_VARIABLE)),
         )

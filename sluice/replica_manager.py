@@ -14,6 +14,7 @@ drains first), and the manager of that kind of host starts one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -34,6 +35,7 @@ from foundation.hosts import HostDirectory, HostRecord, RedisHostDirectory, Reso
 from foundation.redis_clients import heartbeat_client
 from foundation.replica_placement import RedisReplicaAssignments, ReplicaAssignments, on_host
 
+from . import pod_deletion_cost
 from .replica import DEFAULT_API_URL, DRAIN_CAP_S, KILL_AFTER_GRACE_S, advertised_address, redis_host, restart_delay_s
 from .replica_process import MIN_GRACEFUL_S, spawn_gunicorn
 
@@ -280,8 +282,10 @@ class HostAgent:
     """This host's part in placement: announces the room it offers, and reads what it is assigned."""
 
     def __init__(self, directory: HostDirectory, assignments: ReplicaAssignments, *, host_id: str, address: str,
-                 offers: Resources, hardware: str | None, every_s: float = HOST_HEARTBEAT_S) -> None:
+                 offers: Resources, hardware: str | None, every_s: float = HOST_HEARTBEAT_S,
+                 pool: str | None = None) -> None:
         self.host_id = host_id
+        self._pool = pool
         self._directory = directory
         self._assignments = assignments
         self._address = address
@@ -294,7 +298,7 @@ class HostAgent:
         """Announce the host every `every_s` (a Redis error waits for the next turn)."""
         if now - self._announced_at < self._every_s:
             return
-        record = HostRecord(self.host_id, self._address, self._offers, self._hardware, ("replicas",), now)
+        record = HostRecord(self.host_id, self._address, self._offers, self._hardware, ("replicas",), now, self._pool)
         try:
             self._directory.announce(record)
         except redis.RedisError as e:
@@ -305,6 +309,10 @@ class HostAgent:
     def assigned(self) -> dict[str, int]:
         """API name -> how many of its replicas placement put on this host."""
         return on_host(self._assignments.all(), self.host_id)
+
+    def held(self) -> int:
+        """Replicas placed on this host, for its pod's deletion cost (`sluice/pod_deletion_cost.py`)."""
+        return sum(self.assigned().values())
 
     def leave(self) -> None:
         """The agent stops: its replicas are placed elsewhere at placement's next step."""
@@ -331,7 +339,7 @@ def launcher_argv(
 def serve_all(
     *, hardware: str | None = None, host: str = "127.0.0.1", advertise: str | None = None,
     api_url: str = DEFAULT_API_URL, state_dir: Path | None = None, env: Mapping[str, str] | None = None,
-    offers: Resources | None = None, host_id: str | None = None,
+    offers: Resources | None = None, host_id: str | None = None, pool: str | None = None,
 ) -> int:
     """`sluice replicas`: announces the room this host offers (`offers`, default the machine's) and
     runs the replicas placement assigns it (of one kind of hardware), until SIGTERM/SIGINT, which
@@ -359,7 +367,8 @@ def serve_all(
     agent = HostAgent(RedisHostDirectory(client), RedisReplicaAssignments(client),
                       host_id=host_id or default_host_id(address, hardware), address=address,
                       offers=offers if offers is not None else machine_resources(), hardware=hardware,
-                      every_s=host_heartbeat_s(settings.host_ttl_s))
+                      every_s=host_heartbeat_s(settings.host_ttl_s), pool=pool)
+    cost = pod_deletion_cost.in_pod(env)
 
     def spawn(api_name: str, port: int) -> subprocess.Popen[bytes]:
         argv = launcher_argv(api_name, port, host=host, advertise=address, api_url=api_url, state_dir=state_root,
@@ -376,6 +385,9 @@ def serve_all(
         while not stopping.is_set():
             agent.heartbeat(time.time())
             manager.step(time.time())
+            if cost is not None:
+                with contextlib.suppress(redis.RedisError):  # Redis away: the cost waits with the rest
+                    cost.update(agent.held(), time.time())
             upkeep.step(time.time())
             stopping.wait(STEP_S)
         return 0

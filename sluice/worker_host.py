@@ -40,6 +40,9 @@ from jobs.nodes.registry import NodeRegistry
 from jobs.nodes.worker_hosts import WorkerHosts
 from jobs.placement.node_plan import HostPlan, WorkerHostReport
 
+from . import pod_deletion_cost
+from .pod_deletion_cost import PodDeletionCost
+
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +86,8 @@ class AgentConfig:
     min_nodes: int = 1
     idle_grace_s: float = 60.0
     address: str = ""
+    pool: str | None = None       # the host pool it belongs to (foundation/host_pools.py)
+    stop_grace_s: float = STOP_GRACE_S  # how long a stopping agent waits for its nodes' warm shutdown
 
     def __post_init__(self) -> None:
         if not self.queues:
@@ -91,6 +96,10 @@ class AgentConfig:
             raise BadAgentOption(f"--min-nodes must be 0 or more (got {self.min_nodes})")
         if self.idle_grace_s < 0:
             raise BadAgentOption(f"--idle-grace must be 0 or more seconds (got {self.idle_grace_s})")
+        if self.stop_grace_s <= 0:
+            raise BadAgentOption(f"--stop-grace must be above 0 seconds (got {self.stop_grace_s})")
+        if self.pool is not None and not _HOST_ID.match(self.pool):
+            raise BadAgentOption(f"--pool must be letters, digits, '.', '_' or '-' (got {self.pool!r})")
         if not _HOST_ID.match(self.host_id):
             raise BadAgentOption(f"--host-id must be letters, digits, '.', '_' or '-' (got {self.host_id!r})")
 
@@ -109,8 +118,9 @@ class WorkerHost:
     """The agent's state: its nodes by name, those stopping, and since when each has been idle."""
 
     def __init__(self, config: AgentConfig, spawn: Spawn, hosts: HostDirectory, worker_hosts: WorkerHosts,
-                 nodes: NodeRegistry, node_host: str | None = None) -> None:
+                 nodes: NodeRegistry, node_host: str | None = None, cost: PodDeletionCost | None = None) -> None:
         self.config = config
+        self._cost = cost
         self._spawn = spawn
         self._hosts = hosts
         self._worker_hosts = worker_hosts
@@ -183,18 +193,22 @@ class WorkerHost:
             self._start(name)
         if plan is not None:
             self._stop_idle(plan, set(self._nodes.heartbeats()), now)
+            if self._cost is not None:
+                self._cost.update(held_units(plan), now)
         self.announce(now)
 
     def announce(self, now: float) -> None:
         """The host's record (what it offers) and its report (what it runs, starting ones included)."""
         config = self.config
         self._hosts.announce(HostRecord(config.host_id, config.address or self._node_host, config.offers,
-                                        config.hardware, (WORKERS_ROLE,), now))
+                                        config.hardware, (WORKERS_ROLE,), now, config.pool))
         self._worker_hosts.report(WorkerHostReport(config.host_id, config.queues, config.min_nodes,
                                                    tuple(sorted(self.running)), now))
 
-    def stop(self, grace: float = STOP_GRACE_S) -> None:
-        """Warm-stop every node (each finishes the batch it runs), SIGKILL what outlives `grace`; withdraw the host."""
+    def stop(self, grace: float | None = None) -> None:
+        """Warm-stop every node (each finishes the batch it runs), SIGKILL what outlives `grace`
+        (default `--stop-grace`); withdraw the host."""
+        grace = self.config.stop_grace_s if grace is None else grace
         every = {**self.running, **self.stopping}
         for process in self.running.values():
             with contextlib.suppress(ProcessLookupError):
@@ -212,6 +226,12 @@ class WorkerHost:
         with contextlib.suppress(redis.RedisError):
             self._hosts.remove(self.config.host_id)
             self._worker_hosts.remove(self.config.host_id)
+
+
+def held_units(plan: HostPlan) -> int:
+    """What a worker host holds, for its pod's deletion cost: its busy nodes, at least 1 while it
+    starts nodes for a demand."""
+    return max(len(plan.busy), 1 if plan.holds else 0)
 
 
 def celery_node(queues: tuple[str, ...], env: Mapping[str, str], loglevel: str = "INFO") -> Spawn:
@@ -250,7 +270,7 @@ def run_agent(config: AgentConfig, env: Mapping[str, str] | None = None, step_s:
     settings = Settings.from_env(env)
     client = heartbeat_client(settings)  # short timeouts, no retries: the next step is the retry
     agent = WorkerHost(config, celery_node(config.queues, env), RedisHostDirectory(client), RedisWorkerHosts(client),
-                       Nodes(client, settings.node_ttl_s))
+                       Nodes(client, settings.node_ttl_s), cost=pod_deletion_cost.in_pod(env))
     upkeep = EnvironmentUpkeep(
         HostEnvironments.under(settings.cache_dir, events=RedisEnvironmentStates(client)), RedisApiRegistry(client),
         JobStore(client, settings.job_ttl_s), grace_s=settings.environment_grace_s,

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable
 
 from jobs.nodes.registry import Heartbeats, heartbeat_record, live_and_dead
-from jobs.placement.node_plan import HostPlan, NodePlan, WorkerHostReport
+from jobs.placement.node_plan import HostPlan, NodePlan, Shortfall, WorkerHostReport
 from jobs.transport.delivery import Delivery
 
 
@@ -82,7 +82,8 @@ class MemoryWorkerHosts:
     def remove(self, host_id: str) -> None:
         with self._lock:
             self._reports.pop(host_id, None)
-            self._plan = NodePlan({h: p for h, p in self._plan.hosts.items() if h != host_id}, dict(self._plan.notes))
+            self._plan = NodePlan({h: p for h, p in self._plan.hosts.items() if h != host_id}, dict(self._plan.notes),
+                                  dict(self._plan.shortfall))
 
     def reports(self) -> dict[str, WorkerHostReport]:
         with self._lock:
@@ -90,7 +91,7 @@ class MemoryWorkerHosts:
 
     def write_plan(self, plan: NodePlan) -> None:
         with self._lock:
-            self._plan = NodePlan(dict(plan.hosts), dict(plan.notes))
+            self._plan = NodePlan(dict(plan.hosts), dict(plan.notes), dict(plan.shortfall))
 
     def plan_of(self, host_id: str) -> HostPlan | None:
         with self._lock:
@@ -99,3 +100,11 @@ class MemoryWorkerHosts:
     def note_of(self, job_id: str) -> str | None:
         with self._lock:
             return self._plan.notes.get(job_id)
+
+    def plans(self) -> dict[str, HostPlan]:
+        with self._lock:
+            return dict(self._plan.hosts)
+
+    def shortfall(self) -> dict[str, Shortfall]:
+        with self._lock:
+            return dict(self._plan.shortfall)

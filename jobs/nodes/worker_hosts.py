@@ -17,7 +17,7 @@ import redis
 
 from foundation import keys
 from foundation.redis_clients import text
-from jobs.placement.node_plan import HostPlan, NodePlan, WorkerHostReport
+from jobs.placement.node_plan import HostPlan, NodePlan, Shortfall, WorkerHostReport
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,16 @@ class WorkerHosts(Protocol):
     def note_of(self, job_id: str) -> str | None:
         """Why the job runs on fewer nodes than it asked, None when it does not."""
 
+    def plans(self) -> dict[str, HostPlan]:
+        """Every host's plan as beat last wrote it."""
+
+    def shortfall(self) -> dict[str, Shortfall]:
+        """Hardware queue -> the nodes that fit on no live host, as beat last planned."""
 
 
 class RedisWorkerHosts:
-    """`WorkerHosts` in the hashes `keys.WORKER_HOSTS`, `keys.NODE_PLANS` and `keys.JOB_WORKER_NOTES`."""
+    """`WorkerHosts` in the hashes `keys.WORKER_HOSTS`, `keys.NODE_PLANS`, `keys.JOB_WORKER_NOTES` and
+    `keys.NODE_SHORTFALL`."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._redis = client
@@ -71,11 +77,13 @@ class RedisWorkerHosts:
 
     def write_plan(self, plan: NodePlan) -> None:
         pipe = self._redis.pipeline(transaction=True)
-        pipe.delete(keys.NODE_PLANS, keys.JOB_WORKER_NOTES)
+        pipe.delete(keys.NODE_PLANS, keys.JOB_WORKER_NOTES, keys.NODE_SHORTFALL)
         for host_id, host_plan in plan.hosts.items():
             pipe.hset(keys.NODE_PLANS, host_id, json.dumps(host_plan.to_dict()))
         for job_id, note in plan.notes.items():
             pipe.hset(keys.JOB_WORKER_NOTES, job_id, note)
+        for queue, short in plan.shortfall.items():
+            pipe.hset(keys.NODE_SHORTFALL, queue, json.dumps(short.to_dict()))
         pipe.execute()
 
     def plan_of(self, host_id: str) -> HostPlan | None:
@@ -91,3 +99,21 @@ class RedisWorkerHosts:
     def note_of(self, job_id: str) -> str | None:
         raw = self._redis.hget(keys.JOB_WORKER_NOTES, job_id)
         return None if raw is None else text(raw)
+
+    def plans(self) -> dict[str, HostPlan]:
+        found = {}
+        for raw_id, raw in self._redis.hgetall(keys.NODE_PLANS).items():
+            try:
+                found[text(raw_id)] = HostPlan.from_dict(json.loads(raw))
+            except (ValueError, TypeError, KeyError) as e:
+                log.warning("ignoring the unreadable plan of worker host %s: %r", text(raw_id), e)
+        return found
+
+    def shortfall(self) -> dict[str, Shortfall]:
+        found = {}
+        for raw_queue, raw in self._redis.hgetall(keys.NODE_SHORTFALL).items():
+            try:
+                found[text(raw_queue)] = Shortfall.from_dict(json.loads(raw))
+            except (ValueError, TypeError, KeyError) as e:
+                log.warning("ignoring the unreadable shortfall of queue %s: %r", text(raw_queue), e)
+        return found

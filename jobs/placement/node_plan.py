@@ -60,21 +60,40 @@ class WorkerHostReport:
 
 @dataclass(frozen=True)
 class HostPlan:
-    """What beat wants of one worker host: run at least `target` nodes; `busy` ones are in use."""
+    """What beat wants of one worker host: run at least `target` nodes; `busy` ones are in use.
+    `holds` says whether the host holds anything beyond its idle minimum (busy nodes, or nodes
+    starting for a demand): a host that holds nothing is the one to remove when hosts are scaled in
+    (`jobs/placement/host_demand.py`, `sluice/pod_deletion_cost.py`)."""
 
     target: int
     busy: tuple[str, ...]
     at: float
+    holds: bool = False
 
     def fresh(self, now: float, ttl_s: float = PLAN_TTL_S) -> bool:
         return now - self.at <= ttl_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "busy": list(self.busy), "at": self.at}
+        return {"target": self.target, "busy": list(self.busy), "at": self.at, "holds": self.holds}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> HostPlan:
-        return cls(int(d["target"]), tuple(str(n) for n in d["busy"]), float(d["at"]))
+        return cls(int(d["target"]), tuple(str(n) for n in d["busy"]), float(d["at"]), bool(d.get("holds", False)))
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """Nodes of one hardware queue that fit on no live worker host: `count` of them, each of `need`."""
+
+    count: int
+    need: Resources
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "cpu_m": self.need.cpu_m, "mem": self.need.mem, "gpu": self.need.gpu}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Shortfall:
+        return cls(int(d["count"]), Resources(int(d["cpu_m"]), int(d["mem"]), int(d["gpu"])))
 
 
 @dataclass(frozen=True)
@@ -112,10 +131,12 @@ class _Demand:
 
 @dataclass(frozen=True)
 class NodePlan:
-    """Host id -> its plan; job id -> why it runs on fewer nodes than it asked (only such jobs)."""
+    """Host id -> its plan; job id -> why it runs on fewer nodes than it asked (only such jobs);
+    hardware queue -> the nodes that fit nowhere (only queues short of room)."""
 
     hosts: dict[str, HostPlan] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
+    shortfall: dict[str, Shortfall] = field(default_factory=dict)
 
 
 def node_compute(compute: Mapping[str, Any] | None) -> Resources:
@@ -187,6 +208,7 @@ def plan_nodes(
         for record, report in sorted(hosts, key=lambda pair: pair[0].host_id)
     ]
     notes: dict[str, str] = {}
+    shortfall: dict[str, Shortfall] = {}
     for queue in sorted({demand.queue for demand in demands}):
         on_queue = [job for job in jobs if job.queue == queue]
         serving = [h for h in views if queue in h.report.queues]
@@ -196,12 +218,15 @@ def plan_nodes(
         new = 0
         if wanting:
             shape = _largest(d.compute for d in wanting)
-            for _ in range(max(d.count for d in wanting) - supply):
+            missing = max(d.count for d in wanting) - supply
+            for _ in range(missing):
                 best = max(serving, key=lambda h: (h.room_for(shape), -views.index(h)), default=None)
                 if best is None or best.room_for(shape) == 0:
                     break
                 best.starts += 1
                 new += 1
+            if missing > new:
+                shortfall[queue] = Shortfall(missing - new, shape)
         for job in on_queue:
             if len(job.nodes) < job.workers:
                 notes[job.job_id] = _note(job, queue, bool(serving), len(starting) + new,
@@ -209,10 +234,13 @@ def plan_nodes(
     plans = {}
     for h in views:
         kept = [n for n in h.report.nodes if n in busy or n not in live]
+        busy_here = tuple(n for n in h.report.nodes if n in busy)
+        # Starting nodes beyond its minimum were started for a demand, as those planned now are.
+        starting_for_demand = len(h.report.nodes) > h.report.min_nodes and any(n not in live for n in h.report.nodes)
         plans[h.record.host_id] = HostPlan(
-            max(h.report.min_nodes, len(kept) + h.starts),
-            tuple(n for n in h.report.nodes if n in busy), now)
-    return NodePlan(plans, notes)
+            max(h.report.min_nodes, len(kept) + h.starts), busy_here, now,
+            holds=bool(busy_here) or h.starts > 0 or starting_for_demand)
+    return NodePlan(plans, notes, shortfall)
 
 
 def _note(job: JobWant, queue: str, served: bool, starting: int, lacking: int) -> str:

@@ -176,8 +176,10 @@ def serve(api: str, port: int, host: str, advertise: str | None, api_url: str, s
               help="Sluice's public URL, handed to the predictors as SLUICE_API_URL.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for the replicas' state (default: $SLUICE_CACHE_DIR/replicas).")
+@click.option("--pool", envvar="SLUICE_HOST_POOL", default=None,
+              help="The host pool this host belongs to (one of SLUICE_HOST_POOLS, for scaling hosts).")
 def replicas(cpu: str | None, mem: str | None, gpu: str | None, only: str | None, host: str, advertise: str | None,
-             host_id: str | None, api_url: str, state_dir: Path | None) -> None:
+             host_id: str | None, api_url: str, state_dir: Path | None, pool: str | None) -> None:
     """Offer this host's room to realtime replicas and run those placed on it (several of one API
     when that is where the room is): one `sluice serve` per replica on free ports, until SIGTERM."""
     from foundation.json_logs import configure_json_logging
@@ -188,7 +190,7 @@ def replicas(cpu: str | None, mem: str | None, gpu: str | None, only: str | None
     offers, hardware = host_capacity(cpu, mem, gpu, only)
     configure_json_logging()
     sys.exit(serve_all(hardware=hardware, host=host, advertise=advertise, api_url=api_url, state_dir=state_dir,
-                       offers=offers, host_id=host_id))
+                       offers=offers, host_id=host_id, pool=pool))
 
 
 @main.command()
@@ -200,8 +202,12 @@ def replicas(cpu: str | None, mem: str | None, gpu: str | None, only: str | None
 @click.option("--idle-grace", default=60.0, show_default=True,
               help="Seconds a node above --min-nodes stays idle before it is stopped (warm shutdown).")
 @click.option("--host-id", default=None, help="This host's name in placement (default: <hostname>-workers).")
+@click.option("--pool", envvar="SLUICE_HOST_POOL", default=None,
+              help="The host pool this host belongs to (one of SLUICE_HOST_POOLS, for scaling hosts).")
+@click.option("--stop-grace", default=60.0, show_default=True,
+              help="Seconds a stopping agent lets its nodes finish their batches before killing them.")
 def workers(queues: str, cpu: str | None, mem: str | None, gpu: int | None, min_nodes: int, idle_grace: float,
-            host_id: str | None) -> None:
+            host_id: str | None, pool: str | None, stop_grace: float) -> None:
     """Run this host's worker nodes (against SLUICE_REDIS_URL) until SIGTERM or Ctrl-C: at least
     --min-nodes, and more while batch jobs want more `workers` and the host has room (each node takes
     its API's `compute`); idle ones above the minimum stop after --idle-grace."""
@@ -218,7 +224,7 @@ def workers(queues: str, cpu: str | None, mem: str | None, gpu: int | None, min_
                            mem_bytes(mem) if mem is not None else found.mem,
                            gpu if gpu is not None else found.gpu)
         config = AgentConfig(host_id or default_host_id(), tuple(q.strip() for q in queues.split(",") if q.strip()),
-                             offers, min_nodes=min_nodes, idle_grace_s=idle_grace)
+                             offers, min_nodes=min_nodes, idle_grace_s=idle_grace, pool=pool, stop_grace_s=stop_grace)
     except (BadQuantity, BadAgentOption) as e:
         raise click.BadParameter(str(e)) from e
     configure_json_logging()

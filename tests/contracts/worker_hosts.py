@@ -5,8 +5,9 @@ Fixtures a subclass provides: `worker_hosts` (empty).
 
 from __future__ import annotations
 
+from foundation.hosts import Resources
 from jobs.nodes.worker_hosts import WorkerHosts
-from jobs.placement.node_plan import HostPlan, NodePlan, WorkerHostReport
+from jobs.placement.node_plan import HostPlan, NodePlan, Shortfall, WorkerHostReport
 
 NOW = 1_700_000_000.0
 
@@ -45,3 +46,16 @@ class WorkerHostsContract:
 
         assert worker_hosts.reports() == {}
         assert worker_hosts.plan_of("box-workers") is None
+
+    def test_every_plan_and_the_shortfall_read_back_and_are_replaced_whole(self, worker_hosts: WorkerHosts) -> None:
+        gpu_node = Resources.parse(cpu=1, mem="4Gi", gpu=1)
+        worker_hosts.write_plan(NodePlan({"a": HostPlan(2, ("a-1",), NOW, holds=True), "b": HostPlan(1, (), NOW)},
+                                         {}, {"gpu": Shortfall(3, gpu_node)}))
+
+        assert worker_hosts.plans() == {"a": HostPlan(2, ("a-1",), NOW, holds=True), "b": HostPlan(1, (), NOW)}
+        assert worker_hosts.shortfall() == {"gpu": Shortfall(3, gpu_node)}
+
+        worker_hosts.write_plan(NodePlan({"b": HostPlan(1, (), NOW + 1)}, {}))
+
+        assert worker_hosts.plans() == {"b": HostPlan(1, (), NOW + 1)}
+        assert worker_hosts.shortfall() == {}

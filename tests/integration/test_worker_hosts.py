@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 import redis
+import requests
 import yaml
 from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
 
 from foundation import keys
 from sluice.cli import main
@@ -55,11 +57,15 @@ class PythonPredictor:
 '''
 
 
+# One host pool declared to beat, as the Helm chart declares its pools: hosts of 2 cpu.
+POOLS = {"SLUICE_HOST_POOLS": json.dumps([{"name": "workers-cpu", "role": "workers", "hardware": "cpu", "cpu": "2"}])}
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Redis, the API and beat, and no worker node of its own: the agents under test bring them."""
     with Stack(port=free_port(), workers=0, proxy=False, realtime=False, supervise=False,
-               data_dir=tmp_path_factory.mktemp("worker-hosts"), env=FAST_LOOPS) as running:
+               data_dir=tmp_path_factory.mktemp("worker-hosts"), env={**FAST_LOOPS, **POOLS}) as running:
         yield running
         print(running.logs())
 
@@ -187,3 +193,48 @@ def test_an_async_api_at_zero_on_a_host_keeping_no_node_gets_one_for_a_request_t
     assert done["status"] == "completed" and done["result"] == {"echo": {"n": 1}}
     assert [n.split("@")[0] for n in nodes_of(redis_client, host_id)] == [f"{host_id}-1"]
     wait_for(lambda: nodes_of(redis_client, host_id) == [], 60, "the node stopped once the api scaled back to 0")
+
+
+def host_figures(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """`/metrics`' host figures: (name, labels) -> value."""
+    text = requests.get(f"{stack.url}/metrics", timeout=10).text
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name.startswith(("sluice_host_pool", "sluice_unplaced"))}
+
+
+def pool_shows(stack: Stack, wanted: int, busy: int, idle: int, unplaced: int) -> bool:
+    figures = host_figures(stack)
+    return (figures.get(("sluice_host_pool_wanted", (("pool", "workers-cpu"),))) == wanted
+            and figures.get(("sluice_host_pool_hosts", (("pool", "workers-cpu"), ("state", "busy")))) == busy
+            and figures.get(("sluice_host_pool_hosts", (("pool", "workers-cpu"), ("state", "idle")))) == idle
+            and figures.get(("sluice_unplaced", (("hardware", "cpu"), ("role", "workers"))), 0) == unplaced)
+
+
+@pytest.mark.slow
+def test_a_host_pool_wants_the_hosts_a_job_needs_from_zero_and_none_once_it_is_done(
+    client: Client, agent: Callable[..., str], stack: Stack, tmp_path: Path
+) -> None:
+    # What KEDA does on Kubernetes, the test does by hand: it starts a host of the pool when the
+    # figure asks for more than run. Each host offers 2 cpu; each node takes 1.
+    events, release = tmp_path / "events.jsonl", tmp_path / "release"
+    events.touch()
+    api = deploy(client, tmp_path, events, until_file=str(release))
+    assert wait_for(lambda: pool_shows(stack, wanted=0, busy=0, idle=0, unplaced=0), 30, "an idle pool wanting none")
+
+    job = client.submit(api, list(range(4)), batch_size=1, workers=3)
+    wait_for(lambda: pool_shows(stack, wanted=2, busy=0, idle=0, unplaced=3), 30,
+             "3 nodes of 1 cpu unplaced: 2 hosts of 2 cpu wanted")
+
+    agent("--pool", "workers-cpu", "--cpu", "2", "--min-nodes", "0", "--idle-grace", "1")
+    wait_for(lambda: client.job(api, job["job_id"])["worker_counts"]["running"] == 2, 60, "the first host's 2 nodes")
+    wait_for(lambda: pool_shows(stack, wanted=2, busy=1, idle=0, unplaced=1), 30, "one busy host, one node unplaced")
+
+    agent("--pool", "workers-cpu", "--cpu", "2", "--min-nodes", "0", "--idle-grace", "1")
+    wait_for(lambda: client.job(api, job["job_id"])["worker_counts"]["running"] == 3, 60, "the second host's node")
+    wait_for(lambda: pool_shows(stack, wanted=2, busy=2, idle=0, unplaced=0), 30, "two busy hosts, nothing unplaced")
+
+    release.touch()
+    assert client.wait(api, job["job_id"], timeout=60)["status"] == "status_succeeded"
+    wait_for(lambda: pool_shows(stack, wanted=0, busy=0, idle=2, unplaced=0), 60,
+             "both hosts idle once their nodes stopped: the pool wants none (scale to zero)")

@@ -151,3 +151,20 @@ def test_only_growth_is_counted_and_a_new_worker_counts_from_zero() -> None:
         ("iris", "overloaded"): 2, ("iris", "not_ready"): 1}
     tally.forget_except({11})
     assert tally.update({11: {"iris": [1, 1, 0, 0, 0]}}) == {}
+
+
+def test_the_host_figures_show_beats_last_measure_for_keda_to_read() -> None:
+    from jobs.placement.host_demand import HostDemand, PoolFigures
+
+    demand = HostDemand({"workers-gpu": PoolFigures(busy=1, idle=2, wanted=3)}, {("workers", "gpu"): 4}, 1.0)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FiguresCollector(MemoryFigureStore(), lambda: {"cpu": 0}, demand=lambda: demand))
+
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(generate_latest(registry).decode())
+               for s in family.samples}
+
+    assert samples[("sluice_host_pool_wanted", (("pool", "workers-gpu"),))] == 3
+    assert samples[("sluice_host_pool_hosts", (("pool", "workers-gpu"), ("state", "busy")))] == 1
+    assert samples[("sluice_host_pool_hosts", (("pool", "workers-gpu"), ("state", "idle")))] == 2
+    assert samples[("sluice_unplaced", (("hardware", "gpu"), ("role", "workers")))] == 4

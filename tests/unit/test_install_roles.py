@@ -92,10 +92,11 @@ def test_each_extra_brings_its_role_and_all_brings_every_cpu_role():
     assert by_extra["tensorflow-cpu"] == {"tensorflow-cpu"}
     assert by_extra["s3"] == {"boto3"}
     assert by_extra["gcs"] == {"google-cloud-storage"}
+    assert by_extra["kubernetes"] == {"lightkube"}
     # `all` is Sluice itself with every CPU role's extra (one list of each role's packages).
     [itself] = extras["all"]
     assert canonicalize_name(itself.name) == "sluice"
-    assert itself.extras == {"server", "onnx", "tensorflow-cpu", "s3", "gcs"}
+    assert itself.extras == {"server", "onnx", "tensorflow-cpu", "s3", "gcs", "kubernetes"}
     everything = set().union(*by_extra.values())
     assert not everything & {"pandas", "pysimdjson"}  # pyarrow writes CSV; orjson is the one JSON parser
 
@@ -112,10 +113,10 @@ def test_no_requirements_file_names_a_second_json_parser():
     assert "-e .[all]" in (ROOT / "requirements-dev.txt").read_text().splitlines()
 
 
-def test_the_image_installs_the_server_onnx_and_storage_extras():
+def test_the_image_installs_the_server_onnx_storage_and_kubernetes_extras():
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
 
     extras = re.findall(r"pip install [^\n]*\[([a-z0-9,-]+)\]", dockerfile)
-    assert extras and set(extras[0].split(",")) == {"server", "onnx", "s3", "gcs"}
+    assert extras and set(extras[0].split(",")) == {"server", "onnx", "s3", "gcs", "kubernetes"}
 
 

@@ -12,7 +12,15 @@ from foundation.memory import MemoryApiRegistry, MemoryHostDirectory
 from jobs.asyncapi.memory import MemoryAsyncAssignments
 from jobs.batch.job import Job
 from jobs.nodes.memory import MemoryNodes, MemoryWorkerHosts
-from jobs.placement.node_plan import AsyncWant, JobWant, WorkerHostReport, describe, node_compute, plan_nodes
+from jobs.placement.node_plan import (
+    AsyncWant,
+    JobWant,
+    Shortfall,
+    WorkerHostReport,
+    describe,
+    node_compute,
+    plan_nodes,
+)
 from jobs.store.memory import MemoryJobStore
 from predictors_runtime.config import ApiConfig
 from tests.contracts.worker_hosts import WorkerHostsContract
@@ -247,3 +255,47 @@ class TestMemoryWorkerHostsKeepsTheContract(WorkerHostsContract):
     @pytest.fixture
     def worker_hosts(self) -> MemoryWorkerHosts:
         return MemoryWorkerHosts()
+
+
+def test_nodes_that_fit_nowhere_are_the_queues_shortfall_with_their_size() -> None:
+    gpu_node = Resources.parse(cpu=1, gpu=1)
+    plan = plan_nodes([host("a", cpu=8, gpu=1, nodes=("a-1",), queues=("gpu",))],
+                      [job("j1", 4, ("a-1",), compute=gpu_node, queue="gpu")], {"a-1": ["gpu"]}, {"a-1"}, T0)
+
+    assert plan.shortfall == {"gpu": Shortfall(3, gpu_node)}
+
+
+def test_a_queue_no_host_serves_is_short_of_every_node_its_jobs_want() -> None:
+    plan = plan_nodes([], [job("j1", 2, (), queue="gpu")], {}, set(), T0)
+
+    assert plan.shortfall == {"gpu": Shortfall(2, ONE_CPU)}
+
+
+def test_a_queue_whose_nodes_all_fit_has_no_shortfall() -> None:
+    plan = plan_nodes([host("a", cpu=4, nodes=("a-1",))], [job("j1", 3, ("a-1",))], {"a-1": ["cpu"]}, {"a-1"}, T0)
+
+    assert plan.shortfall == {}
+
+
+@pytest.mark.parametrize(("nodes", "busy", "jobs", "holds"), [
+    (("a-1",), set(), [], False),                        # its idle minimum: nothing held
+    (("a-1",), {"a-1"}, [job("j1", 1, ("a-1",))], True),  # a node placed on a job
+    (("a-1",), set(), [job("j1", 2, ())], True),          # nodes starting for a job
+    ((), set(), [], False),                               # min 0 and nothing to do
+])
+def test_a_host_holds_something_when_a_node_is_busy_or_starting_for_a_demand(
+        nodes: tuple[str, ...], busy: set[str], jobs: list[JobWant], holds: bool) -> None:
+    plan = plan_nodes([host("a", cpu=4, nodes=nodes, min_nodes=len(nodes))], jobs, {n: ["cpu"] for n in nodes},
+                      busy, T0)
+
+    assert plan.hosts["a"].holds is holds
+
+
+def test_a_node_started_for_a_job_beyond_the_minimum_holds_its_host_until_it_is_up() -> None:
+    starting = host("a", cpu=4, nodes=("a-1", "a-2"), min_nodes=1)
+
+    plan = plan_nodes([starting], [job("j1", 2, ("a-1",))], {"a-1": ["cpu"]}, {"a-1"}, T0)
+    idle_min = plan_nodes([host("a", cpu=4, nodes=("a-1",), min_nodes=1)], [], {}, set(), T0)
+
+    assert plan.hosts["a"].holds is True
+    assert idle_min.hosts["a"].holds is False  # its one node starting is its minimum, for no demand
