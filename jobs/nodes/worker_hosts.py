@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 import redis
 
@@ -20,6 +21,7 @@ from foundation.redis_clients import text
 from jobs.placement.node_plan import HostPlan, NodePlan, Shortfall, WorkerHostReport
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class WorkerHosts(Protocol):
@@ -66,14 +68,18 @@ class RedisWorkerHosts:
         pipe.hdel(keys.NODE_PLANS, host_id)
         pipe.execute()
 
-    def reports(self) -> dict[str, WorkerHostReport]:
+    def _read_all(self, key: str, parse: Callable[[Mapping[str, Any]], T], what: str) -> dict[str, T]:
+        """Every field of the hash `key`, parsed; an unreadable one is logged and left out."""
         found = {}
-        for raw_id, raw in self._redis.hgetall(keys.WORKER_HOSTS).items():
+        for raw_field, raw in self._redis.hgetall(key).items():
             try:
-                found[text(raw_id)] = WorkerHostReport.from_dict(json.loads(raw))
+                found[text(raw_field)] = parse(json.loads(raw))
             except (ValueError, TypeError, KeyError) as e:
-                log.warning("ignoring the unreadable report of worker host %s: %r", text(raw_id), e)
+                log.warning("ignoring the unreadable %s %s: %r", what, text(raw_field), e)
         return found
+
+    def reports(self) -> dict[str, WorkerHostReport]:
+        return self._read_all(keys.WORKER_HOSTS, WorkerHostReport.from_dict, "report of worker host")
 
     def write_plan(self, plan: NodePlan) -> None:
         pipe = self._redis.pipeline(transaction=True)
@@ -101,19 +107,7 @@ class RedisWorkerHosts:
         return None if raw is None else text(raw)
 
     def plans(self) -> dict[str, HostPlan]:
-        found = {}
-        for raw_id, raw in self._redis.hgetall(keys.NODE_PLANS).items():
-            try:
-                found[text(raw_id)] = HostPlan.from_dict(json.loads(raw))
-            except (ValueError, TypeError, KeyError) as e:
-                log.warning("ignoring the unreadable plan of worker host %s: %r", text(raw_id), e)
-        return found
+        return self._read_all(keys.NODE_PLANS, HostPlan.from_dict, "plan of worker host")
 
     def shortfall(self) -> dict[str, Shortfall]:
-        found = {}
-        for raw_queue, raw in self._redis.hgetall(keys.NODE_SHORTFALL).items():
-            try:
-                found[text(raw_queue)] = Shortfall.from_dict(json.loads(raw))
-            except (ValueError, TypeError, KeyError) as e:
-                log.warning("ignoring the unreadable shortfall of queue %s: %r", text(raw_queue), e)
-        return found
+        return self._read_all(keys.NODE_SHORTFALL, Shortfall.from_dict, "shortfall of queue")
