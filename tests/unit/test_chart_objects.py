@@ -244,8 +244,10 @@ def test_beat_knows_each_pool_hosts_size_as_its_pods_request_it(rendering: Path)
     for host in host_pods(docs):
         pool = pools[host["metadata"]["labels"]["sluice.dev/pool"]]
         assert pool.offers == requested(host)
-        limits = container(host)["resources"].get("limits", {})
-        assert int(limits.get("nvidia.com/gpu", 0)) == pool.offers.gpu  # extended resources: limit = request
+        resources = container(host)["resources"]
+        extended = {name: n for name, n in resources["requests"].items() if "/" in name}
+        assert {name: n for name, n in resources.get("limits", {}).items() if "/" in name} == extended
+        assert int(extended.get("nvidia.com/gpu", 0)) == pool.offers.gpu
 
 
 def cli_args(workload: dict[str, Any], pod: dict[str, str]) -> list[str]:
@@ -285,6 +287,14 @@ def test_a_worker_host_stopping_lets_its_nodes_finish_a_batch_within_the_time_li
         stop_grace = float(main.commands["workers"].make_context("workers", args[2:]).params["stop_grace"])
         pod_grace = host["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert limit + HARD_STOP_GRACE_S <= stop_grace < pod_grace
+
+
+def test_inferentia_hosts_serve_the_inf_queue_and_request_neuron_devices() -> None:
+    host = named(objects(GOLDEN / "gpu.yaml"), "Deployment", "prod-sluice-workers-inf")
+
+    assert cli_args(host, POD)[2:4] == ["--queues", "inf"]
+    assert container(host)["resources"]["requests"]["aws.amazon.com/neuron"] == 1
+    assert not container(host)["image"].endswith("-gpu")
 
 
 def test_gpu_hosts_request_gpus_run_the_gpu_image_and_tolerate_gpu_nodes() -> None:
@@ -341,4 +351,5 @@ def test_the_pools_json_reads_back_as_beat_reads_it() -> None:
     beat = named(objects(GOLDEN / "gpu.yaml"), "Deployment", "prod-sluice-beat")
     raw = json.loads(env_of(beat)["SLUICE_HOST_POOLS"])
 
-    assert [p["name"] for p in raw] == ["workers-cpu", "workers-a100", "replicas-cpu", "replicas-gpu"]
+    assert [p["name"] for p in raw] == ["workers-cpu", "workers-a100", "workers-inf", "replicas-cpu", "replicas-gpu"]
+    assert [p["hardware"] for p in raw] == ["cpu", "gpu", "inf", "cpu", "gpu"]

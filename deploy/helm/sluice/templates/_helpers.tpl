@@ -171,14 +171,16 @@ reaches its replicas, and both let its agent set its pod's deletion cost. */}}
   valueFrom: {resourceFieldRef: {resource: requests.memory, divisor: "1"}}
 {{- end -}}
 
-{{/* A pool's resources: its requests and limits, with its GPUs as nvidia.com/gpu on both. */}}
+{{/* A pool's resources: its requests and limits, with its GPUs as nvidia.com/gpu. An extended
+resource (a name with a "/": GPUs, AWS Inferentia's aws.amazon.com/neuron) is limited as requested,
+as Kubernetes wants. */}}
 {{- define "sluice.poolResources" -}}
 {{- $requests := deepCopy (default dict .resources.requests) -}}
 {{- $limits := deepCopy (default dict .resources.limits) -}}
 {{- if gt (int .gpu) 0 -}}
 {{- $_ := set $requests "nvidia.com/gpu" (int .gpu) -}}
-{{- $_ := set $limits "nvidia.com/gpu" (int .gpu) -}}
 {{- end -}}
+{{- range $name, $amount := $requests }}{{ if contains "/" $name }}{{ $_ := set $limits $name $amount }}{{ end }}{{ end -}}
 requests: {{- toYaml $requests | nindent 2 }}
 {{- if $limits }}
 limits: {{- toYaml $limits | nindent 2 }}
