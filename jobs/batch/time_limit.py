@@ -129,6 +129,7 @@ class _Watch:
     payload_ref: dict[str, Any] | None
     deadline: float | None  # time.monotonic(); None: no limit, only the job's status is watched
     limit: float | None
+    first_poll: float = math.inf  # time.monotonic() of the job's first status read for this watch
 
 
 class BatchWatchdog:
@@ -151,6 +152,9 @@ class BatchWatchdog:
         self._cond = threading.Condition()
         self._watch: _Watch | None = None
         self._thread: threading.Thread | None = None
+        # When the watchdog thread wakes next by itself (time.monotonic()): a watch due no earlier
+        # needs no notify, so a node running batch after batch does not wake the thread for each.
+        self._wake_at = math.inf
 
     def tries_timed_out(self, job: Job, index: int) -> int:
         """Tries of this batch used up by the time limit in earlier deliveries."""
@@ -164,30 +168,33 @@ class BatchWatchdog:
         limit = job.batch_timeout
         deadline = time.monotonic() + limit if limit is not None else None
         with hard_stop(limit, self._hard_stop_grace_s), \
-                self._watching(_Watch(job, index, attempt, payload, payload_ref, deadline, limit)):
+                self._watching(_Watch(job, index, attempt, payload, payload_ref, deadline, limit,
+                                      time.monotonic() + self._status_poll_s)):
             yield
 
     @contextmanager
     def while_active(self, job: Job, index: int) -> Iterator[None]:
         """Work for a batch without a time limit (building the job's predictor): ended if the job ends."""
-        with self._watching(_Watch(job, index, 0, None, None, None, None)):
+        with self._watching(_Watch(job, index, 0, None, None, None, None, time.monotonic() + self._status_poll_s)):
             yield
 
     # -- the watchdog thread ----------------------------------------------------------------
     @contextmanager
     def _watching(self, watch: _Watch) -> Iterator[None]:
+        """The thread is woken only when the watch is due before the thread wakes by itself; when
+        the watch ends the thread is not woken at all: at its next wake it finds none (or the next)."""
         with self._cond:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="sluice-batch-watchdog", daemon=True)
                 self._thread.start()
             self._watch = watch
-            self._cond.notify()
+            if min(watch.first_poll, watch.deadline or math.inf) < self._wake_at:
+                self._cond.notify()
         try:
             yield
         finally:
             with self._cond:
                 self._watch = None
-                self._cond.notify()
 
     def _run(self) -> None:
         try:
@@ -203,17 +210,17 @@ class BatchWatchdog:
             with self._cond:
                 if self._watch is not watch:  # a new batch (or none): its first status read comes later
                     watch = self._watch
-                    next_poll = time.monotonic() + self._status_poll_s
-                if watch is None:
-                    self._cond.wait()
-                    continue
+                    next_poll = watch.first_poll if watch is not None else math.inf
                 now = time.monotonic()
+                if watch is None:  # nothing to watch: wake once a poll period, so a watch due later needs no notify
+                    self._wait_until(now + self._status_poll_s, now)
+                    continue
                 if watch.deadline is not None and now >= watch.deadline:
                     self._time_out(watch)  # holding the lock: the batch cannot be recorded meanwhile
                     return
-                wait = next_poll - now if watch.deadline is None else min(next_poll, watch.deadline) - now
-                if wait > 0:
-                    self._cond.wait(wait)
+                due = next_poll if watch.deadline is None else min(next_poll, watch.deadline)
+                if due > now:
+                    self._wait_until(due, now)
                     continue
             status = self._job_status(watch)
             next_poll = time.monotonic() + self._status_poll_s
@@ -223,6 +230,12 @@ class BatchWatchdog:
                 if self._watch is watch:
                     self._job_ended(watch, status)
                     return
+
+    def _wait_until(self, due: float, now: float) -> None:
+        """Wait (holding the condition) until `due`, or a notify for a watch due sooner."""
+        self._wake_at = due
+        self._cond.wait(due - now)
+        self._wake_at = math.inf  # awake: a watch set meanwhile is looked at before the next wait
 
     def _job_status(self, watch: _Watch) -> JobStatus | None:
         try:
