@@ -105,6 +105,29 @@ def test_an_apis_modules_are_kept_between_its_calls_and_imported_once(tmp_path: 
     assert sys.modules.get("helpers") is None
 
 
+def test_modules_imported_inside_are_found_even_when_the_code_empties_sys_modules_of_its_mark(tmp_path: Path) -> None:
+    a = api_a(tmp_path)
+    with a.active():
+        for name in [n for n in sys.modules if n.startswith("_sluice_")]:  # code that prunes sys.modules
+            del sys.modules[name]
+        import helpers
+        import shapes.circle  # noqa: F401
+
+    assert a.module_names() == ["helpers", "shapes", "shapes.circle"]
+    assert "helpers" not in sys.modules and not [n for n in sys.modules if n.startswith("_sluice_")]
+
+
+def test_nothing_of_the_namespace_is_left_in_sys_modules_after_it(tmp_path: Path) -> None:
+    a, b = api_a(tmp_path), api_b(tmp_path)
+    before = set(sys.modules)
+    with a.active():
+        import helpers  # noqa: F401
+        with b.active():
+            import plain.part  # noqa: F401
+
+    assert set(sys.modules) - before == set()
+
+
 def test_the_import_path_puts_the_apis_folders_first_and_no_other_apis(tmp_path: Path) -> None:
     lib = project(tmp_path / "a" / "lib", **{"extra.py": "X = 1\n"})
     a = ApiNamespace(tmp_path / "a", {}, [lib])
