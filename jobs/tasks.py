@@ -14,6 +14,7 @@ from celery import Celery, Task
 from celery.exceptions import Reject
 
 from foundation.redis_clients import TRANSIENT_ERRORS
+from jobs.transport.broker import receipt_for
 from jobs.transport.delivery import Delivery
 
 RUN_BATCH = "sluice.run_batch"
@@ -45,7 +46,8 @@ def register_tasks(app: Celery, runtime_factory: Callable[[], BatchWorker]) -> N
         task: Task, job_id: str, index: int, payload: Any, payload_ref: dict[str, Any] | None = None
     ) -> None:
         request = task.request
-        delivery = Delivery(request.hostname, request.id) if request.hostname and request.id else None
+        receipt = receipt_for((request.delivery_info or {}).get("delivery_tag"))
+        delivery = Delivery(request.hostname, request.id, receipt) if request.hostname and request.id else None
         try:
             runtime_factory().run_batch(job_id, index, payload, payload_ref, delivery)
         except TRANSIENT_ERRORS as e:  # Redis away past its retry window: not the batch's failure, and

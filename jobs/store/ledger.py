@@ -22,7 +22,7 @@ from foundation.redis_clients import TRANSIENT_ERRORS, text
 from jobs.batch.job import ACTIVE_STATUSES, JobStatus
 from jobs.store import scripts, values
 from jobs.store.values import DEFAULT_JOB_TTL_S, BatchStart, Payload, Recorded, failed_batch_record
-from jobs.transport.delivery import Delivery, inflight_entry
+from jobs.transport.delivery import BROKER_UNACKED, BROKER_UNACKED_INDEX, Delivery, inflight_entry
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,20 @@ class RedisBatchLedger:
 
     def begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> BatchStart:
         named = keys.job_keys(job_id)
-        args: list[EncodableT] = [index, delivery.task_id if delivery else "", inflight_entry(job_id, index),
-                                  values.new_token(), *[s.value for s in ACTIVE_STATUSES]]
-        node_key = keys.inflight(delivery.node if delivery else "")
+        receipt = delivery.receipt if delivery is not None else None
+        unacked = receipt if receipt is not None and receipt.unacked and not receipt.written else None
+        args: list[EncodableT] = [
+            index, delivery.task_id if delivery else "", inflight_entry(job_id, index), values.new_token(),
+            *((unacked.tag, unacked.unacked, repr(unacked.taken_at)) if unacked else ("", "", "")),
+            *[s.value for s in ACTIVE_STATUSES],
+        ]
+        script_keys = [named["job"], named["done"], named["starts"], keys.inflight(delivery.node if delivery else ""),
+                       BROKER_UNACKED, BROKER_UNACKED_INDEX]
         raw_status, done, deliveries = until_answered(
-            f"starting batch {index} of job {job_id}",
-            lambda: self._begin_batch(keys=[named["job"], named["done"], named["starts"], node_key], args=args),
+            f"starting batch {index} of job {job_id}", lambda: self._begin_batch(keys=script_keys, args=args),
         )
+        if unacked is not None:
+            unacked.written = True
         status = JobStatus(text(raw_status)) if raw_status else None
         return BatchStart(status=status, already_recorded=bool(done), deliveries=int(deliveries))
 
@@ -79,15 +86,17 @@ class RedisBatchLedger:
         self, job_id: str, index: int, outcome: str, seconds: float, failure: str, delivery: Delivery | None
     ) -> Recorded:
         named = keys.job_keys(job_id)
+        receipt = delivery.receipt if delivery is not None else None
         args: list[EncodableT] = [index, outcome, seconds, failure, delivery.task_id if delivery else "",
-                                  values.new_token(), repr(time.time())]
-        node_key = keys.inflight(delivery.node if delivery else "")
-        return Recorded(until_answered(
-            f"recording batch {index} of job {job_id}",
-            lambda: self._record_batch(
-                keys=[named["job"], named["done"], named["failed"], node_key, named["payloads"]], args=args,
-            ),
+                                  values.new_token(), repr(time.time()), receipt.tag if receipt else ""]
+        script_keys = [named["job"], named["done"], named["failed"], keys.inflight(delivery.node if delivery else ""),
+                       named["payloads"], BROKER_UNACKED, BROKER_UNACKED_INDEX]
+        recorded = Recorded(until_answered(
+            f"recording batch {index} of job {job_id}", lambda: self._record_batch(keys=script_keys, args=args),
         ))
+        if receipt is not None:
+            receipt.acknowledged = True
+        return recorded
 
     def record_success(self, job_id: str, index: int, seconds: float, delivery: Delivery | None = None) -> Recorded:
         return self._record(job_id, index, "ok", seconds, "", delivery)

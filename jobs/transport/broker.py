@@ -8,6 +8,15 @@ on the critical path between two batches (profiled with `bench/onnx_batch.py`). 
 here builds that client once and keeps it; it uses the channel's connection pool as before, and
 a `redis.Redis` on a pool is safe to share between threads.
 
+A batch's message costs no round trips of its own besides its BRPOP: the script that begins the
+batch writes the message into kombu's unacknowledged hash, and the one that records it takes it out
+(`BrokerReceipt`, `jobs/transport/delivery.py`), where kombu would write and acknowledge each in a
+pipeline of its own. Only for a batch run as soon as it is taken (a node reserving one message at
+a time): a message taken ahead and held has its entry written at once, as kombu writes it, so that
+it is given back if the node dies. The window in which a node killed holds a message that is in no
+hash grows from between the BRPOP and kombu's write to between the BRPOP and the batch's begin
+(a millisecond); beat sends a batch lost there again from its kept copy (`beat/lost_batches.py`).
+
 It also reads and acknowledges unacknowledged messages by task id, for a node settling the
 deliveries it held when its connection broke (`jobs/transport/settle.py`), and can keep what a publish would
 push on Redis instead of pushing it (`captured_messages`): how `jobs/transport/task_messages.py` learns the
@@ -25,6 +34,8 @@ password in the transport options.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -32,9 +43,14 @@ from typing import Any
 from urllib.parse import quote, urlparse
 
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
 from foundation.redis_clients import HEARTBEAT, KEEPALIVE_OPTIONS, text
 from foundation.settings import RedisAddress, Settings
+from jobs.transport.delivery import BrokerReceipt
+
+# The task whose messages get broker receipts (jobs/tasks.py `RUN_BATCH`; named here, below the tasks).
+RECEIPT_TASK = "sluice.run_batch"
 
 TRANSPORT_PATH = "jobs.transport.broker:Transport"
 SENTINEL_TRANSPORT_PATH = "jobs.transport.broker:SentinelTransport"
@@ -137,12 +153,85 @@ class _OwnClient:
         yield self._own_client
 
 
+# Delivery tag -> the receipt of a batch message this process took and has not acknowledged.
+_receipts: dict[str, BrokerReceipt] = {}
+_receipts_lock = threading.Lock()
+
+
+def receipt_for(tag: str | None) -> BrokerReceipt | None:
+    """The receipt of the batch message delivered under `tag` in this process, None for another message."""
+    if not tag:
+        return None
+    with _receipts_lock:
+        return _receipts.get(tag)
+
+
+class ReceiptQoS(kombu_redis.QoS):
+    """kombu's acknowledgement emulation, leaving a batch message's writes to the batch's store calls.
+
+    `append` keeps the entry of a batch message taken by a node that holds one message at a time
+    instead of writing it (the batch's begin writes it); `ack` writes nothing for an entry the
+    batch's record removed or that was never written; `reject` and `restore_unacked` write an
+    entry still kept first, so that what they put back is there to be put back.
+    """
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        if (message.headers or {}).get("task") != RECEIPT_TASK:
+            super().append(message, delivery_tag)  # type: ignore[no-untyped-call]  # kombu's
+            return
+        if self.prefetch_count == 1:  # run as soon as taken: its begin writes the entry
+            delivery = message.delivery_info
+            entry = json.dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+            receipt = BrokerReceipt(delivery_tag, entry, time.time())
+            virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]  # kombu's
+        else:  # held ahead of its run: written now, so that it is given back if the node dies
+            receipt = BrokerReceipt(delivery_tag, written=True)
+            super().append(message, delivery_tag)  # type: ignore[no-untyped-call]  # kombu's
+        with _receipts_lock:
+            _receipts[delivery_tag] = receipt
+
+    def _take(self, delivery_tag: str) -> BrokerReceipt | None:
+        with _receipts_lock:
+            return _receipts.pop(delivery_tag, None)
+
+    def _write(self, receipt: BrokerReceipt) -> None:
+        """The entry kombu would have written when the message was taken."""
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {receipt.tag: receipt.taken_at}) \
+                .hset(self.unacked_key, receipt.tag, receipt.unacked).execute()
+        receipt.written = True
+
+    def ack(self, delivery_tag: str) -> None:
+        receipt = self._take(delivery_tag)
+        if receipt is not None and (receipt.acknowledged or not receipt.written):
+            virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]  # nothing in Redis to remove
+            return
+        super().ack(delivery_tag)  # type: ignore[no-untyped-call]  # kombu's
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        receipt = self._take(delivery_tag)
+        if receipt is not None and not receipt.written and not receipt.acknowledged:
+            self._write(receipt)
+        super().reject(delivery_tag, requeue=requeue)  # type: ignore[no-untyped-call]  # kombu's
+
+    def restore_unacked(self, client: Any = None) -> None:
+        for tag in list(self._delivered):
+            receipt = self._take(tag)
+            if receipt is not None and not receipt.written and not receipt.acknowledged:
+                self._write(receipt)
+        super().restore_unacked(client)  # type: ignore[no-untyped-call]  # kombu's
+
+
 class Channel(_OwnClient, kombu_redis.Channel):
-    """A kombu Redis channel that reuses one client for its own commands."""
+    """A kombu Redis channel that reuses one client for its own commands, with broker receipts."""
+
+    QoS = ReceiptQoS
 
 
 class SentinelChannel(_OwnClient, kombu_redis.SentinelChannel):
-    """kombu's Sentinel channel, reusing one client likewise (its pool asks the sentinels)."""
+    """kombu's Sentinel channel, reusing one client likewise (its pool asks the sentinels), with broker receipts."""
+
+    QoS = ReceiptQoS
 
 
 class Transport(kombu_redis.Transport):

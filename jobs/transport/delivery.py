@@ -8,7 +8,7 @@ entry atomically with its outcome) and the node registry (`jobs/nodes/registry.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # The in-flight entry of a job's completion task, in place of a batch index.
 COMPLETION_ENTRY = "complete"
@@ -18,12 +18,41 @@ COMPLETION_ENTRY = "complete"
 REQUEST_ENTRY_PREFIX = "request/"
 
 
+# kombu's Redis transport keeps each message a node has taken and not acknowledged in this hash
+# (delivery tag -> the message as JSON) and this sorted set (delivery tag -> when taken): kombu's
+# `Channel.unacked_key` and `Channel.unacked_index_key` (tests/unit/test_broker_receipts.py holds them equal).
+BROKER_UNACKED = "unacked"
+BROKER_UNACKED_INDEX = "unacked_index"
+
+
+@dataclass
+class BrokerReceipt:
+    """A batch message's place in the broker's unacknowledged hash, written by the batch's store calls
+    instead of in round trips of their own (`jobs/transport/broker.py`).
+
+    kombu writes a message into its unacknowledged hash when a node takes it, and takes it out when
+    the node acknowledges it: two round trips per batch beside the batch ledger's two. For a batch
+    run as soon as it is taken, the transport leaves the first write (`unacked`, the JSON kombu would
+    have written, taken at `taken_at`) to the script that begins the batch, and the script that
+    records it removes the entry; `written` and `acknowledged` say what the scripts did, so that
+    the transport writes or removes only what they did not.
+    """
+
+    tag: str
+    unacked: str = ""       # the entry still to write; "" when the transport wrote it already
+    taken_at: float = 0.0
+    written: bool = False
+    acknowledged: bool = False
+
+
 @dataclass(frozen=True)
 class Delivery:
-    """Which node runs a batch, and the Celery task id of its message (to give it back if the node dies)."""
+    """Which node runs a batch, and the Celery task id of its message (to give it back if the node dies);
+    for a batch, its broker receipt when the transport has one."""
 
     node: str
     task_id: str
+    receipt: BrokerReceipt | None = field(default=None, compare=False)
 
 
 def inflight_entry(job_id: str, index: int | str) -> str:

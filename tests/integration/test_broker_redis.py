@@ -1,19 +1,23 @@
 """The broker transport against Redis: kombu's Redis channel, with one client per channel for its own
-commands (`jobs/transport/broker.py`), and the task messages made from what it keeps instead of sending
+commands and batch messages whose unacknowledged entry the batch's begin writes and its record
+removes (`jobs/transport/broker.py`), and the task messages made from what it keeps instead of sending
 (`jobs/transport/task_messages.py`); which URLs get it is tested in tests/unit/test_broker.py."""
 
 from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import redis
 from kombu import Connection, Queue
 
 from foundation.settings import Settings
 from jobs.celery_app import create_celery
-from jobs.tasks import RUN_ASYNC
-from jobs.transport.broker import TRANSPORT_PATH, Channel
+from jobs.store.ledger import RedisBatchLedger
+from jobs.tasks import RUN_ASYNC, RUN_BATCH
+from jobs.transport.broker import TRANSPORT_PATH, Channel, receipt_for
+from jobs.transport.delivery import Delivery
 from jobs.transport.task_messages import TaskMessages
 
 
@@ -61,3 +65,70 @@ def test_a_task_message_made_from_celerys_template_is_the_one_celery_sends_but_f
     assert theirs == mine
     other = TaskMessages(app).message(RUN_ASYNC, ("echo", "r-8"), "async.echo")
     assert other is not None and json.loads(other.payload)["headers"]["id"] != "task-7"  # a new id unless given
+
+
+def batch_message_taken(connection: Connection, queue_name: str, prefetch: int = 1) -> Any:
+    """A `run_batch` message published on `queue_name`, then taken by a consumer reserving `prefetch` at a time."""
+    queue = Queue(queue_name, routing_key=queue_name)
+    simple = connection.SimpleQueue(queue)
+    simple.consumer.qos(prefetch_count=prefetch)
+    simple.put({"args": ["j1", 0]}, headers={"task": RUN_BATCH, "id": f"task-{queue_name}"})
+    return simple, simple.get(timeout=5)
+
+
+def test_a_batch_message_is_written_unacked_by_its_begin_and_acknowledged_by_its_record(redis_server):
+    client = redis.Redis.from_url(redis_server)
+    ledger = RedisBatchLedger(client)
+    with Connection(redis_server, transport=TRANSPORT_PATH) as connection:
+        simple, message = batch_message_taken(connection, "receipt-test")
+        tag = message.delivery_tag
+        assert client.hget(Channel.unacked_key, tag) is None  # taken, its entry left to the begin
+
+        receipt = receipt_for(tag)
+        delivery = Delivery("node-1", f"task-{tag}", receipt)
+        ledger.begin_batch("no-such-job", 0, delivery)
+        entry = json.loads(client.hget(Channel.unacked_key, tag))
+        assert entry[0]["headers"]["task"] == RUN_BATCH  # as kombu writes it: the message, exchange, routing key
+        assert entry[1:] == [message.delivery_info["exchange"], message.delivery_info["routing_key"]]
+        assert client.zscore(Channel.unacked_index_key, tag) is not None
+
+        ledger.record_success("no-such-job", 0, 0.01, delivery)
+        assert client.hget(Channel.unacked_key, tag) is None
+        assert client.zscore(Channel.unacked_index_key, tag) is None
+        zrem_before = client.info("commandstats").get("cmdstat_zrem", {}).get("calls", 0)
+        message.ack()
+        assert client.info("commandstats").get("cmdstat_zrem", {}).get("calls", 0) == zrem_before  # no round trip
+        simple.close()
+
+
+def test_a_batch_message_rejected_before_its_begin_goes_back_on_its_queue(redis_server):
+    client = redis.Redis.from_url(redis_server)
+    with Connection(redis_server, transport=TRANSPORT_PATH) as connection:
+        simple, message = batch_message_taken(connection, "receipt-requeue")
+
+        message.requeue()
+
+        assert client.llen("receipt-requeue") == 1 and client.hlen(Channel.unacked_key) == 0
+        simple.close()
+
+
+def test_a_batch_message_held_when_the_consumer_closes_goes_back_on_its_queue(redis_server):
+    client = redis.Redis.from_url(redis_server)
+    with Connection(redis_server, transport=TRANSPORT_PATH) as connection:
+        simple, _held = batch_message_taken(connection, "receipt-shutdown")
+        assert client.llen("receipt-shutdown") == 0
+        connection.default_channel.qos.restore_unacked_once()  # what a warm shutdown runs
+
+        assert client.llen("receipt-shutdown") == 1
+        simple.close()
+
+
+def test_a_batch_message_taken_ahead_of_its_run_is_written_unacked_at_once(redis_server):
+    client = redis.Redis.from_url(redis_server)
+    with Connection(redis_server, transport=TRANSPORT_PATH) as connection:
+        simple, message = batch_message_taken(connection, "receipt-ahead", prefetch=2)
+
+        assert client.hget(Channel.unacked_key, message.delivery_tag) is not None
+        message.ack()
+        assert client.hget(Channel.unacked_key, message.delivery_tag) is None
+        simple.close()

@@ -1,11 +1,17 @@
 -- Record a batch's outcome once, whoever reports it (jobs/store/ledger.py: `record_success`, `record_failure`).
 -- KEYS[1] the job hash, KEYS[2] its done set, KEYS[3] its failed hash, KEYS[4] the node's in-flight
--- hash, KEYS[5] the job's kept payloads.
--- ARGV: index, 'ok'|'failed', seconds, failure json, task id ('' for none), token, now.
+-- hash, KEYS[5] the job's kept payloads, and with a broker receipt (jobs/transport/delivery.py)
+-- KEYS[6] kombu's unacknowledged hash and KEYS[7] its index.
+-- ARGV: index, 'ok'|'failed', seconds, failure json, task id ('' for none), token, now, the receipt's
+-- delivery tag ('' for none): the message is acknowledged here, as the batch leaves the node.
 -- Returns 0 for a batch already recorded, 1 once recorded, 2 when this record was the last one of
 -- a sealed job: the caller alone then sends the job's completion task (a repeat of that very call,
 -- same token, is told 2 again: its first reply may never have reached it).
 if ARGV[5] ~= '' then redis.call('HDEL', KEYS[4], ARGV[5]) end
+if ARGV[8] and ARGV[8] ~= '' then
+  redis.call('ZREM', KEYS[7], ARGV[8])
+  redis.call('HDEL', KEYS[6], ARGV[8])
+end
 if redis.call('HEXISTS', KEYS[1], 'record') == 0 then return 0 end
 if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then
   if redis.call('HGET', KEYS[1], 'finishing') == ARGV[6] then return 2 end
