@@ -110,7 +110,7 @@ def test_modules_imported_inside_are_found_even_when_the_code_empties_sys_module
     with a.active():
         for name in [n for n in sys.modules if n.startswith("_sluice_")]:  # code that prunes sys.modules
             del sys.modules[name]
-        import helpers
+        import helpers  # noqa: F401
         import shapes.circle  # noqa: F401
 
     assert a.module_names() == ["helpers", "shapes", "shapes.circle"]
