@@ -46,7 +46,7 @@ def register_tasks(app: Celery, runtime_factory: Callable[[], BatchWorker]) -> N
         task: Task, job_id: str, index: int, payload: Any, payload_ref: dict[str, Any] | None = None
     ) -> None:
         request = task.request
-        receipt = receipt_for((request.delivery_info or {}).get("delivery_tag"))
+        receipt = receipt_for(request.id)
         delivery = Delivery(request.hostname, request.id, receipt) if request.hostname and request.id else None
         try:
             runtime_factory().run_batch(job_id, index, payload, payload_ref, delivery)

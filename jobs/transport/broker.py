@@ -153,17 +153,19 @@ class _OwnClient:
         yield self._own_client
 
 
-# Delivery tag -> the receipt of a batch message this process took and has not acknowledged.
+# The receipts of the batch messages this process took and has not acknowledged, by delivery tag
+# (what the transport is told) and by task id (what the task knows: Celery does not tell it the tag).
 _receipts: dict[str, BrokerReceipt] = {}
+_receipts_of_tasks: dict[str, BrokerReceipt] = {}
 _receipts_lock = threading.Lock()
 
 
-def receipt_for(tag: str | None) -> BrokerReceipt | None:
-    """The receipt of the batch message delivered under `tag` in this process, None for another message."""
-    if not tag:
+def receipt_for(task_id: str | None) -> BrokerReceipt | None:
+    """The receipt of the batch message of task `task_id` taken in this process, None for another message."""
+    if not task_id:
         return None
     with _receipts_lock:
-        return _receipts.get(tag)
+        return _receipts_of_tasks.get(task_id)
 
 
 class ReceiptQoS(kombu_redis.QoS):
@@ -176,23 +178,27 @@ class ReceiptQoS(kombu_redis.QoS):
     """
 
     def append(self, message: Any, delivery_tag: str) -> None:
-        if (message.headers or {}).get("task") != RECEIPT_TASK:
+        headers = message.headers or {}
+        if headers.get("task") != RECEIPT_TASK or not headers.get("id"):
             super().append(message, delivery_tag)  # type: ignore[no-untyped-call]  # kombu's
             return
         if self.prefetch_count == 1:  # run as soon as taken: its begin writes the entry
             delivery = message.delivery_info
             entry = json.dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
-            receipt = BrokerReceipt(delivery_tag, entry, time.time())
+            receipt = BrokerReceipt(delivery_tag, headers["id"], entry, time.time())
             virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]  # kombu's
         else:  # held ahead of its run: written now, so that it is given back if the node dies
-            receipt = BrokerReceipt(delivery_tag, written=True)
+            receipt = BrokerReceipt(delivery_tag, headers["id"], written=True)
             super().append(message, delivery_tag)  # type: ignore[no-untyped-call]  # kombu's
         with _receipts_lock:
-            _receipts[delivery_tag] = receipt
+            _receipts[delivery_tag] = _receipts_of_tasks[receipt.task_id] = receipt
 
     def _take(self, delivery_tag: str) -> BrokerReceipt | None:
         with _receipts_lock:
-            return _receipts.pop(delivery_tag, None)
+            receipt = _receipts.pop(delivery_tag, None)
+            if receipt is not None and _receipts_of_tasks.get(receipt.task_id) is receipt:
+                del _receipts_of_tasks[receipt.task_id]
+            return receipt
 
     def _write(self, receipt: BrokerReceipt) -> None:
         """The entry kombu would have written when the message was taken."""

@@ -39,6 +39,7 @@ class BrokerReceipt:
     """
 
     tag: str
+    task_id: str
     unacked: str = ""       # the entry still to write; "" when the transport wrote it already
     taken_at: float = 0.0
     written: bool = False

@@ -84,8 +84,8 @@ def test_a_batch_message_is_written_unacked_by_its_begin_and_acknowledged_by_its
         tag = message.delivery_tag
         assert client.hget(Channel.unacked_key, tag) is None  # taken, its entry left to the begin
 
-        receipt = receipt_for(tag)
-        delivery = Delivery("node-1", f"task-{tag}", receipt)
+        receipt = receipt_for("task-receipt-test")  # what the task knows of its message: its id
+        delivery = Delivery("node-1", "task-receipt-test", receipt)
         ledger.begin_batch("no-such-job", 0, delivery)
         entry = json.loads(client.hget(Channel.unacked_key, tag))
         assert entry[0]["headers"]["task"] == RUN_BATCH  # as kombu writes it: the message, exchange, routing key

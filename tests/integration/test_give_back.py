@@ -36,6 +36,7 @@ TAKE_ONE_AND_DIE = textwrap.dedent("""
     from kombu import Consumer, Queue
     from jobs.celery_app import create_celery
     from foundation.settings import Settings
+    from jobs.transport.broker import receipt_for
     from jobs.transport.delivery import Delivery
     from jobs.wiring import init_services
 
@@ -45,7 +46,8 @@ TAKE_ONE_AND_DIE = textwrap.dedent("""
 
     def take(body, message):
         (job_id, index, payload, ref), _, _ = body
-        services.store.begin_batch(job_id, index, Delivery({node!r}, message.headers["id"]))
+        task_id = message.headers["id"]
+        services.store.begin_batch(job_id, index, Delivery({node!r}, task_id, receipt_for(task_id)))
         print(index, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 

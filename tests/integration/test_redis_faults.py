@@ -28,6 +28,7 @@ from jobs.celery_app import create_celery
 from jobs.nodes.registry import Delivery
 from jobs.services import Services
 from jobs.store import JobStore, Recorded
+from jobs.transport.broker import receipt_for
 from sluice.client import Client, ClientError
 from sluice.embedded import Stack, free_port
 from testbed.waiting import wait_for as _wait_for
@@ -262,7 +263,7 @@ def test_a_node_whose_connection_to_redis_breaks_gives_back_what_it_held_once_it
     # A live node holds one batch, unacknowledged and in flight, as when Redis went away while it ran it.
     node = f"worker1@{socket.gethostname()}"
     task_id, index = _take_one_unacknowledged(services, job.queue)
-    services.store.begin_batch(job.job_id, index, Delivery(node, task_id))
+    services.store.begin_batch(job.job_id, index, Delivery(node, task_id, receipt_for(task_id)))
     services.placement.assign(job, time.time())
     _wait_for(lambda: services.store.state(job.job_id).succeeded == 2, 60, "the batches nobody holds")
 

@@ -20,6 +20,7 @@ from jobs.batch.publish import BatchPublisher, send_completion
 from jobs.celery_app import create_celery
 from jobs.nodes.worker_node import SettleOnConnect
 from jobs.services import Services
+from jobs.transport.broker import receipt_for
 from jobs.transport.delivery import COMPLETION_ENTRY, Delivery, inflight_entry
 from jobs.transport.settle import Settled, settle_deliveries
 
@@ -90,7 +91,7 @@ def test_a_held_batch_whose_outcome_was_recorded_is_acknowledged_not_run_again(s
     job = running_job(services, "job-a")
     task_id, body = take_one(services, job)
     index = body[0][1]
-    services.store.begin_batch(job.job_id, index, Delivery(NODE, task_id))
+    services.store.begin_batch(job.job_id, index, Delivery(NODE, task_id, receipt_for(task_id)))
     services.store.record_success(job.job_id, index, 0.1)  # recorded elsewhere (its entry stays); not acknowledged
 
     settled = settle(services, NODE)
@@ -105,7 +106,8 @@ def test_a_held_batch_not_recorded_goes_back_to_the_head_of_its_queue(services: 
     job = running_job(services, "job-b")
     task_id, body = take_one(services, job)
     index = body[0][1]
-    services.store.begin_batch(job.job_id, index, Delivery(NODE, task_id))  # its recording failed with Redis
+    # Begun as a node begins it (its broker receipt written), its recording failed with Redis.
+    services.store.begin_batch(job.job_id, index, Delivery(NODE, task_id, receipt_for(task_id)))
 
     settled = settle(services, NODE)
 
@@ -153,7 +155,7 @@ def queued_task_names(services: Services, job: Job) -> list[str]:
 def test_a_task_the_node_is_running_is_left_alone(services: Services) -> None:
     job = running_job(services, "job-c")
     task_id, body = take_one(services, job)
-    services.store.begin_batch(job.job_id, body[0][1], Delivery(NODE, task_id))
+    services.store.begin_batch(job.job_id, body[0][1], Delivery(NODE, task_id, receipt_for(task_id)))
 
     settled = settle(services, NODE, running={task_id})
 
@@ -169,7 +171,7 @@ def test_a_node_holding_nothing_settles_nothing(services: Services) -> None:
 def test_the_node_settles_each_time_its_consumer_connects(services: Services) -> None:
     job = running_job(services, "job-d")
     task_id, body = take_one(services, job)
-    services.store.begin_batch(job.job_id, body[0][1], Delivery(NODE, task_id))
+    services.store.begin_batch(job.job_id, body[0][1], Delivery(NODE, task_id, receipt_for(task_id)))
     step = SettleOnConnect(SimpleNamespace(), services=lambda: services)
 
     step.start(SimpleNamespace(app=services.celery, hostname=NODE))  # what Celery does on every (re)connect

@@ -75,7 +75,7 @@ def test_a_batch_taken_to_run_at_once_is_written_by_its_begin_not_by_the_transpo
 
     transport.append(Message("t1"), "t1")
 
-    receipt = receipt_for("t1")
+    receipt = receipt_for("task-t1")
     assert channel.sent == []
     assert receipt is not None and not receipt.written and receipt.unacked.startswith("[{")
     assert transport.can_consume() is False  # held, as kombu holds a message it took
@@ -84,13 +84,13 @@ def test_a_batch_taken_to_run_at_once_is_written_by_its_begin_not_by_the_transpo
 def test_a_batch_its_record_acknowledged_is_acknowledged_without_a_write() -> None:
     transport, channel = qos()
     transport.append(Message("t2"), "t2")
-    receipt = receipt_for("t2")
+    receipt = receipt_for("task-t2")
     assert receipt is not None
     receipt.written = receipt.acknowledged = True  # what begin and record did
 
     transport.ack("t2")
 
-    assert channel.sent == [] and receipt_for("t2") is None and transport.can_consume()
+    assert channel.sent == [] and receipt_for("task-t2") is None and transport.can_consume()
 
 
 def test_a_batch_acknowledged_before_its_begin_wrote_anything_needs_no_write_either() -> None:
@@ -115,7 +115,7 @@ def test_a_batch_rejected_before_its_begin_is_written_first_so_it_can_be_put_bac
 def test_a_batch_begun_and_not_recorded_is_acknowledged_as_kombu_does() -> None:
     transport, channel = qos()
     transport.append(Message("t5"), "t5")
-    receipt = receipt_for("t5")
+    receipt = receipt_for("task-t5")
     assert receipt is not None
     receipt.written = True  # begun; its record never came (the task failed)
 
@@ -131,7 +131,7 @@ def test_other_tasks_and_batches_held_ahead_are_written_when_taken(task: str, pr
     transport.append(Message("t6", task), "t6")
 
     assert [c[0] for c in channel.sent] == ["zadd", "hset"]
-    receipt = receipt_for("t6")
+    receipt = receipt_for("task-t6")
     assert receipt is None if task != RUN_BATCH else (receipt is not None and receipt.written)
     transport.ack("t6")
 
