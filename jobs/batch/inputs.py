@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -101,7 +101,9 @@ class RangeRef:
     first_line: int
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Spelled out: `dataclasses.asdict` deep-copies each field, a tenth of the cost of publishing a batch.
+        return {"uri": self.uri, "start": self.start, "end": self.end, "lines": self.lines,
+                "first_line": self.first_line}
 
 
 READ_BLOCK = 1 << 20

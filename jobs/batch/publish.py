@@ -16,37 +16,55 @@ store until the batch is recorded, and beat publishes a lost batch again (`beat/
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import redis
 from celery import Celery
 
 from jobs.tasks import FINISH_JOB, RUN_BATCH
+from jobs.transport.task_messages import QueuedMessage, TaskMessages
 
 if TYPE_CHECKING:
     from jobs.store import BatchLedger
+
+log = logging.getLogger(__name__)
 
 SendCompletion = Callable[[str, str], None]
 """Sends a job's completion task: `(job id, the job's queue)`."""
 
 PIPELINE = 500
+# How long a push of messages rides out a Redis that refuses connections (restarting) before the
+# enqueue fails; a Redis that stalls is waited for by the socket's own timeout.
+PUSH_RETRY_S = 30.0
 
 
 class BatchPublisher(AbstractContextManager["BatchPublisher"]):
     """Publishes batch tasks through one producer, keeping no per-task state.
 
     Given the job's batch `ledger`, each batch's payload is kept there (`BatchLedger.keep_payloads`), written
-    PIPELINE at a time and before the messages carrying them are flushed.
+    PIPELINE at a time and before the messages carrying them are pushed.
+
+    Each message is made from the job queue's template (`jobs/transport/task_messages.py`): what
+    Celery would send, without Celery's routing, headers and encodings per task (about 0.15 ms of
+    the API's CPU per batch, on the path before a `delimited_files` job's workers start), and
+    pushed PIPELINE at a time in one round trip. Where no template can be made (another
+    transport), the tasks go through Celery as before.
     """
 
-    def __init__(self, celery: Celery, job_id: str, queue: str, store: BatchLedger | None = None) -> None:
+    def __init__(self, celery: Celery, job_id: str, queue: str, store: BatchLedger | None = None,
+                 messages: TaskMessages | None = None) -> None:
         self._celery = celery
         self._job_id = job_id
         self._queue = queue
         self._store = store
+        self._messages = messages if messages is not None else TaskMessages(celery)
         self._unkept: dict[int, tuple[Any, dict[str, Any] | None]] = {}
+        self._unpushed: list[QueuedMessage] = []
         self.published = 0
 
     def __enter__(self) -> BatchPublisher:
@@ -61,6 +79,7 @@ class BatchPublisher(AbstractContextManager["BatchPublisher"]):
     def __exit__(self, *exc: Any) -> None:
         if exc[0] is None:
             self._keep()
+            self._push()
         self._stack.__exit__(*exc)
 
     def _keep(self) -> None:
@@ -68,11 +87,41 @@ class BatchPublisher(AbstractContextManager["BatchPublisher"]):
             self._store.keep_payloads(self._job_id, self._unkept)
         self._unkept = {}
 
+    def _push(self) -> None:
+        """The messages made so far onto their queue, in one round trip (their payloads kept first)."""
+        if not self._unpushed:
+            return
+        messages, self._unpushed = self._unpushed, []
+        deadline = time.monotonic() + PUSH_RETRY_S
+        while True:
+            try:
+                with self._producer.channel.conn_or_acquire() as client:
+                    pipe = client.pipeline(transaction=True)
+                    for message in messages:
+                        pipe.lpush(message.key, message.payload)
+                    pipe.execute()
+                return
+            except redis.ConnectionError as e:  # refused or reset before the push: not queued, try again
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("pushing %d batch message(s) of job %s failed (%s); trying again",
+                            len(messages), self._job_id, e)
+                time.sleep(0.5)
+
     def batch(self, index: int, payload: Any, payload_ref: dict[str, Any] | None) -> None:
         if self._store is not None:
             self._unkept[index] = (payload, payload_ref)
-            if len(self._unkept) >= PIPELINE:
+        message = self._messages.message(RUN_BATCH, (self._job_id, index, payload, payload_ref), self._queue,
+                                          argsrepr="")
+        if message is not None:
+            self._unpushed.append(message)
+            if len(self._unpushed) >= PIPELINE:
                 self._keep()
+                self._push()
+            self.published += 1
+            return
+        if self._store is not None and len(self._unkept) >= PIPELINE:
+            self._keep()
         self._celery.send_task(
             RUN_BATCH, args=(self._job_id, index, payload, payload_ref), queue=self._queue,
             producer=self._producer, ignore_result=True, add_to_parent=False, declare=[],

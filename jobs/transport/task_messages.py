@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from celery import Celery
 
 from jobs.transport.broker import captured_messages, captures
@@ -33,6 +34,15 @@ log = logging.getLogger(__name__)
 
 # The task id of the message Celery makes as a template (no task of that id is ever sent).
 TEMPLATE_TASK_ID = "sluice-template"
+
+
+def _json(value: Any) -> bytes:
+    """JSON as a worker's decoder reads it: orjson's, or the standard library's for what orjson
+    refuses (integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value).encode()
 
 
 @dataclass(frozen=True)
@@ -60,22 +70,25 @@ class TaskMessages:
         self._templates: dict[tuple[str, str], _Template | None] = {}
         self._lock = threading.Lock()
 
-    def message(self, name: str, args: tuple[str, ...], queue: str, task_id: str | None = None) -> QueuedMessage | None:
-        """The message of task `name` with these (string) arguments on `queue`, with no stored result;
-        None when this app's transport cannot keep Celery's template (send the task through Celery)."""
+    def message(self, name: str, args: tuple[Any, ...], queue: str, task_id: str | None = None,
+                argsrepr: str | None = None) -> QueuedMessage | None:
+        """The message of task `name` with these (JSON) arguments on `queue`, with no stored result;
+        None when this app's transport cannot keep Celery's template (send the task through Celery).
+        `argsrepr` is what monitoring shows of the arguments (default: their repr; a batch's payload
+        is not rendered)."""
         template = self._template(name, queue)
         if template is None:
             return None
         task_id = task_id or str(uuid.uuid4())
-        body = json.dumps([list(args), template.kwargs, template.embed]).encode()
+        body = _json([list(args), template.kwargs, template.embed])
         message = dict(template.message)
         message["body"] = base64.b64encode(body).decode()
         # Its own root, as a task sent from outside any task (a template made inside one names that one).
         message["headers"] = {**template.message["headers"], "id": task_id, "root_id": task_id, "parent_id": None,
-                              "argsrepr": repr(args)}
+                              "argsrepr": repr(args) if argsrepr is None else argsrepr}
         message["properties"] = {**template.message["properties"], "correlation_id": task_id,
                                  "delivery_tag": str(uuid.uuid4())}
-        return QueuedMessage(template.key, json.dumps(message).encode())
+        return QueuedMessage(template.key, _json(message))
 
     def _template(self, name: str, queue: str) -> _Template | None:
         if not self._captures:

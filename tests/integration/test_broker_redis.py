@@ -132,3 +132,27 @@ def test_a_batch_message_taken_ahead_of_its_run_is_written_unacked_at_once(redis
         message.ack()
         assert client.hget(Channel.unacked_key, message.delivery_tag) is None
         simple.close()
+
+
+def test_a_batch_the_publisher_queues_is_the_message_celery_sends_but_for_its_ids(redis_server):
+    from jobs.batch.publish import BatchPublisher
+
+    app = create_celery(Settings(redis_url=redis_server))
+    client = redis.Redis.from_url(redis_server)
+    queue, args = "job.j-publish", ("j-publish", 3, None, {"uri": "/d/x.jsonl", "start": 0, "end": 9, "lines": 2})
+    client.delete(queue)
+    with BatchPublisher(app, "j-publish", queue) as publisher:
+        publisher.batch(*args[1:])
+    app.send_task(RUN_BATCH, args=args, queue=queue, ignore_result=True, add_to_parent=False, argsrepr="",
+                  kwargsrepr="")
+    ours, theirs = (json.loads(raw) for raw in client.rpop(queue, 2))  # the first pushed, first
+
+    assert publisher.published == 1 and client.llen(queue) == 0
+    assert ours["headers"]["argsrepr"] == ""  # the payload is not rendered for monitoring
+    for message in (theirs, ours):
+        for key in ("delivery_tag", "correlation_id", "argsrepr", "kwargsrepr"):  # its own ids; how Celery
+            message["properties"].pop(key, None)  # renders its arguments (also into its properties) aside
+        for key in ("id", "root_id", "argsrepr", "kwargsrepr"):
+            message["headers"].pop(key)
+    assert json.loads(base64.b64decode(theirs.pop("body"))) == json.loads(base64.b64decode(ours.pop("body")))
+    assert theirs == ours
