@@ -156,3 +156,20 @@ def test_a_batch_the_publisher_queues_is_the_message_celery_sends_but_for_its_id
             message["headers"].pop(key)
     assert json.loads(base64.b64decode(theirs.pop("body"))) == json.loads(base64.b64decode(ours.pop("body")))
     assert theirs == ours
+
+
+def test_batches_published_across_a_dropped_connection_are_queued_once_each(redis_server):
+    from jobs.batch.publish import PIPELINE, BatchPublisher
+
+    app = create_celery(Settings(redis_url=redis_server))
+    client = redis.Redis.from_url(redis_server)
+    queue = "job.j-dropped"
+    client.delete(queue)
+    with BatchPublisher(app, "j-dropped", queue) as publisher:
+        publisher.batch(0, [0], None)
+        client.client_kill_filter(_type="normal", skipme=True)  # every connection but this one, the publisher's too
+        for index in range(1, PIPELINE + 2):
+            publisher.batch(index, [index], None)
+
+    indexes = [json.loads(base64.b64decode(json.loads(raw)["body"]))[0][1] for raw in client.lrange(queue, 0, -1)]
+    assert sorted(indexes) == list(range(PIPELINE + 2))
