@@ -100,6 +100,7 @@ class BatchRun:
     job: Job | None = None
     predictor: JobPredictor | None = None
     open_delivery: Delivery | None = None  # in its node's in-flight hash and not recorded yet
+    timed_out_tries: int = 0  # tries earlier deliveries used up by the time limit, as `Begin` read them
     first_try: int = 1
     result: Any = None
     outcome: Outcome | None = None
@@ -212,6 +213,7 @@ class Begin:
             log.info("job %s batch %d was already recorded; skipping a duplicate delivery", run.job_id, run.index)
             return
         run.open_delivery = run.delivery
+        run.timed_out_tries = start.timed_out_tries
         self.predictors.sweep(run.job_id, time.monotonic())
         run.job = job = self.predictors.job(run.job_id)
         if start.deliveries > job.tries + LOST_DELIVERY_ALLOWANCE:
@@ -272,14 +274,12 @@ class ReadInput:
 
 
 class TimeLimit:
-    """Tries that earlier deliveries used up by running past the batch time limit count."""
-
-    def __init__(self, watchdog: BatchWatchdog) -> None:
-        self.watchdog = watchdog
+    """Tries that earlier deliveries used up by running past the batch time limit count (read by the
+    batch's begin, in the same round trip)."""
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
         job = _job_of(run)
-        timed_out = self.watchdog.tries_timed_out(job, run.index)
+        timed_out = run.timed_out_tries if job.batch_timeout is not None else 0
         if timed_out >= job.tries:
             run.outcome = Outcome(
                 ok=False, items=items_of(run.payload, run.payload_ref), tries=job.tries,
@@ -354,5 +354,5 @@ def batch_pipeline(
     return chain([
         Labels(logs), OpenDelivery(nodes), Figures(figures), Record(ledger, send_completion),
         Begin(ledger, predictors), BuildPredictor(predictors, watchdog, records, placement), ReadInput(local_roots),
-        TimeLimit(watchdog), Retries(watchdog), Outputs(ledger, local_roots), predict,
+        TimeLimit(), Retries(watchdog), Outputs(ledger, local_roots), predict,
     ])

@@ -67,14 +67,15 @@ class RedisBatchLedger:
             *[s.value for s in ACTIVE_STATUSES],
         ]
         script_keys = [named["job"], named["done"], named["starts"], keys.inflight(delivery.node if delivery else ""),
-                       BROKER_UNACKED, BROKER_UNACKED_INDEX]
-        raw_status, done, deliveries = until_answered(
+                       BROKER_UNACKED, BROKER_UNACKED_INDEX, keys.job_timed_out(job_id)]
+        raw_status, done, deliveries, timed_out = until_answered(
             f"starting batch {index} of job {job_id}", lambda: self._begin_batch(keys=script_keys, args=args),
         )
         if unacked is not None:
             unacked.written = True
         status = JobStatus(text(raw_status)) if raw_status else None
-        return BatchStart(status=status, already_recorded=bool(done), deliveries=int(deliveries))
+        return BatchStart(status=status, already_recorded=bool(done), deliveries=int(deliveries),
+                          timed_out_tries=int(timed_out))
 
     def seal(self, job_id: str, total_batch_count: int, now: float | None = None) -> bool:
         named = keys.job_keys(job_id)

@@ -189,7 +189,8 @@ class MemoryBatchLedger(_Part):
                     entry.starts_by[index] = token
             if starts > 0 and not done and delivery is not None:
                 self._table.inflight.setdefault(delivery.node, {})[delivery.task_id] = inflight_entry(job_id, index)
-            return BatchStart(status=status, already_recorded=done, deliveries=starts)
+            return BatchStart(status=status, already_recorded=done, deliveries=starts,
+                              timed_out_tries=entry.timed_out.get(index, 0))
 
     @staticmethod
     def _finish_if_all_recorded(entry: _Job, token: str, now: float) -> bool:

@@ -78,7 +78,8 @@ class BatchLedger(Protocol):
     """Jobs' batches: deliveries, outcomes recorded once, the fan-in, and what batches leave behind."""
 
     def begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> BatchStart:
-        """Check and count a delivery of a batch; one that will run is entered in its node's in-flight hash."""
+        """Check and count a delivery of a batch; one that will run is entered in its node's in-flight hash.
+        Also says how many tries the batch time limit used up in earlier deliveries (read in the same step)."""
 
     def seal(self, job_id: str, total_batch_count: int, now: float | None = None) -> bool:
         """Fix the job's batch count once all are enqueued; True if they are all recorded already.

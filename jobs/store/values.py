@@ -63,6 +63,7 @@ class BatchStart:
     status: JobStatus | None
     already_recorded: bool
     deliveries: int
+    timed_out_tries: int = 0  # tries earlier deliveries used up by the batch time limit
 
 
 @dataclass(frozen=True)

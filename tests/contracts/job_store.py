@@ -266,6 +266,12 @@ class JobStoreContract:
 
         assert [store.timed_out_tries(running.job_id, index) for index in (0, 1, 4)] == [2, 0, 1]
 
+    def test_a_batchs_begin_says_the_tries_the_time_limit_used_up(self, store: JobStorage, running: Job) -> None:
+        store.mark_timed_out(running.job_id, 4, 2)
+
+        assert store.begin_batch(running.job_id, 4).timed_out_tries == 2
+        assert store.begin_batch(running.job_id, 1).timed_out_tries == 0
+
     # -- completion (fan-in) --------------------------------------------------------------------
     def test_the_last_batch_of_a_sealed_job_is_told_it_completed_the_job_once(
         self, store: JobStorage, running: Job
