@@ -42,6 +42,7 @@ from contextvars import ContextVar
 from typing import Any
 from urllib.parse import quote, urlparse
 
+import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
@@ -131,9 +132,18 @@ def captured_messages() -> Iterator[list[tuple[str, dict[str, Any]]]]:
 
 
 class _OwnClient:
-    """Reuses one client for a kombu Redis channel's own commands; keeps messages while `captured_messages`."""
+    """Reuses one client for a kombu Redis channel's own commands; keeps messages while `captured_messages`;
+    wakes its waiting BRPOP when a queue is added to it.
+
+    A node waits for messages in a BRPOP on the queues it consumes, for up to the poll interval
+    (`SLUICE_BROKER_POLL_INTERVAL`, 0.1 s); a queue added meanwhile (a job placed on the node) was
+    only read from the next BRPOP on. Now adding a queue ends the waiting BRPOP at once (Redis's
+    `CLIENT UNBLOCK`, from the channel's other connection), so a job's nodes start as soon as they
+    are told, not up to a poll interval later.
+    """
 
     _own_client: Any = None
+    _in_poll: Any = False  # kombu's: the connection whose BRPOP is waiting, if any
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         kept = _captured.get()
@@ -151,6 +161,25 @@ class _OwnClient:
         if self._own_client is None:
             self._own_client = self._create_client()  # type: ignore[attr-defined]  # kombu's Channel's
         yield self._own_client
+
+    def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
+        consumer = super().basic_consume(queue, *args, **kwargs)  # type: ignore[misc]  # kombu's Channel's
+        if self._in_poll:
+            self._end_waiting_brpop(self._in_poll)
+        return consumer
+
+    def _end_waiting_brpop(self, connection: Any) -> None:
+        """End the BRPOP waiting on `connection` (found among Redis's clients by its address; where
+        Redis sees another address, behind a proxy, the BRPOP ends by its own timeout instead)."""
+        try:
+            host, port = connection._sock.getsockname()[:2]
+            addresses = {f"{host}:{port}", f"[{host}]:{port}"}  # as Redis writes an IPv4 or an IPv6 peer
+            with self.conn_or_acquire() as client:
+                for entry in client.client_list(_type="normal"):
+                    if entry.get("addr") in addresses and entry.get("cmd") == "brpop":
+                        client.execute_command("CLIENT", "UNBLOCK", entry["id"])
+        except (redis.RedisError, OSError, AttributeError, TypeError):  # not allowed (ACLs), Redis away,
+            pass  # no socket: the BRPOP ends by its timeout
 
 
 # The receipts of the batch messages this process took and has not acknowledged, by delivery tag

@@ -173,3 +173,4 @@ def test_batches_published_across_a_dropped_connection_are_queued_once_each(redi
 
     indexes = [json.loads(base64.b64decode(json.loads(raw)["body"]))[0][1] for raw in client.lrange(queue, 0, -1)]
     assert sorted(indexes) == list(range(PIPELINE + 2))
+
