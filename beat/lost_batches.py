@@ -1,12 +1,13 @@
 """Beat's net under the broker: a batch whose message was lost, or left orphaned, is sent again.
 
 kombu's Redis transport takes a message off its queue with BRPOP and only then records it in its
-unacknowledged hash; a node killed in between (more likely than it sounds: the moment Redis
-comes back from a stall, every idle node is handed a message at once) takes the message along,
-and nothing would ever run that batch. A node killed after that record but before the batch
-entered its in-flight hash (`BatchLedger.begin_batch`) leaves the message in the unacknowledged hash
-with nothing to give it back (`jobs/transport/settle.py` works from in-flight hashes)
-until Redis's visibility timeout, an hour by default. Either way the job waits.
+unacknowledged hash (a batch run as soon as it is taken: its begin records it, with its in-flight
+entry, `jobs/transport/broker.py`); a node killed in between (more likely than it sounds: the
+moment Redis comes back from a stall, every idle node is handed a message at once) takes the
+message along, and nothing would ever run that batch. A message recorded but not entered in an
+in-flight hash (`BatchLedger.begin_batch`; one a node took ahead of its run) is left in the
+unacknowledged hash with nothing to give it back (`jobs/transport/settle.py` works from in-flight
+hashes) until Redis's visibility timeout, an hour by default. Either way the job waits.
 
 So for each running job whose batches are all published, beat looks for its batches everywhere
 a batch can be, in the order a batch travels (its queue, the unacknowledged hash, the nodes'

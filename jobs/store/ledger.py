@@ -2,7 +2,8 @@
 
 Beginning and recording a batch are scripts (`lua/begin_batch.lua`, `lua/record_batch.lua`,
 `lua/seal.lua`) that also enter and remove the batch in its node's in-flight hash, so that a batch
-leaves it in the same step as its outcome is counted; everything else about nodes is
+leaves it in the same step as its outcome is counted, and write and remove its message in kombu's
+unacknowledged hash when the transport leaves that to them (`BrokerReceipt`); everything else about nodes is
 `jobs/nodes/registry.py`'s. A node holding a delivery waits for Redis however long it is away (`until_answered`).
 """
 
@@ -127,8 +128,8 @@ class RedisBatchLedger:
 
     def keep_payloads(self, job_id: str, payloads: dict[int, Payload]) -> None:
         """See `BatchLedger.keep_payloads`. The broker can lose a batch's message outright (kombu's
-        Redis transport pops it with BRPOP and only then records it as unacknowledged: a node killed
-        in between takes it along). Recording a batch drops its copy."""
+        Redis transport pops it with BRPOP and only then records it as unacknowledged, at the batch's
+        begin: a node killed in between takes it along). Recording a batch drops its copy."""
         if not payloads:
             return
         key = keys.job_payloads(job_id)
