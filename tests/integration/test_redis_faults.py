@@ -255,14 +255,16 @@ def test_a_redis_restart_mid_job_costs_the_job_seconds_and_runs_no_item_twice(
 def test_a_node_whose_connection_to_redis_breaks_gives_back_what_it_held_once_it_reconnects(
     client: Client, deploy: Callable[[], str], redis_process: RedisProcess, events_file: Path
 ) -> None:
-    api, services, job = _a_job_made_by_hand(client, deploy, redis_process, events_file, batches=3)
+    # Not stored until one batch is held: beat would place it on the live node, which would take them all.
+    api, services, job = _a_job_made_by_hand(client, deploy, redis_process, events_file, batches=3, stored=False)
     with BatchPublisher(services.celery, job.job_id, job.queue) as publisher:
         for index in range(3):
             publisher.batch(index, [100 + index], None)
-    services.store.seal(job.job_id, 3)
     # A live node holds one batch, unacknowledged and in flight, as when Redis went away while it ran it.
     node = f"worker1@{socket.gethostname()}"
     task_id, index = _take_one_unacknowledged(services, job.queue)
+    services.store.create(job, JobStatus.RUNNING)
+    services.store.seal(job.job_id, 3)
     services.store.begin_batch(job.job_id, index, Delivery(node, task_id, receipt_for(task_id)))
     services.placement.assign(job, time.time())
     _wait_for(lambda: services.store.state(job.job_id).succeeded == 2, 60, "the batches nobody holds")
@@ -316,10 +318,12 @@ def test_batches_whose_messages_killed_nodes_were_taking_are_run_anyway(
 
 
 def _a_job_made_by_hand(
-    client: Client, deploy: Callable[[], str], redis_process: RedisProcess, events_file: Path, batches: int
+    client: Client, deploy: Callable[[], str], redis_process: RedisProcess, events_file: Path, batches: int,
+    stored: bool = True,
 ) -> tuple[str, Services, Job]:
-    """A running job of a freshly deployed API, written straight to the store: nothing of it is queued
-    or placed, so the test can hold its messages or record its batches itself."""
+    """A running job of a freshly deployed API, written straight to the store (unless not `stored`):
+    nothing of it is queued, so the test can hold its messages or record its batches itself. Beat
+    places a stored running job on the live nodes at its next step, which then take what is queued."""
     api = deploy()
     first = client.submit(api, [0], batch_size=1, config={"events": str(events_file)})
     wait_job(client, api, first["job_id"], timeout=60)
@@ -327,7 +331,8 @@ def _a_job_made_by_hand(
     services = Services.connect(settings, create_celery(settings))
     template = services.store.get(first["job_id"])  # the API's code, spec and the job's config
     job = replace(template, job_id=new_job_id(), total_batch_count=batches, start_time=time.time())
-    services.store.create(job, JobStatus.RUNNING)
+    if stored:
+        services.store.create(job, JobStatus.RUNNING)
     return api, services, job
 
 
