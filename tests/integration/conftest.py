@@ -218,9 +218,12 @@ def events_file(tmp_path: Path) -> Path:
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
+    """The events written so far; a line still being appended (no newline yet) is left for the next read."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    whole = text if text.endswith("\n") else text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
 
 @pytest.fixture
