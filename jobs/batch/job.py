@@ -96,23 +96,12 @@ class Job:
 
     def spec(self) -> dict[str, Any]:
         """The public job spec returned at submission and inside `job_status`."""
+        common = {"job_id": self.job_id, "api_name": self.api_name, "kind": self.kind, "workers": self.workers,
+                  "config": self.config, "timeout": self.timeout}
         if self.is_task:  # Cortex's task job spec
-            return {
-                "job_id": self.job_id,
-                "api_name": self.api_name,
-                "kind": self.kind,
-                "workers": self.workers,
-                "config": self.config,
-                "timeout": self.timeout,
-                "created_time": iso_time(self.start_time),
-            }
+            return {**common, "created_time": iso_time(self.start_time)}
         return {
-            "job_id": self.job_id,
-            "api_name": self.api_name,
-            "kind": self.kind,
-            "workers": self.workers,
-            "config": self.config,
-            "timeout": self.timeout,
+            **common,
             "total_batch_count": self.total_batch_count,
             "start_time": iso_time(self.start_time),
             **({"output": self.output} if self.output else {}),
