@@ -33,6 +33,7 @@ from jobs.batch.predictors import BundlePredictors, JobPredictors
 from jobs.batch.publish import completion_sender
 from jobs.batch.steps import LOST_DELIVERY_ALLOWANCE, BatchRun, JobLogs, batch_id_of, batch_pipeline
 from jobs.batch.time_limit import BatchWatchdog
+from jobs.nodes.loop_answers import NODE_LOOP, LoopAnswers
 from jobs.services import Services
 from jobs.transport.delivery import Delivery
 from predictors_runtime.environments import HostEnvironments
@@ -58,12 +59,14 @@ class WorkerRuntime:
 
     def __init__(
         self, services: Services, *, figures: FigureSink, logs: WorkerLogs, predictors: JobPredictors | None = None,
-        end_process: Callable[[int], Any] = os._exit,
+        end_process: Callable[[int], Any] = os._exit, answers: LoopAnswers | None = None,
     ) -> None:
         """`figures` count batches, `logs` capture a job's lines into its stream; `predictors` (built
         from the jobs' bundles unless given) and `end_process` (how the watchdog stops a batch) are
-        given by fast tests."""
+        given by fast tests; `answers` uses the answers of batch records (a node's event loop's; at
+        once unless given)."""
         settings = services.settings
+        self.answers = answers if answers is not None else LoopAnswers()
         environments = HostEnvironments.under(settings.cache_dir, events=RedisEnvironmentStates(services.redis))
         outcomes = RedisPredictorBuilds(services.redis)
         self.predictors = predictors if predictors is not None else JobPredictors(
@@ -75,7 +78,7 @@ class WorkerRuntime:
         self._run = batch_pipeline(
             ledger=services.store, records=services.store, nodes=services.nodes, placement=services.placement,
             predictors=self.predictors, watchdog=self.watchdog, figures=figures, logs=logs,
-            send_completion=send_completion, local_roots=settings.local_input_roots,
+            send_completion=send_completion, local_roots=settings.local_input_roots, answers=self.answers,
         )
         self.completion = JobCompletion(services.store, services.nodes, services.placement, self.predictors,
                                         settings.local_input_roots)
@@ -95,7 +98,7 @@ class WorkerRuntime:
         process's, and a job's log lines shipped to the job's log stream too."""
         figures = Recorder.for_url(services.settings.redis_address).start()
         process_figures.install(figures)
-        return cls(services, figures=figures, logs=install_job_log_handler(services.settings))
+        return cls(services, figures=figures, logs=install_job_log_handler(services.settings), answers=NODE_LOOP)
 
     def run_batch(
         self, job_id: str, index: int, payload: Any, payload_ref: dict[str, Any] | None = None,
@@ -106,13 +109,17 @@ class WorkerRuntime:
         `payload_ref` points at the batch's items in storage (a JSON-lines byte range) instead
         of carrying them. `delivery` (this node and the task id) is kept in the node's
         in-flight hash while the batch runs, so the batch can be given back if the node dies.
+        A success's record may be answered after this returns (`jobs/nodes/loop_answers.py`); what
+        earlier records left pending is used first.
         """
+        self.answers.settle()
         self._run(BatchRun(job_id, index, payload, payload_ref, delivery))
 
     def run_request(self, api_name: str, request_id: str, delivery: Delivery | None = None) -> None:
         """Run one AsyncAPI request and record its outcome once (`jobs/asyncapi/runner.py`); the lines
         logged meanwhile (the predictor's included) go to the request's log stream and its API's too
         (and to those of the requests it batches with)."""
+        self.answers.settle()
         with self.logs.capturing_request(api_name, request_id):
             self.requests.run_request(api_name, request_id, delivery)
 
@@ -120,11 +127,13 @@ class WorkerRuntime:
         """Run a batch of an AsyncAPI's queued requests (`server_side_batching`; `jobs/asyncapi/runner.py`);
         the lines logged meanwhile go to the API's log stream, and those of the batch's `predict` to
         each of its requests' streams too."""
+        self.answers.settle()
         with self.logs.capturing_requests(api_name, []):
             self.requests.run_queued(api_name, delivery)
 
     def finish_job(self, job_id: str, delivery: Delivery | None = None) -> None:
         """The completion task: run `on_job_complete` once, then settle the job's final status
         (`jobs/batch/completion.py`: it rides out Redis errors and duplicate copies of the task)."""
+        self.answers.settle()
         with labelled(job_id=job_id), self.logs.capturing_job(job_id):
             self.completion.finish(job_id, delivery)

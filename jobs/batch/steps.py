@@ -9,11 +9,13 @@ that must not run), and act after. Outermost first:
   ended) is taken off it;
 - `Figures`: a recorded batch is counted (batches, items, seconds) in this process's figures;
 - `Record`: the outcome the inner steps decided is recorded once, and the recording that
-  completes the job sends its completion task;
+  completes the job sends its completion task (on a node, once the answer arrives: the node
+  takes its next message meanwhile);
 - `Begin`: the delivery is counted; a batch of an ended job, one already recorded, or one whose
-  process died too often does not run;
+  process died too often does not run (the batch's input is read while Redis answers);
 - `BuildPredictor`: the job's predictor in this process (a failure fails the job);
-- `ReadInput`: the items of a batch carried by reference are read from storage;
+- `ReadInput`: the items of a batch carried by reference are read from storage, or the batch
+  fails for what could not be read;
 - `TimeLimit`: tries an earlier delivery used up by the batch time limit count;
 - `Retries`: each remaining try runs the rest under the time limit, until one succeeds;
 - `Outputs`: the rows a try returned are written as the job's output part;
@@ -33,8 +35,9 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 from foundation.errors import PredictorError, SluiceError
 from foundation.figure_sink import FigureSink
@@ -49,10 +52,13 @@ from jobs.batch.time_limit import BatchWatchdog, timed_out_message
 from jobs.nodes.registry import NodeRegistry
 from jobs.placement.batch import JobPlacement
 from jobs.store import BatchLedger, JobRecords, Recorded
+from jobs.store.answers import Answer
 from jobs.transport.delivery import Delivery
 from predictors_runtime.loader import error_text
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Deliveries of one batch beyond its tries before Sluice stops handing it to workers: each
 # such delivery means the process running it died (killed, or out of memory).
@@ -102,13 +108,24 @@ class BatchRun:
     open_delivery: Delivery | None = None  # in its node's in-flight hash and not recorded yet
     timed_out_tries: int = 0  # tries earlier deliveries used up by the time limit, as `Begin` read them
     first_try: int = 1
+    input_read: bool = False  # the items of a batch carried by reference were read (`ReadInput.read`)
+    input_error: str = ""  # why they could not be
     result: Any = None
     outcome: Outcome | None = None
     recorded: Recorded | None = None
+    # Called once the outcome is recorded, which may be after the task returned (`Record`).
+    when_recorded: list[Callable[[BatchRun], None]] = field(default_factory=list)
 
 
 Next = Callable[[BatchRun], None]
 Step = Callable[[BatchRun, Next], None]
+
+
+class LaterAnswers(Protocol):
+    """Where a store answer can be left to be used once it arrives (`jobs/nodes/loop_answers.py`)."""
+
+    def later(self, answer: Answer[T], use: Callable[[T], None]) -> bool:
+        """Leave `answer` to `use` once it has arrived; False when it cannot be left here (use it now)."""
 
 
 class JobLogs(Protocol):
@@ -161,7 +178,10 @@ class Figures:
         self.figures = figures
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
+        run.when_recorded.append(self._count)
         call_next(run)
+
+    def _count(self, run: BatchRun) -> None:
         outcome = run.outcome
         if not run.recorded or outcome is None or run.job is None:
             return
@@ -173,11 +193,18 @@ class Figures:
 
 
 class Record:
-    """Record the outcome the inner steps decided, exactly once; the last batch sends the completion."""
+    """Record the outcome the inner steps decided, exactly once; the last batch sends the completion.
 
-    def __init__(self, ledger: BatchLedger, send_completion: SendCompletion) -> None:
+    A success is sent to the store and its answer left to `answers` (`jobs/nodes/loop_answers.py`:
+    on a node, used when its event loop sees it, while the node takes its next message): what the
+    answer decides (the completion, `BatchRun.when_recorded`) waits for it, nothing else does. A
+    failure carries its payload and is rare: it is waited for.
+    """
+
+    def __init__(self, ledger: BatchLedger, send_completion: SendCompletion, answers: LaterAnswers | None) -> None:
         self.ledger = ledger
         self.send_completion = send_completion
+        self.answers = answers
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
         call_next(run)
@@ -186,27 +213,48 @@ class Record:
             return  # the batch did not run (its job ended, or it was recorded already)
         store, seconds = self.ledger, outcome.seconds or 0.0
         if outcome.ok:
-            run.recorded = store.record_success(run.job_id, run.index, seconds, run.delivery)
-        else:
-            run.recorded = store.record_failure(
-                run.job_id, run.index, seconds, outcome.error, outcome.tries, outcome.payload, outcome.payload_ref,
-                delivery=run.delivery,
-            )
+            sent = store.send_record_success(run.job_id, run.index, seconds, run.delivery)
+            run.open_delivery = None  # the recording takes it off the node's in-flight hash
+            use = partial(self._recorded, run, job)
+            if self.answers is None or not self.answers.later(sent, use):
+                use(sent.answer())
+            return
+        recorded = store.record_failure(
+            run.job_id, run.index, seconds, outcome.error, outcome.tries, outcome.payload, outcome.payload_ref,
+            delivery=run.delivery,
+        )
         run.open_delivery = None  # recording took it off the node's in-flight hash
-        if run.recorded is Recorded.COMPLETED_JOB:
+        self._recorded(run, job, recorded)
+
+    def _recorded(self, run: BatchRun, job: Job, recorded: Recorded) -> None:
+        run.recorded = recorded
+        if recorded is Recorded.COMPLETED_JOB:
             self.send_completion(job.job_id, job.queue)
+        for then in run.when_recorded:
+            then(run)
 
 
 class Begin:
     """Count the delivery; run nothing of an ended job, or of a batch recorded already, or one whose
     process died more often than its tries allow."""
 
-    def __init__(self, ledger: BatchLedger, predictors: JobPredictors) -> None:
+    def __init__(self, ledger: BatchLedger, predictors: JobPredictors,
+                 meanwhile: Callable[[BatchRun], None] | None = None) -> None:
+        """`meanwhile(run)` is done while the begin is on its way (`BatchLedger.send_begin_batch`): work
+        without effects whose result the batch uses only if it runs (reading its input)."""
         self.ledger = ledger
         self.predictors = predictors
+        self.meanwhile = meanwhile
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
-        start = self.ledger.begin_batch(run.job_id, run.index, run.delivery)
+        if self.meanwhile is None:
+            start = self.ledger.begin_batch(run.job_id, run.index, run.delivery)
+        else:
+            sent = self.ledger.send_begin_batch(run.job_id, run.index, run.delivery)
+            try:
+                self.meanwhile(run)
+            finally:
+                start = sent.answer()
         if start.status is None or start.status not in ACTIVE_STATUSES:
             return  # unknown, stopped, timed out or failed job: nothing more runs
         if start.already_recorded:
@@ -254,22 +302,30 @@ class BuildPredictor:
 
 
 class ReadInput:
-    """A batch carried by reference (a JSON-lines byte range) has its items read from storage."""
+    """A batch carried by reference (a JSON-lines byte range) has its items read from storage.
+
+    `Begin` has them read (`read`) while the batch's begin is on its way; what failed to be read
+    fails the batch only here, once it is known to run and its predictor was built."""
 
     def __init__(self, local_roots: tuple[str, ...]) -> None:
         self.local_roots = local_roots
 
+    def read(self, run: BatchRun) -> None:
+        if run.payload_ref is None or run.input_read:
+            return
+        run.input_read = True
+        try:
+            run.payload = read_range(run.payload_ref, self.local_roots)
+        except (SluiceError, OSError, ValueError) as e:  # storage (its errors are Sluice's) went away, a
+            # local file is gone (OSError), or its lines are no longer the JSON that was cut (ValueError)
+            run.input_error = f"reading the batch's input failed: {error_text(e)}"
+
     def __call__(self, run: BatchRun, call_next: Next) -> None:
-        if run.payload_ref is not None:
-            try:
-                run.payload = read_range(run.payload_ref, self.local_roots)
-            except (SluiceError, OSError, ValueError) as e:  # storage (its errors are Sluice's) went away, a
-                # local file is gone (OSError), or its lines are no longer the JSON that was cut (ValueError)
-                run.outcome = Outcome(
-                    ok=False, items=items_of(None, run.payload_ref), tries=1,
-                    error=f"reading the batch's input failed: {error_text(e)}", payload_ref=run.payload_ref,
-                )
-                return
+        self.read(run)
+        if run.input_error:
+            run.outcome = Outcome(ok=False, items=items_of(None, run.payload_ref), tries=1, error=run.input_error,
+                                  payload_ref=run.payload_ref)
+            return
         call_next(run)
 
 
@@ -348,11 +404,14 @@ def _job_of(run: BatchRun) -> Job:
 def batch_pipeline(
     *, ledger: BatchLedger, records: JobRecords, nodes: NodeRegistry, placement: JobPlacement,
     predictors: JobPredictors, watchdog: BatchWatchdog, figures: FigureSink, logs: JobLogs,
-    send_completion: SendCompletion, local_roots: tuple[str, ...],
+    send_completion: SendCompletion, local_roots: tuple[str, ...], answers: LaterAnswers | None = None,
 ) -> Next:
-    """The steps a batch goes through in this process, outermost first, each given what it uses."""
+    """The steps a batch goes through in this process, outermost first, each given what it uses;
+    `answers` uses the answers of batch records (at once unless given)."""
+    read_input = ReadInput(local_roots)
     return chain([
-        Labels(logs), OpenDelivery(nodes), Figures(figures), Record(ledger, send_completion),
-        Begin(ledger, predictors), BuildPredictor(predictors, watchdog, records, placement), ReadInput(local_roots),
-        TimeLimit(), Retries(watchdog), Outputs(ledger, local_roots), predict,
+        Labels(logs), OpenDelivery(nodes), Figures(figures),
+        Record(ledger, send_completion, answers),
+        Begin(ledger, predictors, meanwhile=read_input.read), BuildPredictor(predictors, watchdog, records, placement),
+        read_input, TimeLimit(), Retries(watchdog), Outputs(ledger, local_roots), predict,
     ])

@@ -25,6 +25,7 @@ from kombu.exceptions import KombuError
 from foundation.json_logs import configure_json_logging, set_process_labels
 from foundation.redis_clients import heartbeat_client
 from foundation.settings import Settings
+from jobs.nodes.loop_answers import NODE_LOOP, LoopAnswers
 from jobs.nodes.registry import NodeRegistry, Nodes
 from jobs.nodes.stall_watch import StallWatch
 from jobs.services import Services
@@ -156,6 +157,26 @@ class SettleOnConnect(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery'
             log.warning("node %s settled %d delivery(ies) it held before (re)connecting", parent.hostname, settled)
 
 
+class AnswersOnLoop(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery's bootsteps are untyped
+    """A consumer step: while the consumer runs, its event loop uses the answers of batch records
+    (`jobs/nodes/loop_answers.py`); when it stops (a reconnect, the node's shutdown), pending ones
+    are used at once."""
+
+    def __init__(self, parent: Any, answers: LoopAnswers = NODE_LOOP, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self._answers = answers
+
+    def start(self, parent: Any) -> None:
+        if parent.hub is not None:
+            self._answers.attach(parent.hub)
+
+    def stop(self, parent: Any) -> None:
+        self._answers.detach()
+
+    def shutdown(self, parent: Any) -> None:
+        self._answers.detach()
+
+
 def resume_assigned_queues(app: Celery, services: Services, node: str) -> list[str]:
     """A node starting (or restarting under the same name) consumes its jobs' and AsyncAPIs' queues
     from the start.
@@ -185,6 +206,7 @@ def install_worker_hooks(app: Celery, settings: Settings, services: ServicesOf) 
             super().__init__(parent, services=services, **kwargs)
 
     app.steps["consumer"].add(_SettleOnConnect)
+    app.steps["consumer"].add(AnswersOnLoop)
 
     def _json_lines(loglevel: int | str | None = None, **_: object) -> None:
         # Connected, this replaces Celery's own log set-up (worker and beat): JSON lines on stderr.

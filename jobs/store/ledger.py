@@ -4,7 +4,7 @@ Beginning and recording a batch are scripts (`lua/begin_batch.lua`, `lua/record_
 `lua/seal.lua`) that also enter and remove the batch in its node's in-flight hash, so that a batch
 leaves it in the same step as its outcome is counted, and write and remove its message in kombu's
 unacknowledged hash when the transport leaves that to them (`BrokerReceipt`); everything else about nodes is
-`jobs/nodes/registry.py`'s. A node holding a delivery waits for Redis however long it is away (`until_answered`).
+`jobs/nodes/registry.py`'s. A node holding a delivery waits for Redis however long it is away (`jobs/store/answers.py`).
 """
 
 from __future__ import annotations
@@ -12,41 +12,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
 import redis
 from redis.typing import EncodableT
 
 from foundation import keys
-from foundation.redis_clients import TRANSIENT_ERRORS, text
-from jobs.batch.job import ACTIVE_STATUSES, JobStatus
+from jobs.batch.job import ACTIVE_STATUSES
 from jobs.store import scripts, values
-from jobs.store.values import DEFAULT_JOB_TTL_S, BatchStart, Payload, Recorded, failed_batch_record
-from jobs.transport.delivery import BROKER_UNACKED, BROKER_UNACKED_INDEX, Delivery, inflight_entry
+from jobs.store.answers import Answer, SentScript, script_until_answered
+from jobs.store.values import DEFAULT_JOB_TTL_S, BatchStart, Payload, Recorded, batch_start, failed_batch_record
+from jobs.transport.delivery import BROKER_UNACKED, BROKER_UNACKED_INDEX, BrokerReceipt, Delivery, inflight_entry
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-UNTIL_ANSWERED_PAUSE_S = 1.0
-
-
-def until_answered(what: str, call: Callable[[], T]) -> T:
-    """`call()` until Redis answers, however long it is away.
-
-    For a node holding a delivery (starting or recording a batch): giving up would let Celery
-    acknowledge the message (it acknowledges failed tasks) and lose the batch, or throw away the
-    outcome of work done; the node can do nothing else without Redis anyway. Each wait lasts the
-    client's own retry window (`foundation/redis_clients.py`); `call` carries one token throughout, so a
-    repeat is answered as the first run was.
-    """
-    while True:
-        try:
-            return call()
-        except TRANSIENT_ERRORS as e:
-            log.error("%s: Redis is still away (%s: %s); waiting for it", what, type(e).__name__, e)
-            time.sleep(UNTIL_ANSWERED_PAUSE_S)
-
 
 class RedisBatchLedger:
     """`BatchLedger` in Redis. Keys of a batch recorded after its job ended expire with the job."""
@@ -58,7 +37,10 @@ class RedisBatchLedger:
         self._record_batch = scripts.register(client, "record_batch")
         self._seal = scripts.register(client, "seal")
 
-    def begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> BatchStart:
+    def _begin_call(
+        self, job_id: str, index: int, delivery: Delivery | None
+    ) -> tuple[list[Any], list[EncodableT], BrokerReceipt | None]:
+        """The begin script's keys and arguments, and the receipt whose entry it writes (if any)."""
         named = keys.job_keys(job_id)
         receipt = delivery.receipt if delivery is not None else None
         unacked = receipt if receipt is not None and receipt.unacked and not receipt.written else None
@@ -69,14 +51,23 @@ class RedisBatchLedger:
         ]
         script_keys = [named["job"], named["done"], named["starts"], keys.inflight(delivery.node if delivery else ""),
                        BROKER_UNACKED, BROKER_UNACKED_INDEX, keys.job_timed_out(job_id)]
-        raw_status, done, deliveries, timed_out = until_answered(
-            f"starting batch {index} of job {job_id}", lambda: self._begin_batch(keys=script_keys, args=args),
-        )
+        return script_keys, args, unacked
+
+    def begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> BatchStart:
+        script_keys, args, unacked = self._begin_call(job_id, index, delivery)
+        start = batch_start(script_until_answered(self._begin_batch, script_keys, args,
+                                                  f"starting batch {index} of job {job_id}"))
         if unacked is not None:
             unacked.written = True
-        status = JobStatus(text(raw_status)) if raw_status else None
-        return BatchStart(status=status, already_recorded=bool(done), deliveries=int(deliveries),
-                          timed_out_tries=int(timed_out))
+        return start
+
+    def send_begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> Answer[BatchStart]:
+        script_keys, args, unacked = self._begin_call(job_id, index, delivery)
+        sent = SentScript(self._redis, self._begin_batch, script_keys, args,
+                          f"starting batch {index} of job {job_id}", convert=batch_start)
+        if unacked is not None:
+            unacked.written = True  # by the script on its way, whenever its answer is read
+        return sent
 
     def seal(self, job_id: str, total_batch_count: int, now: float | None = None) -> bool:
         named = keys.job_keys(job_id)
@@ -84,24 +75,40 @@ class RedisBatchLedger:
         return bool(self._seal(keys=[named["job"], named["done"]],
                                args=[total_batch_count, values.new_token(), repr(now)]))
 
-    def _record(
+    def _record_call(
         self, job_id: str, index: int, outcome: str, seconds: float, failure: str, delivery: Delivery | None
-    ) -> Recorded:
+    ) -> tuple[list[Any], list[EncodableT]]:
+        """The record script's keys and arguments."""
         named = keys.job_keys(job_id)
         receipt = delivery.receipt if delivery is not None else None
         args: list[EncodableT] = [index, outcome, seconds, failure, delivery.task_id if delivery else "",
                                   values.new_token(), repr(time.time()), receipt.tag if receipt else ""]
         script_keys = [named["job"], named["done"], named["failed"], keys.inflight(delivery.node if delivery else ""),
                        named["payloads"], BROKER_UNACKED, BROKER_UNACKED_INDEX]
-        recorded = Recorded(until_answered(
-            f"recording batch {index} of job {job_id}", lambda: self._record_batch(keys=script_keys, args=args),
-        ))
-        if receipt is not None:
-            receipt.acknowledged = True
+        return script_keys, args
+
+    def _record(
+        self, job_id: str, index: int, outcome: str, seconds: float, failure: str, delivery: Delivery | None
+    ) -> Recorded:
+        script_keys, args = self._record_call(job_id, index, outcome, seconds, failure, delivery)
+        recorded = Recorded(script_until_answered(self._record_batch, script_keys, args,
+                                                  f"recording batch {index} of job {job_id}"))
+        if delivery is not None and delivery.receipt is not None:
+            delivery.receipt.acknowledged = True
         return recorded
 
     def record_success(self, job_id: str, index: int, seconds: float, delivery: Delivery | None = None) -> Recorded:
         return self._record(job_id, index, "ok", seconds, "", delivery)
+
+    def send_record_success(
+        self, job_id: str, index: int, seconds: float, delivery: Delivery | None = None
+    ) -> Answer[Recorded]:
+        script_keys, args = self._record_call(job_id, index, "ok", seconds, "", delivery)
+        sent = SentScript(self._redis, self._record_batch, script_keys, args,
+                          f"recording batch {index} of job {job_id}", convert=Recorded)
+        if delivery is not None and delivery.receipt is not None:
+            delivery.receipt.acknowledged = True  # by the script on its way, whenever its answer is read
+        return sent
 
     def record_failure(
         self, job_id: str, index: int, seconds: float, error: str, tries: int, payload: Any,

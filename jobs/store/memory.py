@@ -20,6 +20,7 @@ from typing import Any
 
 from jobs.batch.job import ACTIVE_STATUSES, Job, JobStatus
 from jobs.store import values
+from jobs.store.answers import Answer, Answered
 from jobs.store.schema import JobField, job_state, new_job_hash
 from jobs.store.values import BatchStart, Claim, JobState, Payload, Recorded, failed_batch_record, not_found
 from jobs.transport.delivery import Delivery, inflight_entry
@@ -172,6 +173,9 @@ class MemoryJobRecords(_Part):
 class MemoryBatchLedger(_Part):
     """`BatchLedger` in memory."""
 
+    def send_begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> Answer[BatchStart]:
+        return Answered(self.begin_batch(job_id, index, delivery))
+
     def begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> BatchStart:
         token = values.new_token()
         with self._table.lock:
@@ -237,6 +241,11 @@ class MemoryBatchLedger(_Part):
 
     def record_success(self, job_id: str, index: int, seconds: float, delivery: Delivery | None = None) -> Recorded:
         return self._record(job_id, index, True, seconds, "", delivery)
+
+    def send_record_success(
+        self, job_id: str, index: int, seconds: float, delivery: Delivery | None = None
+    ) -> Answer[Recorded]:
+        return Answered(self.record_success(job_id, index, seconds, delivery))
 
     def record_failure(
         self, job_id: str, index: int, seconds: float, error: str, tries: int, payload: Any,

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from jobs.batch.job import ACTIVE_STATUSES, Job, JobStatus
+from jobs.store.answers import Answer
 from jobs.store.values import BatchStart, Claim, JobState, Payload, Recorded
 from jobs.transport.delivery import Delivery
 
@@ -81,6 +82,11 @@ class BatchLedger(Protocol):
         """Check and count a delivery of a batch; one that will run is entered in its node's in-flight hash.
         Also says how many tries the batch time limit used up in earlier deliveries (read in the same step)."""
 
+    def send_begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> Answer[BatchStart]:
+        """`begin_batch` sent now, its answer read later (`jobs/store/answers.py`): what does not depend on
+        the answer is done meanwhile. Its answer must be asked for: asking also makes the call where
+        it could not be sent."""
+
     def seal(self, job_id: str, total_batch_count: int, now: float | None = None) -> bool:
         """Fix the job's batch count once all are enqueued; True if they are all recorded already.
 
@@ -89,6 +95,12 @@ class BatchLedger(Protocol):
 
     def record_success(self, job_id: str, index: int, seconds: float, delivery: Delivery | None = None) -> Recorded:
         """Count a finished batch once (and take it off its node's in-flight hash)."""
+
+    def send_record_success(
+        self, job_id: str, index: int, seconds: float, delivery: Delivery | None = None
+    ) -> Answer[Recorded]:
+        """`record_success` sent now, its answer read later (`jobs/store/answers.py`). Its answer must
+        be asked for: asking also makes the call where it could not be sent."""
 
     def record_failure(
         self, job_id: str, index: int, seconds: float, error: str, tries: int, payload: Any,

@@ -13,6 +13,7 @@ from enum import IntEnum, StrEnum
 from typing import Any
 
 from foundation.errors import JobNotFound
+from foundation.redis_clients import text
 from jobs.batch.job import Job, JobStatus
 
 # How long an ended job's keys are kept (`Settings.job_ttl_s` overrides it).
@@ -64,6 +65,14 @@ class BatchStart:
     already_recorded: bool
     deliveries: int
     timed_out_tries: int = 0  # tries earlier deliveries used up by the batch time limit
+
+
+def batch_start(reply: Any) -> BatchStart:
+    """The begin script's reply (`lua/begin_batch.lua`: status, recorded?, deliveries, timed-out tries) read."""
+    raw_status, done, deliveries, timed_out = reply
+    status = JobStatus(text(raw_status)) if raw_status else None
+    return BatchStart(status=status, already_recorded=bool(done), deliveries=int(deliveries),
+                      timed_out_tries=int(timed_out))
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,9 @@ class BrokerReceipt:
     the node acknowledges it: two round trips per batch beside the batch ledger's two. For a batch
     run as soon as it is taken, the transport leaves the first write (`unacked`, the JSON kombu would
     have written, taken at `taken_at`) to the script that begins the batch, and the script that
-    records it removes the entry; `written` and `acknowledged` say what the scripts did, so that
-    the transport writes or removes only what they did not.
+    records it removes the entry; `written` and `acknowledged` say what the scripts did, or were
+    sent to do (their answers may be read later: `jobs/store/answers.py`), so that the transport
+    writes or removes only what they do not.
     """
 
     tag: str

@@ -286,6 +286,29 @@ class JobStoreContract:
         assert store.seal(running.job_id, 3) is False  # told once, whoever asks again
         assert store.state(running.job_id).all_recorded
 
+    def test_a_begin_sent_ahead_answers_what_a_begin_waited_for_answers(self, store: JobStorage, running: Job) -> None:
+        sent = [store.send_begin_batch(running.job_id, 4) for _ in range(2)]
+        starts = [answer.answer() for answer in sent]  # both sent before either answer is read
+        assert [s.deliveries for s in starts] == [1, 2]
+        assert all(s.status is JobStatus.RUNNING and not s.already_recorded for s in starts)
+
+        store.record_success(running.job_id, 4, 0.1)
+        assert store.send_begin_batch(running.job_id, 4).answer().already_recorded
+        store.transition(running.job_id, JobStatus.STOPPED, now=T0)
+        assert store.send_begin_batch(running.job_id, 5).answer().status is JobStatus.STOPPED
+
+    def test_a_record_sent_ahead_counts_once_and_its_answer_tells_who_completed_the_job(
+        self, store: JobStorage, running: Job
+    ) -> None:
+        first = store.send_record_success(running.job_id, 0, 0.5)
+        again = store.send_record_success(running.job_id, 0, 9.0)  # sent before the first answer is read
+        assert (first.answer(), again.answer()) == (Recorded.COUNTED, Recorded.DUPLICATE)
+        store.seal(running.job_id, 2)
+        last = store.send_record_success(running.job_id, 1, 0.5)
+        assert last.answer() is Recorded.COMPLETED_JOB
+        state = store.state(running.job_id)
+        assert (state.succeeded, state.time_total, state.all_recorded) == (2, 1.0, True)
+
     def test_a_job_whose_batches_all_finished_before_the_seal_is_completed_by_the_seal(
         self, store: JobStorage, running: Job
     ) -> None:

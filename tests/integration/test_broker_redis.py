@@ -101,6 +101,27 @@ def test_a_batch_message_is_written_unacked_by_its_begin_and_acknowledged_by_its
         simple.close()
 
 
+def test_a_batch_message_acknowledged_while_its_record_is_on_its_way_leaves_the_ack_to_the_record(redis_server):
+    client = redis.Redis.from_url(redis_server)
+    ledger = RedisBatchLedger(client)
+    with Connection(redis_server, transport=TRANSPORT_PATH) as connection:
+        simple, message = batch_message_taken(connection, "receipt-sent")
+        tag = message.delivery_tag
+        delivery = Delivery("node-1", "task-receipt-sent", receipt_for("task-receipt-sent"))
+        started = ledger.send_begin_batch("no-such-job", 0, delivery)
+        started.answer()
+        assert client.hget(Channel.unacked_key, tag) is not None  # written by the begin
+
+        sent = ledger.send_record_success("no-such-job", 0, 0.01, delivery)
+        zrem_before = client.info("commandstats").get("cmdstat_zrem", {}).get("calls", 0)
+        message.ack()  # Celery acknowledges as the task returns, before the record's answer is read
+        assert client.info("commandstats").get("cmdstat_zrem", {}).get("calls", 0) == zrem_before
+        sent.answer()
+        assert client.hget(Channel.unacked_key, tag) is None  # the record removed it
+        assert client.zscore(Channel.unacked_index_key, tag) is None
+        simple.close()
+
+
 def test_a_batch_message_rejected_before_its_begin_goes_back_on_its_queue(redis_server):
     client = redis.Redis.from_url(redis_server)
     with Connection(redis_server, transport=TRANSPORT_PATH) as connection:

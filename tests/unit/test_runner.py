@@ -278,6 +278,22 @@ def test_a_batch_whose_input_file_vanished_is_failed_naming_the_reading_and_keep
     assert (failed["payload"], failed["payload_ref"]) == (None, ref)
 
 
+def test_a_batch_of_a_stopped_job_whose_input_vanished_neither_runs_nor_fails(
+    runtime: WorkerRuntime, services: Services, builder: Builder, tmp_path: Path
+) -> None:
+    """Its input is read while its begin is on its way; what the reading found counts only for a batch that runs."""
+    predictor = Predictor()
+    job = running_job(services, builder, predictor, batches=1)
+    services.store.transition(job.job_id, JobStatus.STOPPED)
+    ref = {"uri": str(tmp_path / "gone.jsonl"), "start": 0, "end": 10, "first_line": 1, "lines": 2}
+
+    runtime.run_batch(job.job_id, 0, None, ref, delivery=Delivery("node@a", "task-1"))
+
+    assert predictor.calls == [] and services.store.failed_batches(job.job_id) == []
+    assert services.store.recorded_indexes(job.job_id) == set()
+    assert services.nodes.inflight("node@a") == {}
+
+
 def test_a_job_whose_predictor_cannot_be_built_fails_and_lets_its_nodes_go(
     runtime: WorkerRuntime, services: Services, builder: Builder, queues: MemoryJobQueues
 ) -> None:
