@@ -31,6 +31,7 @@ from foundation.errors import BadRequest, Conflict, SluiceError
 from foundation.redis_clients import one_line
 from jobs.batch.inputs import check_local_path, cut_ranges, is_local, match_files
 from jobs.batch.job import Job, JobStatus, new_job_id
+from jobs.batch.line_checks import LINE_CHECKS
 from jobs.batch.publish import BatchPublisher, send_completion
 from jobs.batch.submission import JobRequest, split_items
 from jobs.batch.time_limit import batch_time_limit
@@ -120,7 +121,7 @@ def _batches(plan: JobPlan) -> Iterator[Batch]:
         for uris in split_items([info.uri for info in plan.files], request.file_path_lister.batch_size):
             yield uris, None
     elif request.delimited_files is not None:
-        for ref in cut_ranges(plan.files, request.delimited_files.batch_size):
+        for ref in cut_ranges(plan.files, request.delimited_files.batch_size, LINE_CHECKS):
             yield None, ref.to_dict()
     else:
         yield from plan.retry_batches

@@ -9,7 +9,6 @@ size, and the input never has to sit in Redis.
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ import orjson
 from wcmatch import glob
 
 from foundation.errors import BadRequest, BadStorageUri, SluiceError
+from jobs.batch.line_checks import BlockChecks, LineChecks
 from predictors_runtime.storage import ObjectInfo, split_uri, storage_for
 from predictors_runtime.storage.local import read_range_confined
 
@@ -109,19 +109,26 @@ class RangeRef:
 READ_BLOCK = 1 << 20
 
 
-def cut_ranges(files: list[ObjectInfo], batch_size: int) -> Iterator[RangeRef]:
+def cut_ranges(
+    files: list[ObjectInfo], batch_size: int, line_checks: LineChecks | None = None
+) -> Iterator[RangeRef]:
     """Stream each file once, validate every line as JSON, and yield one range per batch.
 
     A malformed line raises `EnqueueError` naming the file and the line number (from 1); lines
-    holding only whitespace are skipped.
+    holding only whitespace are skipped. With `line_checks`, a large local file's lines are
+    parsed by a helper process while the blocks before are cut (`jobs/batch/line_checks.py`).
     """
     for info in files:
         with storage_for(info.uri).open_read(info.uri) as stream:
-            yield from _RangeCutter(info.uri, batch_size).cut(stream)
+            if line_checks is None:
+                yield from _RangeCutter(info.uri, batch_size).cut(stream, BlockChecks([], ""))
+                continue
+            with line_checks.lent(stream, info.size) as checks:
+                yield from _RangeCutter(info.uri, batch_size).cut(stream, checks)
 
 
-def _blocks_of_lines(stream: Any) -> Iterator[tuple[list[bytes], int]]:
-    """The stream's lines (without newlines) a block at a time, each with the bytes its lines span."""
+def _blocks_of_lines(stream: Any) -> Iterator[tuple[bytes, list[bytes], int]]:
+    """The stream's lines (without newlines) a block at a time: the block, its lines, and the bytes they span."""
     pending: list[bytes] = []  # a line longer than a block, so far
     while block := stream.read(READ_BLOCK):
         cut = block.rfind(b"\n") + 1
@@ -130,10 +137,28 @@ def _blocks_of_lines(stream: Any) -> Iterator[tuple[list[bytes], int]]:
             continue
         data = b"".join([*pending, block[: cut - 1]])
         pending = [block[cut:]] if cut < len(block) else []
-        yield data.split(b"\n"), len(data) + 1
+        yield data, data.split(b"\n"), len(data) + 1
     tail = b"".join(pending)
     if tail:  # a last line without a newline
-        yield [tail], len(tail)
+        yield tail, [tail], len(tail)
+
+
+def _parsed_blocks(stream: Any, checks: BlockChecks) -> Iterator[tuple[list[bytes], int, bool]]:
+    """Each block's lines, the bytes they span, and whether every one is a JSON value, the blocks
+    parsed up to `checks.ahead` ahead of the one the caller cuts."""
+    offset = 0
+    for data, lines, span in _blocks_of_lines(stream):
+        checks.send((lines, span), data, offset)
+        offset += span
+        while checks.waiting > checks.ahead:
+            yield _answered(checks)
+    while checks.waiting:
+        yield _answered(checks)
+
+
+def _answered(checks: BlockChecks) -> tuple[list[bytes], int, bool]:
+    (lines, span), all_values = checks.answered()
+    return lines, span, all_values
 
 
 class _RangeCutter:
@@ -141,9 +166,9 @@ class _RangeCutter:
 
     Every line is parsed with orjson, the parser the workers read the ranges with, so a line is
     accepted here exactly when a worker can read it. A block is first parsed in one C-level loop
-    (`map` drained by a zero-length deque: each document is dropped at once, so memory stays
-    flat); only a block holding a blank or a bad line is walked line by line, which skips
-    blank lines and names the bad one. Parsing the block as one JSON array of its lines would
+    (`line_checks.all_json_values`: here, or in the helper process while the blocks before are
+    cut); only a block holding a blank or a bad line is walked line by line, which skips blank
+    lines and names the bad one. Parsing the block as one JSON array of its lines would
     not do: a line such as `1,2` adds an item that lines such as `[3` and `4]` take away again,
     so the item count can match while the lines are not JSON.
     """
@@ -153,17 +178,14 @@ class _RangeCutter:
         self.line = 0  # lines seen so far
         self.start = self.first_line = self.count = 0  # the batch being filled
 
-    def cut(self, stream: Any) -> Iterator[RangeRef]:
+    def cut(self, stream: Any, checks: BlockChecks) -> Iterator[RangeRef]:
         offset = 0
-        for lines, span in _blocks_of_lines(stream):
-            block_end = offset + span
-            try:
-                deque(map(orjson.loads, lines), maxlen=0)
-            except orjson.JSONDecodeError:  # invalid UTF-8 included
-                yield from self._line_by_line(lines, offset, block_end)
+        for lines, span, all_values in _parsed_blocks(stream, checks):
+            if all_values:
+                yield from self._whole_block(lines, offset, offset + span)
             else:
-                yield from self._whole_block(lines, offset, block_end)
-            offset = block_end
+                yield from self._line_by_line(lines, offset, offset + span)
+            offset += span
         if self.count:
             yield self._emit(offset)
 

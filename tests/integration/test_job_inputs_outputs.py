@@ -76,6 +76,31 @@ def test_a_malformed_line_fails_the_enqueue_naming_file_and_line_and_runs_nothin
     assert events(events_file) == []
 
 
+def test_a_large_file_parsed_beside_its_cutting_runs_each_line_once_and_a_bad_line_in_it_runs_nothing(
+    client, deploy_project, events_file, events, tmp_path
+):
+    """Over 4 MiB on local disk: the API's helper processes parse its blocks (`jobs/batch/line_checks.py`)."""
+    folder = tmp_path / "data"
+    rows = [{"n": i, "pad": "x" * 40} for i in range(90_000)]
+    good = put(str(folder / "good.jsonl"), jsonl(rows))
+    bad = put(str(folder / "bad.jsonl"), jsonl(rows[:80_000]) + '{"n": \n' + jsonl(rows[80_000:]))
+    assert os.path.getsize(good) > 4 << 20
+    api = deploy_project({"events": str(events_file)})
+
+    failed = client.submit_raw(api, {"delimited_files": {"s3_paths": [bad], "batch_size": 5000}})
+    final = client.wait(api, failed["job_id"], timeout=60)
+    assert final["status"] == "status_enqueue_failed"
+    assert f"{bad}: line 80001: not valid JSON" in final["message"]
+    assert events(events_file) == []
+
+    spec = client.submit_raw(api, {"workers": 2, "delimited_files": {"s3_paths": [good], "batch_size": 5000}})
+    final = client.wait(api, spec["job_id"], timeout=120)
+    assert final["status"] == "status_succeeded", final
+    assert final["total_batch_count"] == 18
+    received = [item["n"] for e in events(events_file) if e["event"] == "predict" for item in e["items"]]
+    assert sorted(received) == list(range(90_000))
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet", "csv"])
 def test_returned_rows_are_written_per_batch_with_a_manifest(client, deploy_project, events_file, root, fmt):
     api = deploy_project({"events": str(events_file), "return_rows": True, "poison": 7})
