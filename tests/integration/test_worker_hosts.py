@@ -148,8 +148,9 @@ def test_a_host_with_room_for_one_node_starts_no_other_and_the_job_says_why(
 
     job = client.submit(api, list(range(3)), batch_size=1, workers=3)
     why = "running on 1 of 3 workers: no host has room for 2 more nodes of 1 cpu"
-    status = wait_for(lambda: (s := client.job(api, job["job_id"])).get("workers_note") == why and s, 30,
-                      "the job's note on its missing workers")
+    # Placement writes the note as it places the job, which may be before the job runs (still enqueuing).
+    status = wait_for(lambda: (s := client.job(api, job["job_id"])).get("workers_note") == why
+                      and s["status"] == "status_running" and s, 30, "the running job's note on its missing workers")
     shown = CliRunner().invoke(main, ["--url", stack.url, "get", api, job["job_id"]])
     release.touch()
 
