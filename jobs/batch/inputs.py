@@ -9,6 +9,7 @@ size, and the input never has to sit in Redis.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ import orjson
 from wcmatch import glob
 
 from foundation.errors import BadRequest, BadStorageUri, SluiceError
-from jobs.batch.line_checks import BlockChecks, LineChecks
+from jobs.batch.line_checks import HERE, BlockChecks, LineChecks
 from predictors_runtime.storage import ObjectInfo, split_uri, storage_for
 from predictors_runtime.storage.local import read_range_confined
 
@@ -109,22 +110,16 @@ class RangeRef:
 READ_BLOCK = 1 << 20
 
 
-def cut_ranges(
-    files: list[ObjectInfo], batch_size: int, line_checks: LineChecks | None = None
-) -> Iterator[RangeRef]:
+def cut_ranges(files: list[ObjectInfo], batch_size: int, line_checks: LineChecks = HERE) -> Iterator[RangeRef]:
     """Stream each file once, validate every line as JSON, and yield one range per batch.
 
     A malformed line raises `EnqueueError` naming the file and the line number (from 1); lines
-    holding only whitespace are skipped. With `line_checks`, a large local file's lines are
-    parsed by a helper process while the blocks before are cut (`jobs/batch/line_checks.py`).
+    holding only whitespace are skipped. With the enqueuer's `line_checks`, a large local file's
+    lines are parsed by helper processes while the blocks before are cut (`jobs/batch/line_checks.py`).
     """
     for info in files:
-        with storage_for(info.uri).open_read(info.uri) as stream:
-            if line_checks is None:
-                yield from _RangeCutter(info.uri, batch_size).cut(stream, BlockChecks([], ""))
-                continue
-            with line_checks.lent(stream, info.size) as checks:
-                yield from _RangeCutter(info.uri, batch_size).cut(stream, checks)
+        with storage_for(info.uri).open_read(info.uri) as stream, line_checks.lent(stream, info.size) as checks:
+            yield from _RangeCutter(info.uri, batch_size).cut(stream, checks)
 
 
 def _blocks_of_lines(stream: Any) -> Iterator[tuple[bytes, list[bytes], int]]:
@@ -147,18 +142,15 @@ def _parsed_blocks(stream: Any, checks: BlockChecks) -> Iterator[tuple[list[byte
     """Each block's lines, the bytes they span, and whether every one is a JSON value, the blocks
     parsed up to `checks.ahead` ahead of the one the caller cuts."""
     offset = 0
+    sent: deque[tuple[list[bytes], int]] = deque()
     for data, lines, span in _blocks_of_lines(stream):
-        checks.send((lines, span), data, offset)
+        checks.send(data, offset)
+        sent.append((lines, span))
         offset += span
-        while checks.waiting > checks.ahead:
-            yield _answered(checks)
-    while checks.waiting:
-        yield _answered(checks)
-
-
-def _answered(checks: BlockChecks) -> tuple[list[bytes], int, bool]:
-    (lines, span), all_values = checks.answered()
-    return lines, span, all_values
+        while len(sent) > checks.ahead:
+            yield *sent.popleft(), checks.answered()
+    while sent:
+        yield *sent.popleft(), checks.answered()
 
 
 class _RangeCutter:

@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 # Files smaller than this are parsed by the enqueuer alone: a small job's wait is short anyway.
 HELPER_MIN_BYTES = 4 << 20
-Kept = tuple[list[bytes], int]  # what the enqueuer keeps of a block until its answer: its lines, the bytes they span
 MAX_HELPERS = 4
 BLOCKS_AHEAD_PER_HELPER = 2  # blocks sent to each helper ahead of the one the enqueuer cuts
 
@@ -112,8 +111,8 @@ class LineChecks:
     def lent(self, stream: BinaryIO, size: int) -> Iterator[BlockChecks]:
         """Checks for the blocks of `stream` (a file of `size` bytes): by the helpers when the file is
         large and local and they are free, else by the caller."""
-        fileno = _local_fileno(stream)
-        if size < HELPER_MIN_BYTES or fileno is None or self._count < 1 or not self._lock.acquire(blocking=False):
+        fileno = _local_fileno(stream) if self._count > 0 and size >= HELPER_MIN_BYTES else None
+        if fileno is None or not self._lock.acquire(blocking=False):
             yield BlockChecks([], "")
             return
         try:
@@ -154,13 +153,13 @@ def _local_fileno(stream: BinaryIO) -> int | None:
 
 class BlockChecks:
     """Whether each block of one file holds only JSON values, in order: `send` a block, then
-    `answered` gives the oldest block sent and its answer. The helpers take the blocks in turn
-    (each answers its own in order); without helpers, each block is parsed here."""
+    `answered` answers the oldest block sent. The helpers take the blocks in turn (each answers
+    its own in order); without helpers, each block is parsed here."""
 
     def __init__(self, helpers: list[_Helper], file: str) -> None:
         self._helpers = helpers
         self._file = file
-        self._sent: deque[tuple[Kept, bytes, _Helper | None]] = deque()  # kept, the block, who parses it
+        self._sent: deque[tuple[bytes, _Helper | None]] = deque()  # each block, and the helper parsing it
         self._turn = 0
         self.broken = False
 
@@ -169,12 +168,8 @@ class BlockChecks:
         """How many blocks may be sent before the oldest answer is taken."""
         return BLOCKS_AHEAD_PER_HELPER * len(self._helpers)
 
-    @property
-    def waiting(self) -> int:
-        return len(self._sent)
-
-    def send(self, kept: Kept, block: bytes, offset: int) -> None:
-        """Have `block` (bytes `offset`.. of the file) parsed; `kept` comes back with its answer."""
+    def send(self, block: bytes, offset: int) -> None:
+        """Have `block` (bytes `offset`.. of the file) parsed."""
         helper = None
         if self._helpers:
             helper = self._helpers[self._turn % len(self._helpers)]
@@ -184,18 +179,18 @@ class BlockChecks:
             except HelperGone as e:
                 self._gone(e)
                 helper = None
-        self._sent.append((kept, block, helper))
+        self._sent.append((block, helper))
 
-    def answered(self) -> tuple[Kept, bool]:
-        """The oldest block sent (what was kept with it) and whether all its lines are JSON values."""
-        kept, block, helper = self._sent.popleft()
+    def answered(self) -> bool:
+        """Whether all the lines of the oldest block sent are JSON values."""
+        block, helper = self._sent.popleft()
         answer = None
         if helper is not None and not self.broken:
             try:
                 answer = helper.answer()
             except HelperGone as e:
                 self._gone(e)
-        return kept, all_json_values(block) if answer is None else answer
+        return all_json_values(block) if answer is None else answer
 
     def _gone(self, error: HelperGone) -> None:
         log.warning("a helper process parsing JSON lines is gone (%s); parsing in the enqueuer", error)
@@ -203,7 +198,9 @@ class BlockChecks:
 
 
 LINE_CHECKS = LineChecks()
-"""This process's (one helper per API process)."""
+"""This process's helpers (`min(MAX_HELPERS, CPUs)`), for the enqueuer."""
+HERE = LineChecks(helpers=0)
+"""No helper: every block parsed by its caller."""
 
 
 def _serve() -> None:

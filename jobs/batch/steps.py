@@ -201,7 +201,7 @@ class Record:
     failure carries its payload and is rare: it is waited for.
     """
 
-    def __init__(self, ledger: BatchLedger, send_completion: SendCompletion, answers: LaterAnswers | None) -> None:
+    def __init__(self, ledger: BatchLedger, send_completion: SendCompletion, answers: LaterAnswers) -> None:
         self.ledger = ledger
         self.send_completion = send_completion
         self.answers = answers
@@ -216,7 +216,7 @@ class Record:
             sent = store.send_record_success(run.job_id, run.index, seconds, run.delivery)
             run.open_delivery = None  # the recording takes it off the node's in-flight hash
             use = partial(self._recorded, run, job)
-            if self.answers is None or not self.answers.later(sent, use):
+            if not self.answers.later(sent, use):
                 use(sent.answer())
             return
         recorded = store.record_failure(
@@ -238,8 +238,7 @@ class Begin:
     """Count the delivery; run nothing of an ended job, or of a batch recorded already, or one whose
     process died more often than its tries allow."""
 
-    def __init__(self, ledger: BatchLedger, predictors: JobPredictors,
-                 meanwhile: Callable[[BatchRun], None] | None = None) -> None:
+    def __init__(self, ledger: BatchLedger, predictors: JobPredictors, meanwhile: Callable[[BatchRun], None]) -> None:
         """`meanwhile(run)` is done while the begin is on its way (`BatchLedger.send_begin_batch`): work
         without effects whose result the batch uses only if it runs (reading its input)."""
         self.ledger = ledger
@@ -247,14 +246,11 @@ class Begin:
         self.meanwhile = meanwhile
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
-        if self.meanwhile is None:
-            start = self.ledger.begin_batch(run.job_id, run.index, run.delivery)
-        else:
-            sent = self.ledger.send_begin_batch(run.job_id, run.index, run.delivery)
-            try:
-                self.meanwhile(run)
-            finally:
-                start = sent.answer()
+        sent = self.ledger.send_begin_batch(run.job_id, run.index, run.delivery)
+        try:
+            self.meanwhile(run)
+        finally:
+            start = sent.answer()
         if start.status is None or start.status not in ACTIVE_STATUSES:
             return  # unknown, stopped, timed out or failed job: nothing more runs
         if start.already_recorded:
@@ -404,10 +400,10 @@ def _job_of(run: BatchRun) -> Job:
 def batch_pipeline(
     *, ledger: BatchLedger, records: JobRecords, nodes: NodeRegistry, placement: JobPlacement,
     predictors: JobPredictors, watchdog: BatchWatchdog, figures: FigureSink, logs: JobLogs,
-    send_completion: SendCompletion, local_roots: tuple[str, ...], answers: LaterAnswers | None = None,
+    send_completion: SendCompletion, local_roots: tuple[str, ...], answers: LaterAnswers,
 ) -> Next:
     """The steps a batch goes through in this process, outermost first, each given what it uses;
-    `answers` uses the answers of batch records (at once unless given)."""
+    `answers` may hold the answers of batch records until they arrive."""
     read_input = ReadInput(local_roots)
     return chain([
         Labels(logs), OpenDelivery(nodes), Figures(figures),

@@ -111,12 +111,7 @@ class SentScript(Generic[T]):
         return self._convert(reply)
 
     def _again(self) -> Any:
-        return script_until_answered(self._script, self._keys, self._args, self._what)
-
-
-def script_until_answered(script: Script, keys: list[Any], args: list[Any], what: str) -> Any:
-    """The script's raw reply, the call made the blocking way until Redis answers (`until_answered`)."""
-    return until_answered(what, lambda: script(keys=keys, args=args))
+        return until_answered(self._what, lambda: self._script(keys=self._keys, args=self._args))
 
 
 def until_answered(what: str, call: Callable[[], T]) -> T:

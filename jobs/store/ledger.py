@@ -21,9 +21,9 @@ from redis.typing import EncodableT
 from foundation import keys
 from jobs.batch.job import ACTIVE_STATUSES
 from jobs.store import scripts, values
-from jobs.store.answers import Answer, SentScript, script_until_answered
+from jobs.store.answers import Answer, SentScript
 from jobs.store.values import DEFAULT_JOB_TTL_S, BatchStart, Payload, Recorded, batch_start, failed_batch_record
-from jobs.transport.delivery import BROKER_UNACKED, BROKER_UNACKED_INDEX, BrokerReceipt, Delivery, inflight_entry
+from jobs.transport.delivery import BROKER_UNACKED, BROKER_UNACKED_INDEX, Delivery, inflight_entry
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,10 @@ class RedisBatchLedger:
         self._record_batch = scripts.register(client, "record_batch")
         self._seal = scripts.register(client, "seal")
 
-    def _begin_call(
-        self, job_id: str, index: int, delivery: Delivery | None
-    ) -> tuple[list[Any], list[EncodableT], BrokerReceipt | None]:
-        """The begin script's keys and arguments, and the receipt whose entry it writes (if any)."""
+    def begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> BatchStart:
+        return self.send_begin_batch(job_id, index, delivery).answer()
+
+    def send_begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> Answer[BatchStart]:
         named = keys.job_keys(job_id)
         receipt = delivery.receipt if delivery is not None else None
         unacked = receipt if receipt is not None and receipt.unacked and not receipt.written else None
@@ -51,18 +51,6 @@ class RedisBatchLedger:
         ]
         script_keys = [named["job"], named["done"], named["starts"], keys.inflight(delivery.node if delivery else ""),
                        BROKER_UNACKED, BROKER_UNACKED_INDEX, keys.job_timed_out(job_id)]
-        return script_keys, args, unacked
-
-    def begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> BatchStart:
-        script_keys, args, unacked = self._begin_call(job_id, index, delivery)
-        start = batch_start(script_until_answered(self._begin_batch, script_keys, args,
-                                                  f"starting batch {index} of job {job_id}"))
-        if unacked is not None:
-            unacked.written = True
-        return start
-
-    def send_begin_batch(self, job_id: str, index: int, delivery: Delivery | None = None) -> Answer[BatchStart]:
-        script_keys, args, unacked = self._begin_call(job_id, index, delivery)
         sent = SentScript(self._redis, self._begin_batch, script_keys, args,
                           f"starting batch {index} of job {job_id}", convert=batch_start)
         if unacked is not None:
@@ -75,47 +63,35 @@ class RedisBatchLedger:
         return bool(self._seal(keys=[named["job"], named["done"]],
                                args=[total_batch_count, values.new_token(), repr(now)]))
 
-    def _record_call(
+    def _send_record(
         self, job_id: str, index: int, outcome: str, seconds: float, failure: str, delivery: Delivery | None
-    ) -> tuple[list[Any], list[EncodableT]]:
-        """The record script's keys and arguments."""
+    ) -> Answer[Recorded]:
         named = keys.job_keys(job_id)
         receipt = delivery.receipt if delivery is not None else None
         args: list[EncodableT] = [index, outcome, seconds, failure, delivery.task_id if delivery else "",
                                   values.new_token(), repr(time.time()), receipt.tag if receipt else ""]
         script_keys = [named["job"], named["done"], named["failed"], keys.inflight(delivery.node if delivery else ""),
                        named["payloads"], BROKER_UNACKED, BROKER_UNACKED_INDEX]
-        return script_keys, args
-
-    def _record(
-        self, job_id: str, index: int, outcome: str, seconds: float, failure: str, delivery: Delivery | None
-    ) -> Recorded:
-        script_keys, args = self._record_call(job_id, index, outcome, seconds, failure, delivery)
-        recorded = Recorded(script_until_answered(self._record_batch, script_keys, args,
-                                                  f"recording batch {index} of job {job_id}"))
-        if delivery is not None and delivery.receipt is not None:
-            delivery.receipt.acknowledged = True
-        return recorded
+        sent = SentScript(self._redis, self._record_batch, script_keys, args,
+                          f"recording batch {index} of job {job_id}", convert=Recorded)
+        if receipt is not None:
+            receipt.acknowledged = True  # by the script on its way, whenever its answer is read
+        return sent
 
     def record_success(self, job_id: str, index: int, seconds: float, delivery: Delivery | None = None) -> Recorded:
-        return self._record(job_id, index, "ok", seconds, "", delivery)
+        return self._send_record(job_id, index, "ok", seconds, "", delivery).answer()
 
     def send_record_success(
         self, job_id: str, index: int, seconds: float, delivery: Delivery | None = None
     ) -> Answer[Recorded]:
-        script_keys, args = self._record_call(job_id, index, "ok", seconds, "", delivery)
-        sent = SentScript(self._redis, self._record_batch, script_keys, args,
-                          f"recording batch {index} of job {job_id}", convert=Recorded)
-        if delivery is not None and delivery.receipt is not None:
-            delivery.receipt.acknowledged = True  # by the script on its way, whenever its answer is read
-        return sent
+        return self._send_record(job_id, index, "ok", seconds, "", delivery)
 
     def record_failure(
         self, job_id: str, index: int, seconds: float, error: str, tries: int, payload: Any,
         payload_ref: dict[str, Any] | None = None, delivery: Delivery | None = None,
     ) -> Recorded:
         record = failed_batch_record(index, error, tries, payload, payload_ref)
-        return self._record(job_id, index, "failed", seconds, record, delivery)
+        return self._send_record(job_id, index, "failed", seconds, record, delivery).answer()
 
     def recorded_indexes(self, job_id: str) -> set[int]:
         return {int(raw) for raw in self._redis.smembers(keys.job_done(job_id))}

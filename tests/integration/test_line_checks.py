@@ -19,7 +19,7 @@ import pytest
 import jobs.batch.inputs
 import jobs.batch.line_checks
 from jobs.batch.inputs import EnqueueError, RangeRef, cut_ranges
-from jobs.batch.line_checks import LineChecks
+from jobs.batch.line_checks import HERE, LineChecks
 from predictors_runtime.storage import storage_for
 
 
@@ -36,7 +36,7 @@ def written(path: Path, text: str) -> Path:
 
 
 def cut(path: Path, batch_size: int, checks: LineChecks | None) -> list[RangeRef]:
-    return list(cut_ranges([storage_for(str(path)).stat(str(path))], batch_size, checks))
+    return list(cut_ranges([storage_for(str(path)).stat(str(path))], batch_size, checks or HERE))
 
 
 def helper_pids(checks: LineChecks) -> list[int]:
@@ -79,9 +79,9 @@ def test_the_helpers_read_the_file_the_enqueuer_opened_even_if_its_path_was_swap
     with open(path, "rb") as stream, checks.lent(stream, path.stat().st_size) as lent:
         os.replace(swapped, path)  # the name now leads to a file of bad lines
         data = stream.read()
-        lent.send(([], 0), data[: data.rfind(b"\n")], 0)
+        lent.send(data[: data.rfind(b"\n")], 0)
 
-        assert lent.answered()[1] is True  # the helper read the opened file, all JSON values
+        assert lent.answered() is True  # the helper read the opened file, all JSON values
 
 
 def test_a_helper_that_dies_mid_file_costs_nothing_but_speed_and_the_next_file_starts_new_ones(
@@ -94,12 +94,12 @@ def test_a_helper_that_dies_mid_file_costs_nothing_but_speed_and_the_next_file_s
     with open(path, "rb") as stream, checks.lent(stream, path.stat().st_size) as lent:
         first = helper_pids(checks)
         for block, offset in blocks[:3]:
-            lent.send(([], offset), block, offset)
+            lent.send(block, offset)
         os.kill(first[0], signal.SIGKILL)  # it held the first and the third block
         for block, offset in blocks[3:]:
-            lent.send(([], offset), block, offset)
+            lent.send(block, offset)
 
-        answers = [lent.answered()[1] for _ in blocks]
+        answers = [lent.answered() for _ in blocks]
 
     assert answers == [True, False, True] * 2  # what the dead helper held was parsed here
     assert lent.broken
