@@ -283,7 +283,8 @@ class StreamLogHandler(logging.Handler):
             yield
         finally:
             _capturing.reset(token)
-            self._wake.set()  # the flusher ships them now, off this thread
+            if self._buffer:  # the flusher ships them now, off this thread (not woken for a block that logged
+                self._wake.set()  # nothing: most batches, whose wake-up cost a thread switch each)
 
     def capturing_job(self, job_id: str) -> contextlib.AbstractContextManager[None]:
         """`capturing` the job's stream (around a batch, or the job's completion)."""

@@ -8,6 +8,7 @@ the fake here and against Redis in tests/integration/test_foundation_redis.py.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -242,3 +243,27 @@ def test_a_process_handler_ships_to_the_streams_it_is_given(streams: MemoryLogSt
         for handler in [h for h in logging.getLogger().handlers if isinstance(h, StreamLogHandler)]:
             logging.getLogger().removeHandler(handler)
             handler.close()
+
+
+def test_a_batch_that_logs_nothing_does_not_wake_the_shipper(
+    streams: MemoryLogStreams, logger: logging.Logger, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shipper thread runs once a line was logged; waking it at the end of every batch, with nothing
+    to ship, cost a node a thread switch per batch."""
+    handler = attach(logger, StreamLogHandler(streams, flush_interval_s=NEVER_S))
+    with handler.capturing_job("first"):
+        logger.info("the shipper thread starts with a first line")
+    streams.wait_for_lines(job_stream("first"), 1, WAIT_S)
+    shipped = threading.Event()
+    ship = handler.flush
+    monkeypatch.setattr(handler, "flush", lambda: (shipped.set(), ship())[1])
+
+    for _ in range(20):
+        with handler.capturing_job("quiet"):
+            pass
+    woken_by_quiet_batches = shipped.wait(0.3)  # time enough for a woken shipper to run
+    with handler.capturing_job("loud"):
+        logger.info("a line")
+
+    assert [line["message"] for line in streams.wait_for_lines(job_stream("loud"), 1, WAIT_S)] == ["a line"]
+    assert not woken_by_quiet_batches
