@@ -16,7 +16,7 @@ from foundation.settings import Settings
 from jobs.celery_app import create_celery
 from jobs.store.ledger import RedisBatchLedger
 from jobs.tasks import RUN_ASYNC, RUN_BATCH
-from jobs.transport.broker import TRANSPORT_PATH, Channel, receipt_for
+from jobs.transport.broker import TRANSPORT_PATH, Channel, queue_lengths, queue_lists, receipt_for
 from jobs.transport.delivery import Delivery
 from jobs.transport.task_messages import TaskMessages
 
@@ -195,3 +195,22 @@ def test_batches_published_across_a_dropped_connection_are_queued_once_each(redi
     indexes = [json.loads(base64.b64decode(json.loads(raw)["body"]))[0][1] for raw in client.lrange(queue, 0, -1)]
     assert sorted(indexes) == list(range(PIPELINE + 2))
 
+
+
+def test_a_queue_is_one_list_a_node_reads_whatever_priority_a_message_was_sent_with(redis_server):
+    """kombu keeps one list per priority level a channel knows; Sluice's channels know one, so a node's
+    BRPOP names one key per queue, and a message sent with a priority still lands where nodes read."""
+    app = create_celery(Settings(redis_url=redis_server))
+    client = redis.Redis.from_url(redis_server)
+    client.delete("prio-test")
+
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        lists = queue_lists(channel, "prio-test")
+        app.send_task(RUN_ASYNC, args=("echo", "r-1"), queue="prio-test", priority=9, ignore_result=True)
+        app.send_task(RUN_ASYNC, args=("echo", "r-2"), queue="prio-test", ignore_result=True)
+        waiting = queue_lengths(channel, ["prio-test"])
+
+    assert lists == ["prio-test"]
+    assert client.llen("prio-test") == 2 and waiting == {"prio-test": 2}
+    assert sorted(key for key in client.keys("prio-test*")) == [b"prio-test"]
