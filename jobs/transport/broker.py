@@ -91,9 +91,10 @@ def transport_options(settings: Settings) -> dict[str, Any]:
     - No `retry_on_timeout`: kombu would then no longer pipeline a job's publishes (a pipeline
       sent again could queue a batch twice).
     - `priority_steps` `[0]`: one Redis list per queue. Sluice sends no task with a priority, so
-      every message is on the queue's own list, and kombu's default of four lists per queue only
-      made every BRPOP name four times the keys (on a node, about a twentieth of the CPU its
-      event loop spends per batch, building and sending them) and every length read four LLENs.
+      every message was on the queue's own list anyway; kombu's default of four lists per queue
+      only made every BRPOP of a node name four keys per queue (kombu's work before each BRPOP
+      was about 7% of a node's Python time per batch, profiled on `bench/onnx_batch.py`) and
+      every length read four LLENs.
     """
     options: dict[str, Any] = {
         "visibility_timeout": int(settings.visibility_timeout_s),
