@@ -12,6 +12,8 @@ Options given on the command line (`-b`, `-w`) win over these.
 
 from __future__ import annotations
 
+from typing import Any
+
 worker_class = "gthread"
 workers = 2
 threads = 4
@@ -20,3 +22,11 @@ threads = 4
 keepalive = 75
 timeout = 120
 graceful_timeout = 10
+
+
+def post_worker_init(worker: Any) -> None:
+    """Each API process starts its JSON-lines parsing helpers as it starts (`jobs/batch/line_checks.py`),
+    so that its first large `delimited_files` job does not wait for them."""
+    from jobs.batch.line_checks import LINE_CHECKS
+
+    LINE_CHECKS.start()

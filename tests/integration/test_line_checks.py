@@ -43,6 +43,16 @@ def helper_pids(checks: LineChecks) -> list[int]:
     return [helper.process.pid for helper in checks._helpers]
 
 
+def test_helpers_started_ahead_are_the_ones_the_first_file_uses(tmp_path: Path, checks: LineChecks) -> None:
+    checks.start()
+    started = helper_pids(checks)
+    assert len(started) == 2 and all(helper.alive() for helper in checks._helpers)
+    path = written(tmp_path / "in.jsonl", "".join(json.dumps({"n": i}) + "\n" for i in range(40)))
+
+    assert cut(path, 7, checks) == cut(path, 7, None)
+    assert helper_pids(checks) == started
+
+
 @pytest.mark.parametrize("shape", ["plain", "blank lines", "crlf", "no final newline", "long lines"])
 def test_ranges_cut_beside_the_helpers_are_those_cut_alone(tmp_path: Path, checks: LineChecks, shape: str) -> None:
     lines = [json.dumps({"n": i, "text": "x" * (300 if shape == "long lines" else i % 5)}) for i in range(60)]
