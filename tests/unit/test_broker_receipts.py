@@ -5,12 +5,14 @@ the channel's Redis client; tests/integration/test_broker_redis.py runs the same
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from kombu.transport import redis as kombu_redis
+from kombu.utils import json as kombu_json
 
 from jobs.tasks import RUN_BATCH
 from jobs.transport.broker import RECEIPT_TASK, Channel, ReceiptQoS, SentinelChannel, receipt_for
@@ -79,6 +81,20 @@ def test_a_batch_taken_to_run_at_once_is_written_by_its_begin_not_by_the_transpo
     assert channel.sent == []
     assert receipt is not None and not receipt.written and receipt.unacked.startswith("[{")
     assert transport.can_consume() is False  # held, as kombu holds a message it took
+
+
+@pytest.mark.parametrize("extra", [{}, {"big": 2**70, "text": "é\u2028"}], ids=["usual", "past orjson"])
+def test_the_kept_entry_reads_back_as_the_entry_kombu_writes(extra: dict[str, Any]) -> None:
+    transport, _ = qos()
+    message = Message("t-entry")
+    message.headers.update(extra)
+
+    transport.append(message, "t-entry")
+
+    receipt = receipt_for("task-t-entry")
+    assert receipt is not None
+    kombus = json.dumps([message._raw, "job.j1", "job.j1"])  # what kombu's QoS.append writes
+    assert kombu_json.loads(receipt.unacked) == kombu_json.loads(kombus)
 
 
 def test_a_batch_its_record_acknowledged_is_acknowledged_without_a_write() -> None:
