@@ -21,6 +21,9 @@ RUN_BATCH = "sluice.run_batch"
 FINISH_JOB = "sluice.finish_job"
 RUN_ASYNC = "sluice.run_async"
 RUN_ASYNC_QUEUED = "sluice.run_async_queued"
+# How a node runs a batch's message (`jobs/transport/batch_strategy.py`); named, so that only a
+# worker imports it (Celery does, as it starts consuming).
+BATCH_STRATEGY = "jobs.transport.batch_strategy:batch_strategy"
 
 
 class BatchWorker(Protocol):
@@ -77,7 +80,8 @@ def register_tasks(app: Celery, runtime_factory: Callable[[], BatchWorker]) -> N
             raise Reject(f"Redis failed while the async requests ran: {e}", requeue=True) from e
 
     # Registered by call, not as decorators: Celery's are untyped, and would make these functions so.
-    app.task(name=RUN_BATCH, ignore_result=True, acks_late=True, bind=True, shared=False)(run_batch)
+    app.task(name=RUN_BATCH, ignore_result=True, acks_late=True, bind=True, shared=False,
+             Strategy=BATCH_STRATEGY)(run_batch)
     app.task(name=FINISH_JOB, ignore_result=True, acks_late=True, bind=True, shared=False)(finish_job)
     app.task(name=RUN_ASYNC, ignore_result=True, acks_late=True, bind=True, shared=False)(run_async)
     app.task(name=RUN_ASYNC_QUEUED, ignore_result=True, acks_late=True, bind=True, shared=False)(run_async_queued)
