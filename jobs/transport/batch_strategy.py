@@ -9,8 +9,8 @@ On `bench/onnx_batch.py` (iris, batches of 256, 2 cores) it was about a tenth of
 batch: the two nodes spent 0.50-0.57 CPU-s each per 200,000 rows with it, 0.45-0.50 without.
 
 This strategy runs a batch message the same way with less: the message's body decoded, the batch
-noted in Celery's worker state as reserved and then running (what `celery inspect active` lists,
-and what the node's stall watch and settling read), `task_received` sent, the task called with its
+noted in Celery's worker state as reserved and then running (what the node's stall watch reads
+from its heartbeat thread while the batch runs, and its settling), `task_received` sent, the task called with its
 id and node name in its request context, and the message then acknowledged, or rejected when the
 task raises `Reject`, through the callbacks the consumer handed in (as Celery's `Request` does). A
 task that raises anything else is logged and acknowledged, as Celery does with a late-acknowledged
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 class RunningBatch:
     """What Celery's worker state keeps of a batch run by this strategy: its task id and name, and
-    what its control commands read of a request (`info`)."""
+    what its control commands read of a request (`info`; they are answered between batches)."""
 
     def __init__(self, task_id: str, name: str, hostname: str, delivery_info: dict[str, Any], args: Any) -> None:
         self.id = task_id
