@@ -16,8 +16,9 @@ task raises `Reject`, through the callbacks the consumer handed in (as Celery's 
 task that raises anything else is logged and acknowledged, as Celery does with a late-acknowledged
 task that fails (a batch records its own failures; what escapes is not the batch's). Any message
 that needs more goes to Celery's default strategy: one with an ETA or an expiry, a revoked one, one
-whose body is not Celery's protocol 2 (args, kwargs, embed), and every message while task events
-are on (`SLUICE_TASK_EVENTS`: Flower and `celery events` read the request's events).
+whose body is not Celery's protocol 2 (args, kwargs, embed) or that links other work (callbacks,
+errbacks, a chain or a chord), and every message while task events are on (`SLUICE_TASK_EVENTS`:
+Flower and `celery events` read the request's events).
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ class RunningBatch:
 Handler = Callable[..., Any]
 
 
+def _plain_call(body: Any) -> bool:
+    """Whether a decoded body is protocol 2's `[args, kwargs, embed]` with nothing to run after the task
+    (no callbacks, errbacks, chain or chord, which Celery's tracer runs)."""
+    if not (isinstance(body, (list, tuple)) and len(body) == 3 and isinstance(body[0], (list, tuple))
+            and isinstance(body[1], dict) and isinstance(body[2], dict)):
+        return False
+    return not any(body[2].get(key) for key in ("callbacks", "errbacks", "chain", "chord"))
+
+
 def batch_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Handler:
     """The message handler of `task` on this node's consumer (called by Celery as it starts consuming)."""
     celery_default: Handler = default(task, app, consumer, **options)
@@ -75,9 +85,12 @@ def batch_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Handle
         if callbacks or not task_id or headers.get("eta") or headers.get("expires") or task_id in revoked:
             return celery_default(message, body, ack, reject, callbacks, **kwargs)
         try:
-            args, task_kwargs, _embed = message.decode()
-        except Exception:  # noqa: BLE001 - not protocol 2 (or not decodable): Celery's strategy says why
+            decoded = message.decode()
+        except Exception:  # noqa: BLE001 - not decodable or not accepted: Celery's strategy says why
             return celery_default(message, body, ack, reject, callbacks, **kwargs)
+        if not _plain_call(decoded):
+            return celery_default(message, body, ack, reject, callbacks, **kwargs)
+        args, task_kwargs, _ = decoded
         running = RunningBatch(task_id, task.name, hostname, message.delivery_info, args)
         signals.task_received.send(sender=consumer, request=running)
         worker_state.task_reserved(running)

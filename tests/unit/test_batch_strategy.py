@@ -21,10 +21,10 @@ from jobs.transport.batch_strategy import batch_strategy
 
 
 class Message:
-    def __init__(self, task_id: str, args: list[Any], **headers: Any) -> None:
+    def __init__(self, task_id: str, args: list[Any], embed: dict[str, Any] | None = None, **headers: Any) -> None:
         self.headers = {"task": RUN_BATCH, "id": task_id, **headers}
         self.delivery_info = {"exchange": "", "routing_key": "job.j1"}
-        self._body = [args, {}, {"callbacks": None}]
+        self._body: Any = [args, {}, embed or {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
 
     def decode(self) -> Any:
         return self._body
@@ -138,13 +138,16 @@ def test_a_task_that_raises_is_logged_and_acknowledged(celery_default: list[str]
     assert "t-3" in caplog.text and "not the batch's own failure" in caplog.text
 
 
-@pytest.mark.parametrize("case", ["eta", "expires", "revoked", "task events"])
+@pytest.mark.parametrize("case", ["eta", "expires", "revoked", "task events", "callbacks", "protocol 1 body"])
 def test_messages_it_does_not_cover_go_to_celerys_strategy(celery_default: list[str], case: str) -> None:
     task, consumer, seen = node(events=case == "task events", revoked=("t-4",) if case == "revoked" else ())
     headers = {case: "2026-11-28T21:00:00+00:00"} if case in ("eta", "expires") else {}
+    embed = {"callbacks": [{"task": "other"}]} if case == "callbacks" else None
+    message = Message("t-4", ["job-1", 0], embed, **headers)
+    if case == "protocol 1 body":
+        message._body = {"args": ["job-1", 0], "kwargs": {}, "retries": 0}
     settled = Settled()
 
-    batch_strategy(task, task.app, consumer)(Message("t-4", ["job-1", 0], **headers), None, settled.ack,
-                                             settled.reject, set())
+    batch_strategy(task, task.app, consumer)(message, None, settled.ack, settled.reject, set())
 
     assert celery_default == ["t-4"] and seen == [] and settled.calls == []
