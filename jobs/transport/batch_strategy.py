@@ -18,7 +18,10 @@ task that fails (a batch records its own failures; what escapes is not the batch
 that needs more goes to Celery's default strategy: one with an ETA or an expiry, a revoked one, one
 whose body is not Celery's protocol 2 (args, kwargs, embed) or that links other work (callbacks,
 errbacks, a chain or a chord), and every message while task events are on (`SLUICE_TASK_EVENTS`:
-Flower and `celery events` read the request's events).
+Flower and `celery events` read the request's events). Only `task_received` of Celery's task signals
+is sent for a batch run here (the node's stall watch listens to it); `task_prerun`, `task_postrun`,
+`task_success` and `task_failure` come from the tracer, which a batch's message no longer passes:
+instrumentation that needs them runs the nodes with `SLUICE_TASK_EVENTS=1`.
 """
 
 from __future__ import annotations
