@@ -41,7 +41,8 @@ def test_with_task_events_on_every_batch_runs_through_celerys_tracer(events_stac
     status = client.wait_job("with-events", job["job_id"], timeout=60)
 
     assert status["status"] == "status_succeeded" and status["batch_metrics"]["succeeded"] == 3
-    assert sorted(item for e in read_events(events) if e["event"] == "predict" for item in e["items"]) == list(range(12))
+    predicted = [item for e in read_events(events) if e["event"] == "predict" for item in e["items"]]
+    assert sorted(predicted) == list(range(12))
     for _ in range(50):  # the log line follows the batch's record by a moment
         if len(_tracer_lines(events_stack, "sluice.run_batch")) >= 3:
             break
