@@ -30,6 +30,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery import signals
@@ -40,18 +41,18 @@ from celery.worker.strategy import default
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)  # kept in Celery's sets of requests by identity
 class RunningBatch:
     """What Celery's worker state keeps of a batch run by this strategy: its task id and name, and
     what its control commands read of a request (`info`; they are answered between batches)."""
 
-    def __init__(self, task_id: str, name: str, hostname: str, delivery_info: dict[str, Any], args: Any) -> None:
-        self.id = task_id
-        self.name = name
-        self.hostname = hostname
-        self.delivery_info = delivery_info
-        self.args = args
-        self.time_start = time.time()
-        self.acknowledged = False
+    id: str
+    name: str
+    hostname: str
+    delivery_info: dict[str, Any]
+    args: Any
+    time_start: float = field(default_factory=time.time)
+    acknowledged: bool = False
 
     def info(self, safe: bool = False) -> dict[str, Any]:
         return {
@@ -82,18 +83,24 @@ def batch_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Handle
     connection_errors = consumer.connection_errors
     revoked = consumer.controller.state.revoked
 
-    def handle(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any) -> Any:
-        headers = message.headers or {}
+    def plain_call(message: Any, headers: dict[str, Any], callbacks: Any) -> Any:
+        """The message's decoded body if this strategy runs it, else None (Celery's does)."""
         task_id = headers.get("id")
         if callbacks or not task_id or headers.get("eta") or headers.get("expires") or task_id in revoked:
-            return celery_default(message, body, ack, reject, callbacks, **kwargs)
+            return None
         try:
             decoded = message.decode()
         except Exception:  # noqa: BLE001 - not decodable or not accepted: Celery's strategy says why
-            return celery_default(message, body, ack, reject, callbacks, **kwargs)
-        if not _plain_call(decoded):
+            return None
+        return decoded if _plain_call(decoded) else None
+
+    def handle(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any) -> Any:
+        headers = message.headers or {}
+        decoded = plain_call(message, headers, callbacks)
+        if decoded is None:
             return celery_default(message, body, ack, reject, callbacks, **kwargs)
         args, task_kwargs, _ = decoded
+        task_id = headers["id"]
         running = RunningBatch(task_id, task.name, hostname, message.delivery_info, args)
         signals.task_received.send(sender=consumer, request=running)
         worker_state.task_reserved(running)

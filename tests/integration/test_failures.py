@@ -14,6 +14,8 @@ from jobs.batch.job import job_queue_name
 from jobs.transport.broker import Channel
 from sluice.client import Conflict
 
+from .processes import children_of
+
 pytestmark = pytest.mark.integration
 
 
@@ -144,7 +146,7 @@ def test_a_job_whose_api_process_dies_mid_enqueue_is_failed_by_beat_and_runs_not
     assert client.job(api, spec["job_id"])["status"] == "status_enqueuing"
 
     api_server = next(c for c in stack.children if c.name == "api")
-    for pid in _children_of(api_server.process.pid):  # gunicorn's workers; its arbiter starts new ones
+    for pid in children_of(api_server.process.pid):  # gunicorn's workers; its arbiter starts new ones
         os.kill(pid, signal.SIGKILL)
 
     final = client.wait(api, spec["job_id"], timeout=60)
@@ -152,17 +154,3 @@ def test_a_job_whose_api_process_dies_mid_enqueue_is_failed_by_beat_and_runs_not
     assert "enqueueing stopped" in final["message"]
     _wait_for(lambda: _nothing_left_to_run(stack, spec["job_id"]), what="the failed job's batches to be gone")
     assert events(events_file) == []  # its input was never fully validated: nothing of it ran
-
-
-def _children_of(pid: int) -> list[int]:
-    children = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                children.append(int(entry))
-    return children

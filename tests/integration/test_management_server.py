@@ -12,6 +12,8 @@ from urllib.parse import urlparse
 
 from jobs.batch.line_checks import MAX_HELPERS
 
+from .processes import children_of, command_of
+
 
 def _connection(stack, timeout: float = 10) -> http.client.HTTPConnection:
     address = urlparse(stack.management_url)
@@ -62,31 +64,13 @@ def test_slow_requests_in_every_process_do_not_hold_up_the_others(stack):
             sock.close()
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError):
-            continue
-        if parent == pid:
-            found.append(int(entry))
-    return found
-
-
-def _command(pid: int) -> str:
-    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-        return cmdline.read().replace(b"\0", b" ").decode()
-
-
 def test_every_api_process_has_its_json_lines_helpers_before_any_large_file(stack):
     # Started with the process (gunicorn's post_worker_init), not by its first large `delimited_files`
     # job, which would otherwise wait for them; the tests submit no file that large.
     master = next(child.process.pid for child in stack.children if child.name == "api")
-    workers = _children(master)
+    workers = children_of(master)
     assert len(workers) == stack.api_processes
     expected = min(MAX_HELPERS, os.cpu_count() or 1)
     for worker in workers:
-        helpers = [pid for pid in _children(worker) if "jobs.batch.line_checks" in _command(pid)]
+        helpers = [pid for pid in children_of(worker) if "jobs.batch.line_checks" in command_of(pid)]
         assert len(helpers) == expected, (worker, helpers)

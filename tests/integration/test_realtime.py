@@ -32,6 +32,7 @@ from sluice.embedded import Stack, free_port
 from testbed.waiting import wait_for
 
 from .conftest import closing_client
+from .processes import children_of
 
 pytestmark = pytest.mark.integration
 
@@ -428,13 +429,6 @@ def test_sluice_up_runs_a_replica_per_realtime_api_and_ctrl_c_stops_it(tmp_path)
         requests.get(f"{url}/healthz", timeout=5)
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except FileNotFoundError:
-        return []
-
-
 def test_a_launcher_killed_outright_takes_its_gunicorn_with_it(rt_stack, rt_client, deploy_realtime, replicas,
                                                                 tmp_path):
     name = deploy_realtime()
@@ -448,8 +442,8 @@ def test_a_launcher_killed_outright_takes_its_gunicorn_with_it(rt_stack, rt_clie
     try:
         wait_for(lambda: any(r.port == port and r.ready for r in replicas.live(time.time(), name)), 120,
                  "the hand-started replica being ready")
-        (arbiter,) = _children(launcher.pid)
-        workers = _children(arbiter)
+        (arbiter,) = children_of(launcher.pid)
+        workers = children_of(arbiter)
         assert workers
     finally:
         launcher.kill()

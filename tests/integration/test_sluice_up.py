@@ -17,6 +17,7 @@ import requests
 
 from sluice.embedded import free_port
 from tests.integration.conftest import closing_client, write_project
+from tests.integration.processes import children_of
 from tests.integration.test_realtime import write_realtime_project
 
 pytestmark = pytest.mark.integration
@@ -39,13 +40,6 @@ def _stop(process: subprocess.Popen) -> str:
     return process.stderr.read()
 
 
-def _children_of(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except FileNotFoundError:
-        return []
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -63,7 +57,7 @@ def test_sluice_up_without_a_redis_url_runs_a_private_redis_and_ctrl_c_stops_eve
         assert url == f"http://127.0.0.1:{port}"
         health = requests.get(f"{url}/healthz", timeout=10).json()
         assert health["status"] == "ok" and len(health["worker_nodes"]) == 1
-        children = _children_of(process.pid)
+        children = children_of(process.pid)
         names = {Path(f"/proc/{c}/comm").read_text().strip() for c in children}
         assert any("redis" in n for n in names), names
         assert len(children) == 5  # redis, api, the proxy, beat, the worker host (its node is its child)
@@ -91,7 +85,7 @@ def test_sluice_up_with_a_redis_url_uses_that_redis(redis_server, tmp_path):
     try:
         assert url == f"http://127.0.0.1:{port}"
         assert client.hlen("sluice:nodes") == 1  # the worker registered in the given Redis
-        names = {Path(f"/proc/{c}/comm").read_text().strip() for c in _children_of(process.pid)}
+        names = {Path(f"/proc/{c}/comm").read_text().strip() for c in children_of(process.pid)}
         assert not any("redis" in n for n in names), names
     finally:
         process.send_signal(signal.SIGINT)
