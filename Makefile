@@ -3,6 +3,8 @@
 #   make test   - install, run the whole test suite
 # and, for a developer after every edit, `make check` (lint, types, layers and the fast tests).
 VENV ?= .venv
+# The Python the environment is made from (tox.ini's py311/py312/py313 pass theirs).
+PYTHON ?= python3
 PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 STAMP := $(VENV)/.installed
@@ -28,22 +30,49 @@ ifeq ($(STATIC_CHECKS),report)
 FINDINGS := -
 endif
 
-.PHONY: demo test check lint types unit bench redis-server browser helm install clean
+.PHONY: demo test check lint types unit bench redis-server browser helm install clean lock
 
 install: $(STAMP)
 
-# uv installs the same packages pip would, in parallel (a clean install: about 1 minute, pip's 3.5).
-$(UV):
-	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check uv
+# What the project installs for itself is exactly uv.lock (from pyproject.toml's extras and
+# dependency groups; docs/dependencies.md): `uv sync --locked` installs it, and a lock that no longer
+# matches pyproject.toml fails the install before anything changes. `make lock` refreshes it.
+# uv itself is bootstrapped with pip at the version the lock holds, so the sync keeps it as it is.
+UV_VERSION = $(shell python3 -c "import tomllib; print(next(p['version'] for p in tomllib.load(open('uv.lock', 'rb'))['package'] if p['name'] == 'uv'))")
+# The virtual environment is $(VENV), made from $(PYTHON), never a downloaded one.
+SYNC_ENV := env UV_PROJECT_ENVIRONMENT=$(abspath $(VENV)) UV_PYTHON_DOWNLOADS=never
+LOCK_CHECK := @$(SYNC_ENV) $(UV) lock --check --quiet || { \
+	echo "uv.lock does not match pyproject.toml: run 'make lock' (then 'make test'), and commit uv.lock" >&2; exit 1; }
+SYNC := $(SYNC_ENV) $(UV) sync --quiet --locked
+# `make test`: every role, predictor type and storage (the `all` extra) and the test tools.
+TEST_SYNC := $(SYNC) --extra all --group dev
+# `make demo`: the roles and ONNX, and what the examples' train.py scripts need. --inexact keeps
+# what a test install added to the same environment.
+DEMO_SYNC := $(SYNC) --inexact --no-default-groups --extra server --extra onnx --group examples
 
-$(STAMP): pyproject.toml requirements-dev.txt examples/requirements.txt | $(UV)
-	$(UV) pip install --quiet --python $(PY) -r requirements-dev.txt
+# uv installs the same packages pip would, in parallel (a clean install: about 1 minute, pip's 3.5).
+$(UV): uv.lock
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
+	touch $(UV)
+
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	$(LOCK_CHECK)
+	$(TEST_SYNC)
 	touch $(STAMP) $(DEMO_STAMP)
 
-$(DEMO_STAMP): pyproject.toml examples/requirements.txt | $(UV)
-	$(UV) pip install --quiet --python $(PY) -e '.[server,onnx]' -r examples/requirements.txt
+$(DEMO_STAMP): pyproject.toml uv.lock | $(UV)
+	$(LOCK_CHECK)
+	$(DEMO_SYNC)
 	touch $(DEMO_STAMP)
+
+# Refreshes uv.lock to the newest versions pyproject.toml's ranges allow (an upgrade on purpose:
+# run `make test` next and read what moved, `git diff --stat uv.lock`; docs/dependencies.md).
+lock: | $(UV)
+	$(SYNC_ENV) $(UV) lock --upgrade
+	$(call PEER_LOCK,ray)
+	$(call PEER_LOCK,bentoml)
+	@$(PY) -m testbed.lock_report
 
 redis-server:
 	@command -v redis-server >/dev/null 2>&1 || { \
@@ -87,20 +116,26 @@ types: $(STAMP)
 unit: $(STAMP)
 	$(UNIT)
 
+# The peers the benches compare with (Ray Serve, BentoML) pin versions of packages Sluice uses too,
+# so each runs in a virtual environment of its own, installed exactly from its lock
+# (bench/requirements-NAME.lock, compiled from bench/requirements-NAME.txt by `make lock`).
+PEER_VENV = [ -x bench/.venv-$(1)/bin/python ] || $(UV) venv --quiet --python python3 bench/.venv-$(1); \
+	$(UV) pip sync --quiet --python bench/.venv-$(1)/bin/python bench/requirements-$(1).lock
+PEER_LOCK = $(UV) pip compile --quiet --upgrade --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	bench/requirements-$(1).txt -o bench/requirements-$(1).lock
+
 bench: $(STAMP) redis-server
-	$(UV) pip install --quiet --python $(PY) -r bench/requirements.txt
+	$(SYNC) --extra all --group dev --group bench
 	$(RUN) $(PY) bench/batch_overhead.py
 	$(RUN) $(PY) bench/enqueue.py
 	$(RUN) $(PY) bench/onnx_batch.py
-	[ -x bench/.venv-ray/bin/python ] || { python3 -m venv bench/.venv-ray && \
-	  bench/.venv-ray/bin/pip install --quiet --disable-pip-version-check -r bench/requirements-ray.txt; }
+	$(call PEER_VENV,ray)
 	$(RUN) $(PY) bench/async_api.py
 	$(RUN) $(PY) bench/failover.py
 	$(RUN) $(PY) bench/autoscale.py
 	$(RUN) $(PY) bench/environments.py
 	@command -v wrk >/dev/null 2>&1 || $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
-	[ -x bench/.venv-bentoml/bin/bentoml ] || { python3 -m venv bench/.venv-bentoml && \
-	  bench/.venv-bentoml/bin/pip install --quiet --disable-pip-version-check -r bench/requirements-bentoml.txt; }
+	$(call PEER_VENV,bentoml)
 	$(RUN) $(PY) bench/realtime.py
 
 clean:

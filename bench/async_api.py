@@ -15,7 +15,7 @@ completed requests/s (requests / (last outcome - first submission)), p50 and p99
 submission to outcome, and Sluice/Celery ratios (throughput: above 1 Sluice is faster; latency:
 below 1 Sluice is faster). Median of `--repeat` runs.
 Ray Serve's asynchronous inference (a `@task_consumer` on Celery and Redis, `bench/ray_async_serve.py`)
-is measured where its virtual environment is (`bench/.venv-ray`, from `bench/requirements-ray.txt`;
+is measured where its virtual environment is (`bench/.venv-ray`, from `bench/requirements-ray.lock`;
 `make bench` makes it), after the table above, on the same rows with the same number of processes:
 its own table compares Sluice's figures above with it.
 Run: `python bench/async_api.py [--requests N] [--models iris,mlp,mlp+batching] [--repeat R]`.
@@ -190,7 +190,7 @@ def ray_table(redis_url: str, models: dict[str, dict], sluice: dict[str, tuple[f
               runs: int, clients: int) -> None:
     """Ray Serve's figures per model (one row a task, as plain Celery), against Sluice's from the table above."""
     if not RAY_PYTHON.exists():
-        print("\nRay Serve: bench/.venv-ray is missing (`make bench` makes it from bench/requirements-ray.txt); "
+        print("\nRay Serve: bench/.venv-ray is missing (`make bench` makes it from bench/requirements-ray.lock); "
               "skipped")
         return
     print(f"\nRay Serve asynchronous inference ({PROCESSES} task-consumer replicas, one task at a time each; "

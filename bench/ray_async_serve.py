@@ -1,6 +1,6 @@
 """Ray Serve's asynchronous inference on the bench's ONNX model, for bench/async_api.py's peer row.
 
-Runs in its own virtual environment (`bench/requirements-ray.txt`: Ray pins versions of packages
+Runs in its own virtual environment (`bench/requirements-ray.lock`: Ray pins versions of packages
 Sluice also uses), started by bench/async_api.py with the rows in a JSON file. A `@task_consumer`
 deployment of `--processes` replicas (one task at a time each, as Sluice's nodes and the plain
 Celery workers run) takes the tasks from Celery on the bench's Redis; `--clients` threads enqueue

@@ -1,6 +1,6 @@
 """BentoML serving the bench's ONNX model (`bentoml serve realtime_bento:OnnxService` from bench/).
 
-Runs in its own virtual environment (`bench/requirements-bentoml.txt`): BentoML pins versions of
+Runs in its own virtual environment (`bench/requirements-bentoml.lock`): BentoML pins versions of
 packages Sluice also uses, so it is kept apart from Sluice's.
 """
 

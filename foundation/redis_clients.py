@@ -232,10 +232,8 @@ def client(where: str | RedisAddress, policy: ClientPolicy, **options: Any) -> r
     # The sentinels are asked with the same timeouts and keepalive (a vanished sentinel is skipped
     # for the next), without retries: redis-py asks each in turn, and the command's retry asks again.
     sentinel_settings: dict[str, Any] = {**socket_options(policy), "password": address.sentinel_password}
-    sentinels = Sentinel(  # type: ignore[no-untyped-call]  # redis-py's Sentinel is untyped
-        list(address.sentinels), sentinel_kwargs=sentinel_settings, **settings)
-    primary: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
-        address.master, connection_class=FollowingPrimaryConnection)
+    sentinels = Sentinel(list(address.sentinels), sentinel_kwargs=sentinel_settings, **settings)
+    primary: redis.Redis = sentinels.master_for(address.master, connection_class=FollowingPrimaryConnection)
     return primary
 
 

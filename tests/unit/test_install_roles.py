@@ -10,6 +10,7 @@ installed) is in tests/integration/test_install_roles_interpreters.py.
 from __future__ import annotations
 
 import re
+import tomllib
 from importlib.metadata import PackageNotFoundError, distribution, requires
 from pathlib import Path
 
@@ -101,16 +102,16 @@ def test_each_extra_brings_its_role_and_all_brings_every_cpu_role():
     assert not everything & {"pandas", "pysimdjson"}  # pyarrow writes CSV; orjson is the one JSON parser
 
 
-def test_no_requirements_file_names_a_second_json_parser():
+def test_no_dependency_group_names_a_second_json_parser():
     # pandas may appear among the test tools (mlflow.sklearn imports it); Sluice itself never needs
     # it, which the extras test above holds.
-    files = [ROOT / "requirements-dev.txt", ROOT / "bench" / "requirements.txt"]
-    for path in files:
-        names_in_file = {canonicalize_name(Requirement(line.split("#")[0].strip()).name)
-                         for line in path.read_text().splitlines()
-                         if line.split("#")[0].strip() and not line.lstrip().startswith("-")}
-        assert "pysimdjson" not in names_in_file, path
-    assert "-e .[all]" in (ROOT / "requirements-dev.txt").read_text().splitlines()
+    groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
+    assert {"examples", "dev", "bench"} <= set(groups)
+    for name, entries in groups.items():
+        names_in_group = {canonicalize_name(Requirement(entry).name) for entry in entries if isinstance(entry, str)}
+        assert names_in_group, name
+        assert "pysimdjson" not in names_in_group, name
+    assert {"include-group": "examples"} in groups["dev"]
 
 
 def test_the_image_installs_the_server_onnx_storage_and_kubernetes_extras():
