@@ -26,7 +26,7 @@ from predictors_runtime.environments.lock import index_arguments
 from predictors_runtime.storage import split_uri
 
 from .batch import endpoint_url
-from .context import forget_route, predictor_builds, registry, replica_directory, services
+from .context import predictor_builds, registry, replica_directory, services
 from .replica_counts import realtime_counts_of
 from .schemas import Api, ApiList, DeleteApiQuery, Deleted, parse_query
 
@@ -107,7 +107,6 @@ def deploy() -> ResponseReturnValue:
         predictor_builds().forget(one.name)
     now = time.time()
     for one in deployed:
-        forget_route(one.name)
         if one.kind == ApiKind.ASYNC:  # on its nodes now, so that its first request does not wait for beat
             place_async_api(one, now)
     if any(one.kind == ApiKind.REALTIME for one in deployed):
@@ -268,7 +267,6 @@ def delete_api(name: str) -> ResponseReturnValue:
         stop_job(services(), store.get(job_id))
     registry().delete(name)
     predictor_builds().forget(name)
-    forget_route(name)
     if api.kind == ApiKind.REALTIME:
         place_realtime_replicas(time.time())
     return Deleted(message=f"deleted api {name}", stopped_jobs=[job_id for job_id, _ in active]).response()

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, cast
 
 from flask import current_app
@@ -25,12 +24,6 @@ LOG_STREAMS = "sluice.log_streams"
 FIGURE_STORE = "sluice.figure_store"
 PREDICTOR_BUILDS = "sluice.predictor_builds"
 ROUTES = "sluice.routes"
-# How old this process's view of an API may be when it routes a request to `/<name>`: one registry
-# read a second per API instead of one per request. A deploy or delete in this process is seen at
-# once; one in another process within the second. A request that view sends to an AsyncAPI deleted
-# meanwhile is refused by its store's check (`jobs/asyncapi/store.py` `submit`); one sent there although
-# the API is now of another kind is failed by its node, saying so.
-ROUTE_TTL_S = 1.0
 
 
 def services() -> Services:
@@ -62,24 +55,26 @@ def predictor_builds() -> PredictorBuilds:
 
 
 def routed_api(name: str) -> DeployedApi:
-    """The API a request to `/<name>` goes to, read from the registry at most once a `ROUTE_TTL_S` per
-    process (`ApiNotFound` is never kept: a new deploy is routed at once)."""
+    """The API a request to `/<name>` goes to: kept by each process while the registry's generation
+    holds still (`ApiNotFound` is never kept: a new deploy is routed at once)."""
     return route_in(current_app.extensions, name)
 
 
 def route_in(extensions: dict[str, Any], name: str) -> DeployedApi:
     """`routed_api` from an app's extensions, for a caller outside any request context (the WSGI
-    front of `api/async_front.py`): the same kept routes."""
-    routes: dict[str, tuple[float, DeployedApi]] = extensions.setdefault(ROUTES, {})
-    now = time.monotonic()
+    front of `api/async_front.py`): the same kept routes.
+
+    A request reads the registry's generation (a small counter, one round trip) instead of the API's
+    deployment (its JSON, parsed): every deploy and delete raises the counter, so a route kept by any
+    API process is dropped the moment another process changes the API, and a deleted API answers 404
+    from every process at once. The generation is read before the deployment, so a deploy between the
+    two leaves the route kept at the older generation: read again on the next request."""
+    api_registry = cast(ApiRegistry, extensions[REGISTRY])
+    routes: dict[str, tuple[int, DeployedApi]] = extensions.setdefault(ROUTES, {})
+    generation = api_registry.generation()
     kept = routes.get(name)
-    if kept is not None and now - kept[0] < ROUTE_TTL_S:
+    if kept is not None and kept[0] == generation:
         return kept[1]
-    api = cast(ApiRegistry, extensions[REGISTRY]).get(name)
-    routes[name] = (now, api)
+    api = api_registry.get(name)
+    routes[name] = (generation, api)
     return api
-
-
-def forget_route(name: str) -> None:
-    """An API deployed or deleted by this process: its next request reads the registry."""
-    current_app.extensions.get(ROUTES, {}).pop(name, None)

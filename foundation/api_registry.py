@@ -116,6 +116,11 @@ class ApiRegistry(Protocol):
         """Forget the API; `ApiNotFound` when none is registered."""
         ...
 
+    def generation(self) -> int:
+        """A number that changes with every `put` and `delete`, wherever they ran: what a process read
+        at one generation is still what the registry holds while the number holds still."""
+        ...
+
 
 def not_deployed(name: str) -> ApiNotFound:
     return ApiNotFound(f"api {name} is not deployed")
@@ -130,7 +135,10 @@ class RedisApiRegistry(ApiRegistry):
     def put(self, api: ApiDefinition, bundle: str, now: float | None = None,
             environment: dict[str, Any] | None = None) -> DeployedApi:
         deployed = DeployedApi.of(api, bundle, now, environment)
-        self._redis.hset(_KEY, api.name, deployed.to_json())
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hset(_KEY, api.name, deployed.to_json())
+        pipe.incr(keys.APIS_GENERATION)
+        pipe.execute()
         return deployed
 
     def get(self, name: str) -> DeployedApi:
@@ -144,5 +152,12 @@ class RedisApiRegistry(ApiRegistry):
         return sorted((DeployedApi.from_json(raw) for raw in raws), key=lambda a: a.name)
 
     def delete(self, name: str) -> None:
-        if not self._redis.hdel(_KEY, name):
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hdel(_KEY, name)
+        pipe.incr(keys.APIS_GENERATION)
+        deleted, _ = pipe.execute()
+        if not deleted:
             raise not_deployed(name)
+
+    def generation(self) -> int:
+        return int(self._redis.get(keys.APIS_GENERATION) or 0)

@@ -135,6 +135,10 @@ def node_of_inflight(key: str) -> str:
 APIS = f"{PREFIX}:apis"
 """Hash of deployed APIs: name -> deployment (JSON)."""
 
+APIS_GENERATION = f"{PREFIX}:apis:generation"
+"""Counter raised with every deploy and delete, in the same transaction: each API process keeps the
+routes it read for as long as the counter holds still (`api/context.py`)."""
+
 REPLICAS = f"{PREFIX}:replicas"
 """Hash of realtime replicas: replica id -> record (JSON), rewritten every heartbeat."""
 

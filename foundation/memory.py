@@ -87,6 +87,7 @@ class MemoryApiRegistry(_Fake, ApiRegistry):
     def __init__(self) -> None:
         super().__init__()
         self._apis: dict[str, str] = {}
+        self._generation = 0
 
     def put(self, api: ApiDefinition, bundle: str, now: float | None = None,
             environment: dict[str, Any] | None = None) -> DeployedApi:
@@ -94,6 +95,7 @@ class MemoryApiRegistry(_Fake, ApiRegistry):
         with self.lock:
             self._reach()
             self._apis[api.name] = deployed.to_json()
+            self._generation += 1
         return deployed
 
     def get(self, name: str) -> DeployedApi:
@@ -113,8 +115,14 @@ class MemoryApiRegistry(_Fake, ApiRegistry):
     def delete(self, name: str) -> None:
         with self.lock:
             self._reach()
+            self._generation += 1
             if self._apis.pop(name, None) is None:
                 raise not_deployed(name)
+
+    def generation(self) -> int:
+        with self.lock:
+            self._reach()
+            return self._generation
 
 
 class MemoryReplicaDirectory(_Fake, ReplicaDirectory):

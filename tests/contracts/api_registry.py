@@ -72,10 +72,26 @@ class ApiRegistryContract:
 
         assert registry.get("iris").spec["predictor"]["config"] == {"k": [1]}
 
+    def test_every_deploy_and_delete_moves_the_generation_and_nothing_else_does(self, registry: ApiRegistry) -> None:
+        seen = [registry.generation()]
+
+        registry.put(config("iris"), "b1")
+        seen.append(registry.generation())
+        registry.get("iris")
+        registry.all()
+        assert registry.generation() == seen[-1]  # reading moves nothing
+        registry.put(config("iris"), "b2")  # a redeploy
+        seen.append(registry.generation())
+        registry.delete("iris")
+        seen.append(registry.generation())
+
+        assert len(set(seen)) == 4
+
     def test_a_registry_that_cannot_be_reached_raises_a_connection_error(
         self, unreachable_registry: ApiRegistry,
     ) -> None:
         for call in (lambda: unreachable_registry.put(config(), "b"), lambda: unreachable_registry.get("iris"),
-                     unreachable_registry.all, lambda: unreachable_registry.delete("iris")):
+                     unreachable_registry.all, lambda: unreachable_registry.delete("iris"),
+                     unreachable_registry.generation):
             with pytest.raises(redis.ConnectionError):
                 call()
