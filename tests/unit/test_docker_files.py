@@ -199,7 +199,8 @@ def test_every_sluice_service_finds_redis_and_the_shared_storage(service):
 def test_the_image_installs_haproxy_and_the_project():
     dockerfile = (DOCKER / "Dockerfile").read_text()
     assert re.search(r"apt-get install[^\n]*\bhaproxy\b", dockerfile)
-    assert re.search(r"pip install[^\n]* \.(\s|$)", dockerfile)
+    assert re.search(r"^COPY \. /app$", dockerfile, re.MULTILINE)
+    assert re.search(r"uv sync --locked --no-editable", dockerfile)  # the project, as the lock has it
 
 
 def test_the_build_context_leaves_local_environments_out():
