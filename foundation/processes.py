@@ -1,11 +1,14 @@
-"""Child processes tied to their parent's life."""
+"""Child processes tied to their parent's life, and trees of processes stopped whole."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import psutil
 
 PR_SET_PDEATHSIG = 1
 
@@ -24,3 +27,47 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> Callable[[], 
             os.kill(os.getpid(), sig)
 
     return preexec
+
+
+def tree_of(pid: int) -> list[psutil.Process]:
+    """The process `pid` and every process under it, as they are now (empty when it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def describe(process: psutil.Process) -> str:
+    """`pid N: <command line>` for a message that names a process."""
+    try:
+        command = " ".join(process.cmdline()) or process.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        command = "?"
+    return f"pid {process.pid}: {command[:160]}"
+
+
+def stop_trees(roots: Sequence[tuple[str, int]], grace_s: float, sig: int = signal.SIGTERM) -> list[str]:
+    """Send `sig` to each root process, wait up to `grace_s` for every process of their trees to end,
+    then SIGKILL what is left; one line per killed process, naming its tree and command.
+
+    The trees are read before the signal, so a process that outlives its parent (a worker node whose
+    worker host ended first, a replica whose launcher did) is waited for and killed all the same;
+    a root's own handling of `sig` (a warm shutdown) has the whole grace to finish.
+    """
+    trees = [(name, pid, tree_of(pid)) for name, pid in roots]
+    for _, pid, tree in trees:
+        if tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    every = [process for _, _, tree in trees for process in tree]
+    _, alive = psutil.wait_procs(every, timeout=max(grace_s, 0.0))
+    killed = []
+    for name, _, tree in trees:
+        for process in tree:
+            if process in alive:
+                killed.append(f"{name} {describe(process)}")
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+    psutil.wait_procs(alive, timeout=5)
+    return killed

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -91,6 +92,20 @@ def one_line(error: BaseException) -> str:
     return " ".join(text.split())
 
 
+_STOPPING = threading.Event()
+
+
+def stop_riding_out() -> None:
+    """This process is stopping (a worker node's warm shutdown): a call riding out Redis's absence gives
+    up at its next try, and `riding_out_stopped()` says so to whoever waits beyond it."""
+    _STOPPING.set()
+
+
+def riding_out_stopped() -> bool:
+    """Whether `stop_riding_out` was called in this process."""
+    return _STOPPING.is_set()
+
+
 class RideOut(Retry):
     """redis-py's retry policy, bounded by time instead of by a count.
 
@@ -140,6 +155,10 @@ class RideOut(Retry):
                 if isinstance(error, RedisUnavailable):  # a nested call already used up the window
                     raise
                 delay = self._backoff.compute(failures)
+                if _STOPPING.is_set():
+                    raise RedisUnavailable(
+                        f"Redis did not answer, and this process is stopping ({type(error).__name__}: {error})"
+                    ) from error
                 if self._clock() + delay >= deadline:
                     raise RedisUnavailable(
                         f"Redis did not answer for {self.within_s:g} s ({type(error).__name__}: {error})"

@@ -11,6 +11,7 @@ runs one launcher (`sluice serve`) per replica placement assigns to it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -31,6 +32,7 @@ from foundation import keys
 from foundation.api_registry import RedisApiRegistry
 from foundation.errors import NotReady
 from foundation.hosts import RedisHostDirectory, Resources, machine_resources
+from foundation.processes import die_with_parent, stop_trees
 from foundation.redis_clients import HEARTBEAT, text
 from foundation.redis_clients import client as redis_client
 from foundation.replica_placement import RedisReplicaAssignments
@@ -191,9 +193,12 @@ class Stack:
     def _popen(self, argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
+            # Each part ends with this process, however it ends (a SIGKILL, the OOM killer): the
+            # kernel sends it SIGTERM. Started from the thread that lives as long as the stack (the
+            # caller's, or the supervisor's), as the parent-death signal follows the starting thread.
             return subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=self._child_env(), cwd=self.data_dir,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
             )
 
     def _spawn(self, name: str, argv: list[str], is_worker: bool = False) -> Child:
@@ -487,17 +492,17 @@ class Stack:
         if self.replicas is not None:
             self.replicas.stop()
             self.replicas = None
-        order = sorted(self.children, key=lambda c: c.name == "redis")
-        for child in order:
-            if child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for child in order:
-            try:
-                child.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                os.killpg(child.process.pid, signal.SIGKILL)
-                child.process.wait()
+        # Every part but Redis, each with all it started (a worker host's nodes and their environment
+        # processes, a launcher's replica): they finish or hand back their work while Redis is still
+        # there to take it. Redis last. What outlives the grace is killed, and named.
+        killed = stop_trees([(child.name, child.process.pid) for child in self.children
+                             if child.name != "redis" and child.process.poll() is None], grace)
+        killed += stop_trees([(child.name, child.process.pid) for child in self.children
+                              if child.name == "redis" and child.process.poll() is None], grace)
+        for child in self.children:
+            child.process.wait()
+        if killed:
+            self._note(f"still running {grace:.0f} s after being asked to stop, so killed:\n  " + "\n  ".join(killed))
         self.children.clear()
         self._stopping = False
         self._release_data_dir()
@@ -505,6 +510,19 @@ class Stack:
         if (self._own_data_dir and self.data_dir is not None and not os.environ.get("SLUICE_KEEP_DATA")
                 and not self._start_failed):
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _note(self, text: str) -> None:
+        """A line about the stack itself, kept in its logs folder (`stack.log`) and shown on stderr where
+        stderr is still there (a terminal's `| tee` may have ended with the Ctrl-C that stops the stack)."""
+        line = f"[sluice] {text}\n"
+        if self.data_dir is not None:
+            with contextlib.suppress(OSError):
+                (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+                with open(self.data_dir / "logs" / "stack.log", "a") as log:
+                    log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}")
+        with contextlib.suppress(OSError):
+            sys.stderr.write(line)
+            sys.stderr.flush()
 
     def __enter__(self) -> Stack:
         return self.start()

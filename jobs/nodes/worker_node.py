@@ -23,7 +23,7 @@ from celery import Celery, bootsteps, signals
 from kombu.exceptions import KombuError
 
 from foundation.json_logs import configure_json_logging, set_process_labels
-from foundation.redis_clients import heartbeat_client
+from foundation.redis_clients import heartbeat_client, stop_riding_out
 from foundation.settings import Settings
 from jobs.nodes.loop_answers import NODE_LOOP, LoopAnswers
 from jobs.nodes.registry import NodeRegistry, Nodes
@@ -229,6 +229,10 @@ def install_worker_hooks(app: Celery, settings: Settings, services: ServicesOf) 
         if heartbeat is not None:
             heartbeat.watch.restart()
 
+    def _stopping(**_: object) -> None:
+        # Sent from the warm-shutdown signal handler: a batch waiting for a Redis that is away stops waiting.
+        stop_riding_out()
+
     def _stop_heartbeat(sender: Any, **_: object) -> None:
         heartbeat = state.pop("heartbeat", None)
         if heartbeat is not None:
@@ -239,4 +243,5 @@ def install_worker_hooks(app: Celery, settings: Settings, services: ServicesOf) 
     signals.celeryd_after_setup.connect(_consume_assigned_queues, weak=False)
     signals.worker_ready.connect(_start_heartbeat, weak=False)
     signals.task_received.connect(_took_a_message, weak=False)
+    signals.worker_shutting_down.connect(_stopping, weak=False)
     signals.worker_shutdown.connect(_stop_heartbeat, weak=False)

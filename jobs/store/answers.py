@@ -17,15 +17,16 @@ call made again after the first one ran answers what the first run did.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from foundation.redis_clients import TRANSIENT_ERRORS
+from foundation.redis_clients import TRANSIENT_ERRORS, riding_out_stopped
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,8 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 UNTIL_ANSWERED_PAUSE_S = 1.0
+# The exit status of a node that stopped while Redis was away (EX_TEMPFAIL: try again later).
+EXIT_LEFT_WITHOUT_REDIS = 75
 
 
 class Answer(Protocol[T_co]):
@@ -127,5 +130,22 @@ def until_answered(what: str, call: Callable[[], T]) -> T:
         try:
             return call()
         except TRANSIENT_ERRORS as e:
+            if riding_out_stopped():
+                leave_without_redis(what, e)
             log.error("%s: Redis is still away (%s: %s); waiting for it", what, type(e).__name__, e)
             time.sleep(UNTIL_ANSWERED_PAUSE_S)
+
+
+def leave_without_redis(what: str, error: Exception) -> NoReturn:
+    """A node asked to stop while Redis is away: it ends now, as a killed node would, instead of waiting
+    for a Redis that may never come back (its stack stopped it first, or it is gone for good).
+
+    Nothing it holds is lost: its message stays unacknowledged in the broker, and its batch in its
+    in-flight hash, so the batch is given back and run again once Redis is there (`jobs/transport/settle.py`,
+    beat's lost-batch net), as after any node's death; a batch whose outcome was not recorded is run
+    again, never counted twice (each store call carries its token)."""
+    log.error("%s: Redis is away and this node is stopping, so it ends without waiting for Redis; the batch "
+              "is given back and run again once Redis is there (%s: %s)", what, type(error).__name__, error)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(EXIT_LEFT_WITHOUT_REDIS)

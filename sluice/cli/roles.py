@@ -4,6 +4,7 @@ address)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
@@ -134,7 +135,10 @@ def up(port: int, workers: int, idle_grace: float, data_dir: Path | None, fresh:
     except KeyboardInterrupt:
         pass
     finally:
-        click.echo("stopping ...", err=True)
+        # The terminal may be gone (`sluice up | tee` ends with the Ctrl-C that stops the stack): a
+        # write to it fails, and must not keep the stack from stopping.
+        with contextlib.suppress(OSError):
+            click.echo("stopping ...", err=True)
         stack.stop()
 
 

@@ -157,3 +157,20 @@ def test_a_client_of_a_policy_takes_redis_pys_own_options_over_the_policys() -> 
     assert options["socket_keepalive"] is True
     assert (custom["socket_timeout"], custom["socket_connect_timeout"]) == (1.0, 0.5)
     assert custom["retry"].within_s == 3 and custom["health_check_interval"] == 0  # type: ignore[attr-defined]
+
+
+def test_a_process_that_is_stopping_stops_riding_out_at_the_next_failure(monkeypatch) -> None:
+    from foundation import redis_clients
+
+    monkeypatch.setattr(redis_clients, "_STOPPING", redis_clients.threading.Event())
+    clock = FakeClock()
+    retry = RideOut(30, sleep=clock.sleep, clock=clock)
+    call, calls = failing(100, redis.ConnectionError("refused"), clock)
+    assert not redis_clients.riding_out_stopped()
+
+    redis_clients.stop_riding_out()
+
+    with pytest.raises(RedisUnavailable, match="did not answer, and this process is stopping"):
+        retry.call_with_retry(call, lambda error: None)
+    assert calls["n"] == 1 and clock.slept == []
+    assert redis_clients.riding_out_stopped()
