@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import time
 from collections.abc import Callable, Sequence
 
 import psutil
@@ -61,7 +62,7 @@ def stop_trees(roots: Sequence[tuple[str, int]], grace_s: float, sig: int = sign
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
     every = [process for _, _, tree in trees for process in tree]
-    _, alive = psutil.wait_procs(every, timeout=max(grace_s, 0.0))
+    alive = wait_until_ended(every, grace_s)
     killed = []
     for name, _, tree in trees:
         for process in tree:
@@ -69,5 +70,28 @@ def stop_trees(roots: Sequence[tuple[str, int]], grace_s: float, sig: int = sign
                 killed.append(f"{name} {describe(process)}")
                 with contextlib.suppress(psutil.NoSuchProcess):
                     process.kill()
-    psutil.wait_procs(alive, timeout=5)
+    wait_until_ended(alive, 5.0)
     return killed
+
+
+def running(process: psutil.Process) -> bool:
+    """Whether `process` still runs: a zombie has ended (its parent may be gone, or an init that
+    never reaps it, as in some containers)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_until_ended(processes: Sequence[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait up to `timeout_s` for every one of `processes` to end (reaping those that are this
+    process's children); those still running then."""
+    deadline = time.monotonic() + max(timeout_s, 0.0)
+    while True:
+        for process in processes:  # reaps our own children, so that they do not linger as zombies
+            with contextlib.suppress(psutil.Error, ChildProcessError):
+                process.wait(timeout=0)
+        alive = [process for process in processes if running(process)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
