@@ -210,7 +210,7 @@ def replicas_of(api: DeployedApi, now: float) -> list[dict[str, Any]]:
     return [
         {
             "id": r.replica_id, "address": r.address, "ready": r.ready, "draining": r.draining,
-            "bundle": r.bundle, "message": r.message,
+            "bundle": r.bundle, "message": r.message, "failing": r.failing,
         }
         for r in replica_directory().live(now, api.name)
     ]

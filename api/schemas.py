@@ -225,7 +225,9 @@ class Replica(Body):
     ready: bool
     draining: bool = Field(description="being replaced or stopped: gets no new requests")
     bundle: str = Field(description="the deployment it serves")
-    message: str = Field(description="why it is not ready, if known")
+    message: str = Field(description="why it is not ready, if known: a step of its start, or a failure")
+    failing: bool = Field(description="its message is a failure (a predictor or environment that failed to build, "
+                                      "a server that exited), not a step of its start")
 
 
 class AsyncRequestCounts(Body):

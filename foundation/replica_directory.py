@@ -45,7 +45,10 @@ class ReplicaRecord:
     draining: bool       # being replaced or stopped: no new requests
     seen: float          # time of the last heartbeat (epoch seconds)
     pid: int = 0         # the launcher's process id, for operators
-    message: str = ""    # why it is not ready (a predictor that failed to build), if known
+    message: str = ""    # why it is not ready (a step of its start, or a failure), if known
+    # Its message is a failure (a predictor or environment that failed to build, a server that exited),
+    # not a step of its start (building its environment, starting): what `sluice get` calls an error.
+    failing: bool = False
     socket: str = ""     # a Unix socket it also listens on, for a proxy on its own host
     host_id: str = ""    # the host it runs on (sluice/local_socket.py), to tell whether `socket` is reachable
     # The placement host whose manager started it (`foundation/hosts.py`; "" for a launcher started

@@ -156,6 +156,7 @@ class Generation:
     quick_failures: int = 0
     restarts: int = 0
     message: str = ""
+    failing: bool = False             # `message` says what failed, not which step of its start it is at
     draining_since: float | None = None
     drain_now: bool = False           # stop without waiting for the proxies (the API is gone)
     stop_sent_at: float | None = None
@@ -192,7 +193,7 @@ class Generation:
             return False
         count = self.markers.ready_count()
         if count >= self.processes:
-            self.has_been_ready = True
+            self.has_been_ready, self.failing = True, False
         return count >= self.processes or (self.has_been_ready and count > 0)
 
     def record(self, host: str, now: float, placement_host: str = "") -> ReplicaRecord:
@@ -201,6 +202,7 @@ class Generation:
             replica_id=self.replica_id, api=self.api.name, bundle=self.api.bundle, host=host, port=self.port,
             processes=self.processes, ready=ready, draining=self.draining_since is not None, seen=now,
             pid=os.getpid(), message="" if ready else (self.markers.failure() or self.message),
+            failing=not ready and bool(self.markers.failure() or self.failing),
             socket=self.unix_socket, host_id=host_identity() if self.unix_socket else "",
             placement_host=placement_host,
         )
@@ -375,10 +377,10 @@ class ReplicaLauncher:
         if build is None:
             return True
         if not build.done():
-            gen.message = f"building its environment {build.key}: {build.stage}"
+            gen.message, gen.failing = f"building its environment {build.key}: {build.stage}", False
             return False
         if build.environment is None:
-            gen.message = f"building its environment {build.key} failed: {build.error}"
+            gen.message, gen.failing = f"building its environment {build.key} failed: {build.error}", True
             if now - build.finished_at >= ENVIRONMENT_RETRY_S:
                 log.info("%s: building environment %s again", gen.replica_id, build.key)
                 gen.environment = build.again()
@@ -400,7 +402,7 @@ class ReplicaLauncher:
         gen.process = self._spawn(gen.argv, gen.env, gen.state_dir)
         gen.has_been_ready = False
         gen.started_at = now
-        gen.message = "starting"
+        gen.message = "starting"  # `failing` stays as it was: a server that keeps exiting is still failing
 
     def _keep_alive(self, gen: Generation, now: float) -> None:
         """Start again, on the same port, a gunicorn that exited; back off if it keeps dying."""
@@ -418,7 +420,7 @@ class ReplicaLauncher:
         # Workers orphaned by a dead arbiter would keep the port (a sync worker notices late).
         signal_group(gen.process, signal.SIGKILL)
         gen.restarts += 1
-        gen.message = f"gunicorn exited with status {code}; restarting"
+        gen.message, gen.failing = f"gunicorn exited with status {code}; restarting", True
         log.error("%s: gunicorn exited with status %s; restarting in %.1f s", gen.replica_id, code, delay)
         gen.process = None
         gen.restart_at = now + delay

@@ -109,7 +109,8 @@ def replica_counts(api: dict[str, Any]) -> tuple[int, int]:
 
 def realtime_status(api: dict[str, Any]) -> str:
     ready, wanted = replica_counts(api)
-    if any(r.get("message") for r in api.get("replicas", [])):
+    # A replica building its environment or starting says so in its message: only a failure is an error.
+    if any(r.get("failing") for r in api.get("replicas", [])):
         return "error" if not ready else "live (with errors)"
     if wanted == 0:
         return "no replicas"

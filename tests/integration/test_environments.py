@@ -377,3 +377,21 @@ def test_a_predictor_process_that_dies_mid_batch_fails_that_try_only_and_is_star
     assert final["status"] == "status_succeeded", final  # the died try was tried again, in a new process
     assert sorted(row["item"] for row in lines(out)) == list(range(4))
     assert flag.exists()
+
+
+def test_a_realtime_api_building_its_environment_and_starting_is_never_called_an_error(
+        env_stack: Stack, client: Client, tmp_path: Path) -> None:
+    from sluice.cli.render import realtime_status  # what `sluice get` shows in its status column
+
+    name = f"start-{uuid.uuid4().hex[:6]}"
+    client.deploy(project(tmp_path / name, name, "RealtimeAPI", requirements=f"{GREETING}==1.0.0\n"))
+    seen: list[str] = []
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline and seen[-1:] != ["live"]:
+        status = realtime_status(client.api(name))
+        if seen[-1:] != [status]:
+            seen.append(status)
+        time.sleep(0.05)
+
+    assert seen[-1] == "live", seen
+    assert "starting" in seen and not {"error", "live (with errors)"} & set(seen), seen

@@ -13,7 +13,8 @@ from typing import Any
 
 from foundation.api_registry import DeployedApi
 from predictors_runtime.config import ApiConfig
-from sluice.replica import alternate_port, deployment_identity, restart_delay_s
+from sluice.cli.render import realtime_status
+from sluice.replica import Generation, ReplicaLauncher, alternate_port, deployment_identity, restart_delay_s
 from sluice.replica_manager import free_port_pair
 from sluice.replica_process import REPLICA_APP, ROOT, gunicorn_argv, replica_env
 
@@ -108,3 +109,61 @@ def test_free_port_pairs_leave_out_taken_ports():
 
 # The launcher step by step and the manager of launchers, with real processes and Redis:
 # tests/integration/test_replica_launcher_processes.py.
+
+
+# -- what a replica's record says while it starts --------------------------------------------------
+class _Build:
+    """What the launcher reads of an environment being built in the background."""
+
+    key, stage, error, finished_at, environment = "env-1", "installing 3 packages", "", 0.0, None
+
+    def __init__(self, done: bool, error: str = "") -> None:
+        self._done, self.error = done, error
+
+    def done(self) -> bool:
+        return self._done
+
+
+def _generation(tmp_path: Path) -> Generation:
+    deployed = DeployedApi("echo", "RealtimeAPI", _config().to_dict(), "ab" * 32, "cpu", 0.0, [])
+    return Generation("echo-1-x", deployed, 9000, tmp_path, tmp_path / "state", {}, ["py"])
+
+
+def test_a_replica_building_its_environment_or_starting_is_not_ready_and_not_failing(tmp_path: Path):
+    gen = _generation(tmp_path)
+    gen.environment = _Build(done=False)  # type: ignore[assignment]
+
+    assert ReplicaLauncher._environment_ready(None, gen, now=1.0) is False  # type: ignore[arg-type]
+    building = gen.record("127.0.0.1", now=1.0)
+    gen.message = "starting"  # what a launch says until every process is ready
+    starting = gen.record("127.0.0.1", now=2.0)
+
+    assert (building.ready, building.failing) == (False, False)
+    assert building.message == "building its environment env-1: installing 3 packages"
+    assert (starting.ready, starting.failing, starting.message) == (False, False, "starting")
+
+
+def test_a_replica_whose_environment_failed_is_failing_and_says_why(tmp_path: Path):
+    gen = _generation(tmp_path)
+    gen.environment = _Build(done=True, error="no wheel for sluice-test-broken")  # type: ignore[assignment]
+
+    assert ReplicaLauncher._environment_ready(None, gen, now=1.0) is False  # type: ignore[arg-type]
+    record = gen.record("127.0.0.1", now=1.0)
+
+    assert record.failing and "failed: no wheel for sluice-test-broken" in record.message
+
+
+def test_sluice_get_calls_a_starting_api_starting_and_only_a_failing_one_an_error():
+    def api(*replicas: dict[str, Any]) -> dict[str, Any]:
+        return {"bundle": "b1", "replicas": [{"bundle": "b1", "draining": False, **r} for r in replicas]}
+
+    starting = {"ready": False, "message": "starting", "failing": False}
+    building = {"ready": False, "message": "building its environment env-1: installing", "failing": False}
+    failing = {"ready": False, "message": "gunicorn exited with status 3; restarting", "failing": True}
+    ready = {"ready": True, "message": "", "failing": False}
+
+    assert realtime_status(api(starting)) == "starting"
+    assert realtime_status(api(building)) == "starting"
+    assert realtime_status(api(failing)) == "error"
+    assert realtime_status(api(ready, failing)) == "live (with errors)"
+    assert realtime_status(api(ready)) == "live"
