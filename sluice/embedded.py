@@ -284,9 +284,9 @@ class Stack:
             raise NotReady("redis-server is not installed (apt-get install -y redis-server), "
                            "and SLUICE_REDIS_URL is not set")
         assert self.data_dir is not None
-        port = free_port()
         redis_dir = self.data_dir / "redis"
         redis_dir.mkdir(parents=True, exist_ok=True)
+        port = self._redis_port(redis_dir / "port")
         self._spawn("redis", [
             "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(redis_dir),
             # An append-only file, fsynced every second: a restarted redis-server loses at most a
@@ -302,6 +302,20 @@ class Stack:
         finally:
             if self._died(redis_child):
                 raise self._exited("redis-server", redis_child)
+
+    @staticmethod
+    def _redis_port(kept: Path) -> int:
+        """The private Redis's port: the one this data folder's Redis had before, while it is free, so
+        that what points at it (Flower's `--broker`, a second terminal's SLUICE_REDIS_URL) works again
+        after a restart; else a free one, kept for the next start."""
+        with contextlib.suppress(OSError, ValueError):
+            port = int(kept.read_text())
+            if port_is_free(port):
+                return port
+        port = free_port()
+        with contextlib.suppress(OSError):
+            kept.write_text(f"{port}\n")
+        return port
 
     def add_worker(self, name: str | None = None, queues: tuple[str, ...] | None = None) -> Child:
         """Start one more worker node (one predictor process) and wait until it is registered."""

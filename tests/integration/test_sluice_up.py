@@ -114,6 +114,7 @@ def test_a_stopped_stack_started_again_on_its_data_folder_has_its_apis_jobs_and_
     finally:
         said = _stop(process)
     assert f"state in {home}" in said and f"logs in {home / 'logs'}" in said
+    private_redis = said.split("redis at ", 1)[1].split(";", 1)[0]
 
     process, url = _start_up(port, env, home)
     try:
@@ -129,7 +130,9 @@ def test_a_stopped_stack_started_again_on_its_data_folder_has_its_apis_jobs_and_
         assert second.returncode != 0
         assert f"another sluice up (pid {process.pid}) uses {home}" in second.stderr
     finally:
-        _stop(process)
+        said_again = _stop(process)
+    # The private Redis listens where it did before: Flower's command from the banner works again.
+    assert f"redis at {private_redis};" in said_again
 
     process, url = _start_up(port, env, home, "--fresh")
     try:
