@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import redis
 
 from foundation import keys
-from foundation.errors import ApiNotFound
+from foundation.errors import ApiNotFound, did_you_mean
+from foundation.redis_clients import text
 
 _KEY = keys.APIS
 
@@ -122,8 +123,9 @@ class ApiRegistry(Protocol):
         ...
 
 
-def not_deployed(name: str) -> ApiNotFound:
-    return ApiNotFound(f"api {name} is not deployed")
+def not_deployed(name: str, deployed: Iterable[str] = ()) -> ApiNotFound:
+    """The error for `name`, suggesting the deployed API spelled closest to it."""
+    return ApiNotFound(f"api {name} is not deployed{did_you_mean(name, deployed)}")
 
 
 class RedisApiRegistry(ApiRegistry):
@@ -144,7 +146,7 @@ class RedisApiRegistry(ApiRegistry):
     def get(self, name: str) -> DeployedApi:
         raw = self._redis.hget(_KEY, name)
         if raw is None:
-            raise not_deployed(name)
+            raise not_deployed(name, (text(key) for key in self._redis.hkeys(_KEY)))
         return DeployedApi.from_json(raw)
 
     def all(self) -> list[DeployedApi]:

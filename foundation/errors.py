@@ -6,6 +6,16 @@ maps to, so `api/errors.py` turns any of them into a response in one place.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(written: str, known: Iterable[str]) -> str:
+    """` (did you mean X?)` for the known name closest to a misspelled one, "" when none is close:
+    for messages about an unknown field or an API that is not deployed."""
+    close = difflib.get_close_matches(written, sorted(known), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
 
 class SluiceError(Exception):
     """Base of every error Sluice raises on purpose."""

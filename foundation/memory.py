@@ -102,8 +102,9 @@ class MemoryApiRegistry(_Fake, ApiRegistry):
         with self.lock:
             self._reach()
             raw = self._apis.get(name)
+            deployed = list(self._apis)
         if raw is None:
-            raise not_deployed(name)
+            raise not_deployed(name, deployed)
         return DeployedApi.from_json(raw)
 
     def all(self) -> list[DeployedApi]:

@@ -15,12 +15,12 @@ import copy
 import posixpath
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from foundation.api_kinds import KINDS, SCALED_KINDS, ApiKind
-from foundation.errors import ConfigError
+from foundation.errors import ConfigError, did_you_mean
 from foundation.hosts import BadQuantity, cpu_millis, mem_bytes
 from foundation.limits import MAX_BATCH_TIMEOUT_S
 from predictors_runtime.autoscaling_config import MAX_REPLICA_CONCURRENCY, AutoscalingConfig, count_or
@@ -475,6 +475,34 @@ class ApiConfig(_Model):
             raise ConfigError("; ".join(_describe(e, prefix, {}))) from e
 
 
+def _fields_beside(loc: tuple[int | str, ...]) -> set[str]:
+    """The field names the model holding `loc`'s last part takes (empty where that model is not
+    found: a field of a free-form mapping)."""
+    model: type[BaseModel] | None = ApiConfig
+    for part in loc[:-1]:
+        if model is None:
+            return set()
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part)) or next(
+            (f for f in model.model_fields.values() if f.alias == part), None)
+        model = _model_within(field.annotation) if field is not None else None
+    if model is None:
+        return set()
+    return {field.alias or name for name, field in model.model_fields.items()}
+
+
+def _model_within(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field's type holds (through Optional, unions, lists and mappings)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in get_args(annotation):
+        found = _model_within(argument)
+        if found is not None:
+            return found
+    return None
+
+
 def _describe(exc: ValidationError, prefix: str, spelling: dict[str, str]) -> list[str]:
     """Turn pydantic's errors into `<prefix>: <field.path>: <message>` lines.
 
@@ -503,7 +531,7 @@ def _describe(exc: ValidationError, prefix: str, spelling: dict[str, str]) -> li
             if loc == [spelling.get("predictor", "predictor")]:
                 message = "field required (spelled predictor or handler)"
         elif kind == "extra_forbidden":
-            message = "unknown field"
+            message = "unknown field" + did_you_mean(str(err["loc"][-1]), _fields_beside(err["loc"]))
         elif kind in ("value_error", "assertion_error") and cause is not None:
             message = str(cause)
         else:

@@ -95,3 +95,12 @@ class ApiRegistryContract:
                      unreachable_registry.generation):
             with pytest.raises(redis.ConnectionError):
                 call()
+
+    def test_an_api_not_deployed_names_the_deployed_one_spelled_closest(self, registry: ApiRegistry) -> None:
+        registry.put(config("summer"), "b")
+        registry.put(config("iris"), "b")
+
+        with pytest.raises(ApiNotFound, match=r"^api sumer is not deployed \(did you mean summer\?\)$"):
+            registry.get("sumer")
+        with pytest.raises(ApiNotFound, match=r"^api mnist is not deployed$"):  # nothing close: no guess
+            registry.get("mnist")

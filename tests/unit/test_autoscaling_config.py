@@ -128,7 +128,7 @@ def test_a_realtime_api_cannot_scale_to_zero_but_an_async_api_can() -> None:
      "must be seconds or a duration such as '60s', '5m' or '1h30m' (got '-5m')"),
     ("{target_in_flight: 1, target_replica_concurrency: 2}", "target_replica_concurrency",
      "give either target_replica_concurrency or target_in_flight (its newer name), not both"),
-    ("{min_replica: 2}", "min_replica", "unknown field"),
+    ("{min_replica: 2}", "min_replica", "unknown field (did you mean min_replicas?)"),
 ])
 def test_each_invalid_figure_is_refused_at_deploy_naming_its_field(section: str, field: str, message: str) -> None:
     assert error_of(api(section)) == f"cortex.yaml: API #0 (iris): autoscaling.{field}: {message}"

@@ -228,13 +228,26 @@ def test_errors_in_a_handler_section_use_the_handler_spelling() -> None:
     assert message.startswith("cortex.yaml: API #0 (iris): handler.path: must be a .py file")
 
 
+def test_a_misspelled_field_is_named_with_the_field_it_is_closest_to_at_its_own_level() -> None:
+    assert error_of(api(extra="  predicter: {path: p.py}\n")) == (
+        "cortex.yaml: API #0 (iris): predicter: unknown field (did you mean predictor?)"
+    )
+    assert error_of(api("{path: p.py, procesess_per_replica: 2}")) == (
+        "cortex.yaml: API #0 (iris): predictor.procesess_per_replica: unknown field"
+        " (did you mean processes_per_replica?)"
+    )
+    assert error_of(api("{path: p.py, models: {path: m, signature_kye: a}}")) == (
+        "cortex.yaml: API #0 (iris): predictor.models.signature_kye: unknown field (did you mean signature_key?)"
+    )
+
+
 def test_an_unknown_field_is_an_error_naming_its_path() -> None:
     assert (
         error_of(api(extra="  colour: blue\n"))
         == "cortex.yaml: API #0 (iris): colour: unknown field"
     )
     assert error_of(api("{path: p.py, pth: x}")) == (
-        "cortex.yaml: API #0 (iris): predictor.pth: unknown field"
+        "cortex.yaml: API #0 (iris): predictor.pth: unknown field (did you mean path?)"
     )
     assert error_of(api(extra="  compute: {cpu: 1, shm_size: 1G}\n")) == (
         "cortex.yaml: API #0 (iris): compute.shm_size: unknown field"
