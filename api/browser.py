@@ -7,14 +7,20 @@ served from here: the page works on a machine with no route to a CDN.
 
 from __future__ import annotations
 
+import textwrap
+import time
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from flask import Blueprint, Response, abort, render_template_string, send_from_directory
 
+from foundation.api_kinds import ApiKind
+from foundation.api_status import api_status, failure_of
+from foundation.errors import summary_line
 from foundation.version import sluice_version
 
-from .apis import view_of
+from .apis import replicas_of, view_of
 from .context import registry
 
 blueprint = Blueprint("browser", __name__)
@@ -49,16 +55,27 @@ _DOCS_PAGE = """<!doctype html>
 </html>
 """
 
+# What a failure shows before it is unfolded: the rest is one click away.
+SUMMARY_CHARACTERS = 160
+
 _FRONT_PAGE = """<!doctype html>
 <html lang="en">
 <head>
   <meta charset="utf-8">
+  <meta name="viewport" content="width=device-width, initial-scale=1">
   <title>Sluice {{ version }}</title>
   <style>
-    body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 56rem; padding: 0 1rem; }
-    table { border-collapse: collapse; width: 100%; }
-    th, td { text-align: left; padding: .3rem .6rem; border-bottom: 1px solid #ddd; }
+    body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 72rem; padding: 0 1rem; }
+    table { border-collapse: collapse; width: 100%; table-layout: fixed; }
+    th, td { text-align: left; padding: .3rem .6rem; border-bottom: 1px solid #ddd; vertical-align: top;
+             overflow-wrap: anywhere; }
+    th.name { width: 22%; } th.kind { width: 12%; } th.status { width: 14%; } th.endpoint { width: 22%; }
+    .status { font-weight: 600; }
+    .status-live { color: #1b5e20; } .status-error { color: #b00020; }
+    .status-starting, .status-updating, .status-no-replicas, .status-live-with-errors { color: #8a5300; }
     .error { color: #b00020; }
+    details pre { white-space: pre-wrap; overflow-wrap: anywhere; font-size: .8rem; max-height: 20rem;
+                  overflow: auto; background: #f6f6f6; padding: .4rem; }
   </style>
 </head>
 <body>
@@ -71,16 +88,19 @@ _FRONT_PAGE = """<!doctype html>
   <h2>Deployed APIs</h2>
   {% if apis %}
   <table>
-    <tr><th>name</th><th>kind</th><th>endpoint</th><th>details</th></tr>
+    <tr><th class="name">name</th><th class="kind">kind</th><th class="status">status</th>
+        <th class="endpoint">endpoint</th><th>details</th></tr>
     {% for api in apis %}
-    <tr class="api">
+    <tr class="api" id="api-{{ api.name }}">
       <td>{{ api.name }}</td>
       <td>{{ api.kind }}</td>
-      <td><code>/{{ api.name }}</code></td>
+      <td class="status status-{{ api.status | replace(' (', '-') | replace(')', '') | replace(' ', '-') }}">
+        {{ api.status }}</td>
+      <td><a href="/{{ api.name }}"><code>/{{ api.name }}</code></a></td>
       <td><a href="/apis/{{ api.name }}">/apis/{{ api.name }}</a>
-        {% if api.build_error %}<div class="error">error: {{ api.build_error.message }}</div>{% endif %}
-        {% if api.environment and api.environment.error %}
-        <div class="error">environment failed: {{ api.environment.error }}</div>{% endif %}</td>
+        {% if api.failure %}
+        <details class="error"><summary>{{ api.failure_line }}</summary><pre>{{ api.failure }}</pre></details>
+        {% elif api.note %}<div>{{ api.note }}</div>{% endif %}</td>
     </tr>
     {% endfor %}
   </table>
@@ -92,10 +112,25 @@ _FRONT_PAGE = """<!doctype html>
 """
 
 
+def front_row(view: dict[str, Any], replicas: list[dict[str, Any]]) -> dict[str, Any]:
+    """One API's row: its status in a word (as `sluice get` says it), what failed (its first line, the
+    whole text to unfold: a build error is a traceback), or why a realtime API is not ready yet."""
+    failure = failure_of(view) or next((r["message"] for r in replicas if r.get("failing")), None)
+    row = {**view, "status": api_status(view, replicas), "failure": failure}
+    if failure is not None:
+        row["failure_line"] = textwrap.shorten(summary_line(failure), SUMMARY_CHARACTERS, placeholder=" ...")
+    else:
+        notes = [r["message"] for r in replicas if r.get("message") and not r.get("ready")]
+        row["note"] = summary_line(notes[0]) if notes else ""
+    return row
+
+
 @blueprint.get("/")
 def front_page() -> str:
-    """The deployed APIs, each with its endpoint, its details and the error of a failed build."""
-    apis = [view_of(api, states=True) for api in sorted(registry().all(), key=lambda a: a.name)]
+    """The deployed APIs, each with its status, its endpoint, its details and what failed, if anything."""
+    now = time.time()
+    apis = [front_row(view_of(api, states=True), replicas_of(api, now) if api.kind == ApiKind.REALTIME else [])
+            for api in sorted(registry().all(), key=lambda a: a.name)]
     return render_template_string(_FRONT_PAGE, version=sluice_version(), apis=apis)
 
 

@@ -9,6 +9,21 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+TRACEBACK = "Traceback (most recent call last):"
+
+
+def summary_line(message: str) -> str:
+    """A message on one line: a predictor's traceback is cut down to the exception it ended with."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return "failed"
+    for index, line in enumerate(lines):
+        if TRACEBACK in line:
+            before = line.split(TRACEBACK, 1)[0]
+            after = [rest for rest in lines[index + 1:] if not rest.startswith(("File ", "^", "~"))]
+            return before + (after[-1] if after else "(traceback)")
+    return lines[0] + (" (...)" if len(lines) > 1 else "")
+
 
 def did_you_mean(written: str, known: Iterable[str]) -> str:
     """` (did you mean X?)` for the known name closest to a misspelled one, "" when none is close:

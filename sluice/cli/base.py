@@ -9,7 +9,7 @@ from typing import Any, TypeVar, overload
 
 import click
 
-from foundation.errors import SluiceError
+from foundation.errors import SluiceError, summary_line
 from foundation.version import sluice_version
 
 from ..client import Client
@@ -53,20 +53,8 @@ class Failure(click.ClickException):
         click.echo(f"error: {one_line(self.format_message())}", err=True)
 
 
-TRACEBACK = "Traceback (most recent call last):"
-
-
-def one_line(message: str) -> str:
-    """A message on one line: a predictor's traceback is cut down to the exception it ended with."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    if not lines:
-        return "failed"
-    for index, line in enumerate(lines):
-        if TRACEBACK in line:
-            before = line.split(TRACEBACK, 1)[0]
-            after = [rest for rest in lines[index + 1:] if not rest.startswith(("File ", "^", "~"))]
-            return before + (after[-1] if after else "(traceback)")
-    return lines[0] + (" (...)" if len(lines) > 1 else "")
+# A message on one line: a predictor's traceback is cut down to the exception it ended with.
+one_line = summary_line
 
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from foundation import api_status as status
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -102,18 +104,10 @@ def progress_line(status: dict[str, Any]) -> str:
 
 
 def replica_counts(api: dict[str, Any]) -> tuple[int, int]:
-    """(ready, wanted): every live, non-draining replica is wanted (one per serving host)."""
-    live = [r for r in api.get("replicas", []) if not r.get("draining")]
-    return sum(1 for r in live if r.get("ready")), len(live)
+    """(ready, wanted) of a realtime API (`GET /apis/<name>`)."""
+    return status.replica_counts(api.get("replicas", []))
 
 
 def realtime_status(api: dict[str, Any]) -> str:
-    ready, wanted = replica_counts(api)
-    # A replica building its environment or starting says so in its message: only a failure is an error.
-    if any(r.get("failing") for r in api.get("replicas", [])):
-        return "error" if not ready else "live (with errors)"
-    if wanted == 0:
-        return "no replicas"
-    if any(r.get("bundle") != api["bundle"] for r in api.get("replicas", [])):
-        return "updating"
-    return "live" if ready else "starting"
+    """A realtime API's status (`GET /apis/<name>`), as the front page shows it too."""
+    return status.realtime_status(api["bundle"], api.get("replicas", []))

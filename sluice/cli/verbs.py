@@ -14,6 +14,7 @@ from typing import IO, Any
 import click
 
 from foundation.api_kinds import ApiKind
+from foundation.api_status import failure_of
 from foundation.job_submissions import submission_body
 
 from ..client import ACTIVE_STATUSES, TERMINAL_STATUSES, Client
@@ -132,7 +133,7 @@ def _get_all(client: Client, output: str) -> None:
         else:
             running = sum(1 for job in client.jobs(summary["name"]) if job["status"] in ACTIVE_STATUSES)
             row.update(status="live", jobs_running=running)
-        if summary.get("build_error") or (summary.get("environment") or {}).get("state") == "failed":
+        if failure_of(summary) is not None:
             row["status"] = "error"  # a node could not build its predictor or environment: `sluice get API` says why
         rows.append(row)
     if output == "json":

@@ -6,8 +6,10 @@ Swagger UI from files served here (no CDN), and both the docs and the document o
 from __future__ import annotations
 
 import re
+import time
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flask import Flask
@@ -16,6 +18,7 @@ from api import context
 from api.auth import is_open_path
 from api.browser import ASSETS, assets_folder
 from foundation.memory import MemoryApiRegistry, MemoryPredictorBuilds
+from foundation.replica_directory import ReplicaRecord
 from foundation.settings import Settings
 from foundation.version import sluice_version
 from jobs.services import Services
@@ -53,9 +56,10 @@ def test_the_front_page_names_each_deployed_api_with_its_links(app: Flask) -> No
     assert page.status_code == 200 and page.mimetype == "text/html"
     text = page.get_data(as_text=True)
     assert f"Sluice {sluice_version()}" in text
-    assert re.findall(r"<tr class=\"api\">\s*<td>([^<]+)</td>", text) == ["iris", "text-generator"]
+    assert re.findall(r"<tr class=\"api\" id=\"api-[^\"]+\">\s*<td>([^<]+)</td>", text) == ["iris", "text-generator"]
     links = links_of(text)
     assert {"/docs", "/openapi.json", "/metrics", "/healthz", "/apis/iris", "/apis/text-generator"} <= set(links)
+    assert {"/iris", "/text-generator"} <= set(links)  # each endpoint is a link
 
 
 def test_every_link_of_the_front_page_answers(app: Flask) -> None:
@@ -71,8 +75,50 @@ def test_an_api_whose_build_failed_shows_its_error_on_the_front_page(app: Flask)
     builds.failed("iris", "sha256-abc", "predictor.py line 3: NameError: name 'np' is not defined <script>")
     app.extensions[context.PREDICTOR_BUILDS] = builds
     text = app.test_client().get("/").get_data(as_text=True)
-    assert "error: predictor.py line 3: NameError: name &#39;np&#39; is not defined &lt;script&gt;" in text
+    assert "building the predictor failed: predictor.py line 3: NameError: name &#39;np&#39; is not defined " \
+           "&lt;script&gt;" in text
+    assert status_of(text, "iris") == "error" and status_of(text, "text-generator") == "live"
 
+
+def status_of(page: str, name: str) -> str:
+    """What the status column of `name`'s row says."""
+    row = page.split(f'id="api-{name}"', 1)[1].split("</tr>", 1)[0]
+    return re.search(r'<td class="status[^"]*">\s*([^<]+?)\s*</td>', row).group(1)  # type: ignore[union-attr]
+
+
+def test_a_build_traceback_shows_the_exception_it_ended_with_and_unfolds_to_the_whole(app: Flask) -> None:
+    traceback = ("Traceback (most recent call last):\n  File \"predictor.py\", line 9, in __init__\n"
+                 "    self.model = load(config['model'])\nKeyError: 'model'")
+    builds = MemoryPredictorBuilds()
+    builds.failed("iris", "sha256-abc", traceback)
+    app.extensions[context.PREDICTOR_BUILDS] = builds
+
+    row = app.test_client().get("/").get_data(as_text=True).split('id="api-iris"', 1)[1].split("</tr>", 1)[0]
+
+    summary = re.search(r"<summary>([^<]*)</summary>", row).group(1)  # type: ignore[union-attr]
+    assert summary == "building the predictor failed: KeyError: &#39;model&#39;"
+    assert "line 9, in __init__" in row.split("<pre>", 1)[1]  # the whole of it, folded away
+
+
+def test_a_realtime_api_is_starting_until_a_replica_is_ready_and_an_error_only_when_one_fails(
+        services: Services) -> None:  # noqa: F811
+    registry = MemoryApiRegistry()
+    deployed = registry.put(ApiConfig.from_dict({"name": "rt", "kind": "RealtimeAPI",
+                                                 "predictor": {"type": "python", "path": "predictor.py"}}), "b1")
+    app = app_of(services, registry)
+    replicas = app.extensions[context.REPLICAS]
+
+    def show(**record: Any) -> tuple[str, str]:
+        replicas.announce(ReplicaRecord("rt-1", "rt", deployed.bundle, "127.0.0.1", 9000, 1, draining=False,
+                                        seen=time.time(), **record))
+        page = app.test_client().get("/").get_data(as_text=True)
+        return status_of(page, "rt"), page.split('id="api-rt"', 1)[1].split("</tr>", 1)[0]
+
+    starting, row = show(ready=False, message="building its environment env-1: installing 3 packages")
+    assert starting == "starting" and "building its environment env-1" in row
+    assert show(ready=True)[0] == "live"
+    failing, row = show(ready=False, message="gunicorn exited with status 3; restarting", failing=True)
+    assert failing == "error" and "status-error" in row
 
 def test_with_nothing_deployed_the_front_page_says_how_to_deploy(services: Services) -> None:  # noqa: F811
     text = app_of(services, MemoryApiRegistry()).test_client().get("/").get_data(as_text=True)
