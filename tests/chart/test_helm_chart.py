@@ -120,3 +120,20 @@ def test_without_keys_the_chart_runs_only_when_anonymous_is_asked_for() -> None:
     assert anonymous.returncode == 0, anonymous.stderr
     assert "SLUICE_API_KEYS_FILE" not in anonymous.stdout
     assert 'name: SLUICE_ALLOW_ANONYMOUS\n              value: "1"' in anonymous.stdout
+
+
+def test_the_kubernetes_page_opens_with_its_prerequisites_and_its_try_out_values_need_no_keda() -> None:
+    page = (ROOT / "docs" / "kubernetes.md").read_text()
+    sections = [line for line in page.splitlines() if line.startswith("## ")]
+    assert sections[0] == "## Prerequisites"
+    prerequisites = page.split("## Prerequisites", 1)[1].split("\n## ", 1)[0]
+    for needed in ("KEDA", "keda.enabled: false", "Prometheus", "s3://", "Redis", "docker/Dockerfile", "Helm 3.17",
+                   "deploy/helm/sluice/ci/internal-redis-values.yaml", "ServiceMonitor"):
+        assert needed in prerequisites, needed
+    # The values it points to for trying out render no object of KEDA's, so they install on a cluster without it.
+    try_out = CHART / "ci" / "internal-redis-values.yaml"
+    rendered = render(4, try_out, set_values=("image.repository=registry.example.com/sluice",
+                                              "storage.url=s3://your-bucket/sluice"))
+    assert rendered.returncode == 0, rendered.stderr
+    kinds = {line.split(":", 1)[1].strip() for line in rendered.stdout.splitlines() if line.startswith("kind:")}
+    assert "StatefulSet" in kinds and "ScaledObject" not in kinds and "keda.sh" not in rendered.stdout
