@@ -65,9 +65,11 @@ def run_batch_job(client: Client, project: Path, results_dir: Path) -> bool:
     print(json.dumps(final, indent=2))
     job_folder = results_dir / spec["job_id"]
     print(f"results: {job_folder}")
-    for name in ("summary.json", "_manifest.json"):
-        if (job_folder / name).exists():
-            print(f"{name}: {(job_folder / name).read_text()}")
+    summary, manifest = job_folder / "summary.json", job_folder / "_manifest.json"
+    if summary.exists():  # what the predictor wrote itself (iris-batch)
+        print(f"summary.json: {summary.read_text()}")
+    if manifest.exists() and json.loads(manifest.read_text()).get("rows"):  # the rows its predict returned
+        print(f"_manifest.json: {manifest.read_text()}")
     return final["status"] == "status_succeeded"
 
 

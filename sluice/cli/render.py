@@ -97,9 +97,12 @@ def progress_line(status: dict[str, Any]) -> str:
     total = status["total_batch_count"] or 1
     width = 30
     filled = int(width * done / total)
+    # Until its first batch ends, a running job says what it is doing (building the predictor,
+    # waiting for nodes), not merely `running`.
+    doing = status.get("phase") or status_word(status["status"])
     return (
         f"[{'#' * filled}{'.' * (width - filled)}] {done}/{status['total_batch_count']} batches "
-        f"({metrics['failed']} failed) {status_word(status['status'])}"
+        f"({metrics['failed']} failed) {doing}"
     )
 
 

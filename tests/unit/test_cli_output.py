@@ -121,3 +121,14 @@ def test_sluice_dash_dash_version_prints_the_version_as_the_version_command_does
 
     assert flag.exit_code == command.exit_code == 0
     assert flag.stdout == command.stdout and flag.stdout.startswith("sluice ")
+
+
+def test_a_progress_line_says_what_a_job_does_until_its_first_batch_ends():
+    from sluice.cli.render import progress_line
+
+    building = {"status": "status_running", "total_batch_count": 15, "phase": "building the predictor on n1",
+                "batch_metrics": {"succeeded": 0, "failed": 0}}
+    running = {"status": "status_running", "total_batch_count": 15, "batch_metrics": {"succeeded": 3, "failed": 1}}
+
+    assert progress_line(building).endswith("0/15 batches (0 failed) building the predictor on n1")
+    assert progress_line(running).endswith("4/15 batches (1 failed) running")
