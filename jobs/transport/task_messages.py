@@ -45,6 +45,16 @@ def _json(value: Any) -> bytes:
         return json.dumps(value).encode()
 
 
+class _NoSentEvent:
+    """Celery's event dispatcher, for the template only: with task events on (`SLUICE_TASK_EVENTS=1`),
+    Celery announces every task it sends, and the template's `task-sent` would show Flower a task that
+    never runs (`sluice-template`, pending forever). The messages made from it are announced by nobody
+    either; their nodes' events (received, started, succeeded) are what Flower shows of them."""
+
+    def publish(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
 @dataclass(frozen=True)
 class QueuedMessage:
     """A task's message, ready for Redis: the list kombu would push it on, and the message as pushed."""
@@ -97,7 +107,7 @@ class TaskMessages:
             return self._templates[(name, queue)]
         with self._lock, captured_messages() as kept:
             self._celery.send_task(name, args=("", ""), queue=queue, task_id=TEMPLATE_TASK_ID, ignore_result=True,
-                                   add_to_parent=False)
+                                   add_to_parent=False, event_dispatcher=_NoSentEvent())
         template = None
         try:
             [(key, message)] = kept

@@ -214,3 +214,20 @@ def test_a_queue_is_one_list_a_node_reads_whatever_priority_a_message_was_sent_w
     assert lists == ["prio-test"]
     assert client.llen("prio-test") == 2 and waiting == {"prio-test": 2}
     assert sorted(key for key in client.keys("prio-test*")) == [b"prio-test"]
+
+
+def test_with_task_events_on_the_template_celery_makes_is_announced_to_no_monitor(redis_server, monkeypatch):
+    from celery.events.dispatcher import EventDispatcher
+
+    announced: list[str] = []
+    publish = EventDispatcher.publish
+    monkeypatch.setattr(EventDispatcher, "publish",
+                        lambda self, type, fields, *a, **k: announced.append(fields.get("uuid", type))
+                        or publish(self, type, fields, *a, **k))
+    app = create_celery(Settings(redis_url=redis_server, task_events=True))
+    assert app.conf.task_send_sent_event  # Celery announces each task it sends
+
+    made = TaskMessages(app).message(RUN_ASYNC, ("echo", "r-9"), "async.events", task_id="task-9")
+
+    assert made is not None and json.loads(made.payload)["headers"]["id"] == "task-9"
+    assert "sluice-template" not in announced  # no `sluice-template` task pending forever in Flower
