@@ -23,6 +23,7 @@ from predictors_runtime.builder import resolve_model_paths
 from predictors_runtime.config import ApiConfig, parse_api_configs
 from predictors_runtime.environments import EnvironmentSpec, HostEnvironments, lock_environment, read_dependency_files
 from predictors_runtime.environments.lock import index_arguments
+from predictors_runtime.import_check import unprovided_imports
 from predictors_runtime.storage import split_uri
 
 from .batch import endpoint_url
@@ -97,10 +98,14 @@ def deploy() -> ResponseReturnValue:
                                   "is not in the project folder")
             _validate_models(api, Path(tmp), source)
         compile_project(Path(tmp), source)
+        warnings: dict[str, list[str]] = {}
         for api in apis:
             locked = lock_api_environment(api, Path(tmp), source, deployed_environments)
             if locked is not None:
                 environments[api.name] = locked.to_dict()
+            else:  # it runs in Sluice's own environment: what would it import that is not there?
+                warnings[api.name] = [unprovided_warning(module) for module in
+                                      unprovided_imports(Path(tmp), api.predictor.path)]
     bundle = services().bundles.put(project)
     deployed = [registry().put(api, bundle, environment=environments.get(api.name)) for api in apis]
     for one in deployed:  # a new version: an earlier version's failed build is not its own
@@ -111,7 +116,17 @@ def deploy() -> ResponseReturnValue:
             place_async_api(one, now)
     if any(one.kind == ApiKind.REALTIME for one in deployed):
         place_realtime_replicas(now)
-    return ApiList.model_validate({"apis": [view_of(d) for d in deployed]}).response(201)
+    for name, said in warnings.items():
+        for warning in said:
+            log.warning("api %s: %s", name, warning, extra={"api": name})
+    answered = [{**view_of(d), **({"warnings": warnings[d.name]} if warnings.get(d.name) else {})} for d in deployed]
+    return ApiList.model_validate({"apis": answered}).response(201)
+
+
+def unprovided_warning(module: str) -> str:
+    """A deploy's warning about a module its predictor imports that Sluice's environment lacks."""
+    return (f"imports {module}, which is not installed beside Sluice and the project has no requirements.txt: "
+            "its first batch or request will fail to import it (add it to a requirements.txt)")
 
 
 def compile_project(project_dir: Path, source: str) -> None:

@@ -328,6 +328,9 @@ class Api(Body):
     environment: ApiEnvironment | None = Field(
         default=None, description="the API's own Python environment (its project's requirements.txt and "
         "dependencies.sh, locked at deploy); null when it runs in Sluice's own")
+    warnings: list[str] | None = Field(
+        default=None, description="in the answer to a deploy: what will likely fail later, e.g. a module the "
+        "predictor imports that its environment will not have")
 
 
 class ApiList(Body):

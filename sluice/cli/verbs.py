@@ -55,6 +55,8 @@ def deploy(ctx: click.Context, config: Path, no_wait: bool, output: str) -> None
             click.echo(f"  {environment_line(api['environment'])} (locked in {time.monotonic() - started:.1f} s)")
         for ignored in api["ignored_fields"]:
             click.echo(f"  note: {ignored} means nothing to Sluice and was ignored", err=True)
+        for warning in api.get("warnings") or ():
+            click.echo(f"  warning: {api['name']} {warning}", err=True)
     if not no_wait and any(api.get("environment") for api in deployed):
         failed = [name for name, state in follow_builds(client, deployed).items() if state == "failed"]
         if failed:
