@@ -119,6 +119,10 @@ class BuiltPredictor:
         self.namespace.close()
 
 
+# The name Cortex 0.34 and 0.35 gave the model client in a handler's constructor.
+CORTEX_CLIENT_ALIAS = "model_client"
+
+
 def build_predictor(
     project_dir: Path, api: ApiConfig, init_args: Mapping[str, Any], *,
     model_cache_dir: Path, poll_interval_s: float,
@@ -171,6 +175,9 @@ def _construct(
                 )
             client.bind(load_model)
         available[PREDICTOR_TYPES[predictor.type].client_argument] = client
+        # Cortex 0.34 and 0.35 handed a handler its client as `model_client` (a python handler with
+        # multi_model_reloading): offered under both names, the constructor takes the one it declares.
+        available.setdefault(CORTEX_CLIENT_ALIAS, client)
     try:
         if predictor_class.__init__ is not object.__init__:  # a class may define no constructor
             call_with_declared(instance.__init__, available)

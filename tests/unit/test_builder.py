@@ -115,6 +115,27 @@ def test_an_unreadable_dotenv_is_a_predictor_error(tmp_path: Path) -> None:
         build(folder, {"config": {}})
 
 
+@pytest.mark.parametrize("argument", ["python_client", "model_client"], ids=["cortex-0.25-0.33", "cortex-0.34-0.35"])
+def test_a_python_handler_takes_its_client_under_the_name_its_cortex_version_gave_it(tmp_path: Path,
+                                                                                      argument: str) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "weights.txt").write_text("0.5")
+    folder = project(tmp_path / "bundle", f"""
+        class Handler:
+            def __init__(self, config, {argument}):
+                self.weight = {argument}.get_model()
+
+            def load_model(self, model_path):
+                return float(open(model_path + "/weights.txt").read())
+    """)
+    api = api_config(predictor=f"{{path: predictor.py, models: {{path: {tmp_path / 'model'}}}}}")
+
+    built = build(folder, {"config": {}}, api)
+
+    assert built.instance.weight == 0.5
+    built.close()
+
+
 def test_a_python_predictor_with_models_gets_its_client_bound_to_load_model_before_init(tmp_path: Path) -> None:
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "weights.txt").write_text("0.75")
