@@ -13,6 +13,7 @@ output is the lock every host installs, so all of them run the same versions.
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import sysconfig
 import tempfile
@@ -138,6 +139,13 @@ def index_arguments(index_url: str | None, find_links: Sequence[str], no_index: 
     return tuple(args)
 
 
+def names_package(message: str, name: str) -> bool:
+    """Whether an installer's message names the package `name` itself: as a whole name, not inside
+    another one (`flask` is not named by `flask-cors`, nor `sluice` by `sluice-no-such-package`)."""
+    pattern = re.escape(canonicalize_name(name)).replace("\\-", "[-_.]")
+    return re.search(rf"(?<![\w.-]){pattern}(?![\w-]|\.\w)", message, flags=re.IGNORECASE) is not None
+
+
 def lock_environment(files: DependencyFiles, project_dir: Path, *, cache_dir: Path, where: str,
                      index_args: Sequence[str] = (), deployed: Iterable[EnvironmentSpec] = ()) -> EnvironmentSpec:
     """Resolve the project's requirements once, held to Sluice's own versions: the spec every host builds.
@@ -176,7 +184,7 @@ def lock_environment(files: DependencyFiles, project_dir: Path, *, cache_dir: Pa
         if result.returncode != 0:
             message = tail(result.stderr or result.stdout).replace(str(requirements), files.pip_path)
             message = message.replace(str(constraints), "Sluice's server libraries")
-            named = [name for name in pins if name in message.lower()]
+            named = [name for name in pins if names_package(message, name)]
             if named:
                 raise DependencyConflict(f"{pip_where} conflicts with the libraries Sluice runs on ("
                                          + ", ".join(f"{name} {pins[name]}" for name in named)

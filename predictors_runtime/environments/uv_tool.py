@@ -29,10 +29,20 @@ def uv_binary() -> str:
     raise EnvironmentBuildFailed("uv is not installed on this host: it comes with `pip install 'sluice[server]'`")
 
 
+# What uv puts before the line saying what failed (a multiplication sign, U+00D7).
+UV_FAILURE_MARK = "\u00d7"
+
+
 def tail(text: str, lines: int = MESSAGE_LINES) -> str:
-    """The last non-empty lines of an installer's output, for a message."""
+    """The last non-empty lines of an installer's output, for a message, after the line that says what
+    failed (uv's `error: ...` or `x ...` headline) where the last lines leave it out: a build's output
+    is long, and its headline (`Failed to build scikit-learn==0.21.3`) names the requirement."""
     kept = [line.rstrip() for line in text.strip().splitlines() if line.strip()]
-    return "\n".join(kept[-lines:])
+    last = kept[-lines:]
+    headline = next((line for line in kept if line.lstrip().startswith(("error:", UV_FAILURE_MARK))), None)
+    if headline is not None and headline not in last:
+        return "\n".join([headline, "...", *last])
+    return "\n".join(last)
 
 
 def run_uv(args: Sequence[str], *, cwd: Path, cache_dir: Path, env: Mapping[str, str] | None = None,

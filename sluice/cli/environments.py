@@ -46,7 +46,7 @@ def follow_builds(client: Client, deployed: list[dict[str, Any]], first_host_s: 
     outcome: dict[str, str] = {}
     if not pending:
         return outcome
-    console = Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False, markup=False)
     started = time.monotonic()
     with console.status("locking done; waiting for a host to build the environment") as status:
         while pending and time.monotonic() - started < timeout_s:
@@ -113,7 +113,7 @@ def env_ls(output: str) -> None:
         used = f"{(now - entry.last_used) / 60:.0f} min ago" if entry.last_used else "-"
         table.add_row(entry.key, "ready" if entry.complete else "incomplete", f"{entry.size_bytes / 2**20:.1f} MiB",
                       str(len(entry.packages)), used, "yes" if entry.in_use else "no")
-    Console(highlight=False).print(table)
+    Console(highlight=False, markup=False).print(table)
 
 
 @env_group.command("prune")

@@ -23,8 +23,8 @@ def table_console() -> Console:
     """A console for tables: the terminal's width, or unbounded when piped (no folded cells)."""
     from rich.console import Console
 
-    console = Console(highlight=False)
-    return console if console.is_terminal else Console(highlight=False, width=1000)
+    console = Console(highlight=False, markup=False)
+    return console if console.is_terminal else Console(highlight=False, markup=False, width=1000)
 
 
 def print_table(title: str | None, columns: list[str], rows: list[list[str]]) -> None:

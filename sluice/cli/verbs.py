@@ -399,7 +399,7 @@ def _wait_with_progress(client: Client, api: str, job_id: str, timeout: float | 
             speed = task.finished_speed or task.speed
             return Text(f"{speed:.2f} batches/s" if speed else "- batches/s")
 
-    console = Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False, markup=False)
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("batches"), RateColumn(),
         TextColumn("eta"), TimeRemainingColumn(), TimeElapsedColumn(),

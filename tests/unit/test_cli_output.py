@@ -132,3 +132,12 @@ def test_a_progress_line_says_what_a_job_does_until_its_first_batch_ends():
 
     assert progress_line(building).endswith("0/15 batches (0 failed) building the predictor on n1")
     assert progress_line(running).endswith("4/15 batches (1 failed) running")
+
+
+def test_a_server_message_in_a_table_is_printed_as_it_is_brackets_and_all(capsys):
+    from sluice.cli.render import print_table
+
+    message = "KeyError: ['sepal_length'] missing [/bold] from item [3]"
+    print_table(None, ["batch", "error"], [["3", message]])  # rich markup would eat [...], or raise on [/bold]
+
+    assert message in capsys.readouterr().out

@@ -177,3 +177,30 @@ def test_a_deploy_with_the_requirements_of_a_deployed_environment_reuses_its_loc
     locked = lock_environment(files, tmp_path, cache_dir=tmp_path, where="x", deployed=[deployed])
     assert locked.lock == deployed.lock and locked.shell == files.shell
     assert locked.key != deployed.key  # its dependencies.sh differs: an environment of its own
+
+
+@pytest.mark.parametrize(("message", "name", "named"), [
+    ("Because sluice-no-such-package-zz9 was not found in the package registry", "sluice", False),
+    ("Because flask-cors==9.9 depends on werkzeug<1", "flask", False),
+    ("Because you require celery==4.4.7 and celery==5.7.0, we can conclude", "celery", True),
+    ("sluice-test-old-celery==1.0 depends on Celery<5", "celery", True),
+    ("and typing_extensions>=4.6 is required", "typing-extensions", True),
+    ("numpy.typing is missing", "numpy", False),
+])
+def test_a_pin_of_sluice_is_blamed_only_when_the_installer_names_that_very_package(
+        message: str, name: str, named: bool) -> None:
+    from predictors_runtime.environments.lock import names_package
+
+    assert names_package(message, name) is named
+
+
+def test_a_long_build_log_keeps_the_line_that_names_the_requirement_that_failed() -> None:
+    from predictors_runtime.environments.uv_tool import UV_FAILURE_MARK, tail
+
+    log = "\n".join([f"  {UV_FAILURE_MARK} Failed to build `scikit-learn==0.21.3`",
+                     *[f"      compiler line {n}" for n in range(40)], "  hint: the build backend failed"])
+
+    kept = tail(log, lines=5).splitlines()
+
+    assert kept[0].strip() == f"{UV_FAILURE_MARK} Failed to build `scikit-learn==0.21.3`" and kept[1] == "..."
+    assert kept[-1] == "  hint: the build backend failed" and len(kept) == 7
