@@ -46,6 +46,7 @@ from foundation.errors import ConfigError, SluiceError
 from foundation.figures import REALTIME_BATCH_SIZE, RealtimeFigures, Recorder
 from foundation.json_logs import configure_json_logging, labelled
 from foundation.log_streams import LogStreams, install_api_log_handler
+from foundation.printed_lines import print_to_log
 from foundation.replica_directory import ReadinessMarkers
 from foundation.settings import Settings
 from predictors_runtime.batching import BatchFailed
@@ -292,6 +293,7 @@ def create_replica_app(  # noqa: C901 - the app factory: each route is a closure
     api = ApiConfig.from_dict(settings.api.spec)
     if configure_logging:
         configure_json_logging(api.predictor.log_level.upper())
+        print_to_log()  # a predictor's print() is a line of its API's log, as on Cortex
         install_api_log_handler(settings.sluice, api.name, log_streams)  # `sluice logs API` shows its lines
     # Requests, rejections, batch sizes and model loads of this process, summed with every other's
     # in Redis by a background thread: the request path only adds in memory (foundation/figures.py).

@@ -68,7 +68,8 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes JSON lines to a stream, dropping any line over `MAX_LINE_BYTES`."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
-        super().__init__(stream or sys.stderr)
+        # The real standard error, also where printed lines are log records (foundation/printed_lines.py).
+        super().__init__(stream or getattr(sys.stderr, "original", sys.stderr))
         self.setFormatter(JsonLinesFormatter())
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -23,6 +23,7 @@ from celery import Celery, bootsteps, signals
 from kombu.exceptions import KombuError
 
 from foundation.json_logs import configure_json_logging, set_process_labels
+from foundation.printed_lines import print_to_log
 from foundation.redis_clients import heartbeat_client, stop_riding_out
 from foundation.settings import Settings
 from jobs.nodes.loop_answers import NODE_LOOP, LoopAnswers
@@ -211,6 +212,7 @@ def install_worker_hooks(app: Celery, settings: Settings, services: ServicesOf) 
     def _json_lines(loglevel: int | str | None = None, **_: object) -> None:
         # Connected, this replaces Celery's own log set-up (worker and beat): JSON lines on stderr.
         configure_json_logging(loglevel or logging.INFO)
+        print_to_log()  # a predictor's print() is a line of its job's log, as on Cortex
 
     def _consume_assigned_queues(sender: str, instance: Any, **_: object) -> None:
         if instance.app is app:

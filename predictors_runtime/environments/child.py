@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from foundation.errors import PredictorError, SluiceError
+from foundation.printed_lines import print_to_log
 
 from ..loader import error_text
 
@@ -98,6 +99,7 @@ def serve(connection: Connection) -> int:
     root = logging.getLogger()
     root.handlers[:] = [_Forward(channel)]
     root.setLevel(logging.INFO)
+    print_to_log()  # printed lines travel to the node as its logged ones do
     predictor: Any = None
     while True:
         try:

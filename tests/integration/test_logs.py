@@ -245,3 +245,55 @@ def test_logs_explains_itself_with_help():
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("Usage: ") and "logs [OPTIONS] API [JOB_ID]" in result.stdout
     assert "--follow" in result.stdout and "-o, --output" in result.stdout
+
+
+PRINTING_PREDICTOR = '''
+import sys
+
+from cortex_internal.lib.log import logger
+
+
+class PythonPredictor:
+    def __init__(self, config, job_spec=None):
+        print("built, as Cortex predictors say it")
+
+    def predict(self, payload, batch_id=None):
+        logger.info("logged before")
+        print("printed", payload)
+        print("printed to stderr", file=sys.stderr)
+        logger.info("logged after")
+        return {"ok": True}
+'''
+
+
+def printed(lines: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(line["message"], line["levelname"]) for line in lines if line["message"].startswith(("printed", "logged"))]
+
+
+def test_a_batch_predictors_printed_lines_are_its_jobs_log_lines_in_order_with_its_labels(logs_client, tmp_path):
+    api = _deploy(logs_client, tmp_path, "BatchAPI", PRINTING_PREDICTOR)
+    job_id = logs_client.submit(api, [7], batch_size=1, workers=1)["job_id"]
+    assert logs_client.wait_job(api, job_id, timeout=180)["status"] == "status_succeeded"
+
+    lines = wait_for(lambda: (found := all_lines(logs_client, api, job_id)) and
+                     any(line["message"] == "logged after" for line in found) and found, "the batch's lines")
+
+    assert printed(lines) == [("logged before", "INFO"), ("printed [7]", "INFO"), ("printed to stderr", "ERROR"),
+                              ("logged after", "INFO")]
+    [line] = [line for line in lines if line["message"] == "printed [7]"]
+    assert line["labels"]["job_id"] == job_id and line["labels"]["batch_index"] == "0" and "@" in line["labels"]["node"]
+
+
+def test_a_realtime_replicas_printed_lines_are_its_apis_log_lines(logs_client, tmp_path):
+    api = _deploy(logs_client, tmp_path, "RealtimeAPI", PRINTING_PREDICTOR)
+    logs_client.wait_ready(api, timeout=120)
+
+    assert logs_client.predict(api, {"n": 1}) == {"ok": True}
+
+    lines = wait_for(lambda: (found := all_lines(logs_client, api)) and
+                     any(line["message"] == "logged after" for line in found) and found, "the request's lines")
+    assert printed(lines) == [("logged before", "INFO"), ("printed {'n': 1}", "INFO"), ("printed to stderr", "ERROR"),
+                              ("logged after", "INFO")]
+    assert any(line["message"] == "built, as Cortex predictors say it" for line in lines)
+    assert {line["labels"]["api"] for line in lines if line["message"].startswith("printed")} == {api}
+    logs_client.delete_api(api, force=True)
