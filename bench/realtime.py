@@ -88,7 +88,7 @@ class TensorFlowPredictor:
         self.client, self.names = tensorflow_client, [f"f{i}" for i in range(config["features"])]
 
     def predict(self, payload):
-        return self.client.predict([[payload[n] for n in self.names]])["y"][0].tolist()
+        return self.client.predict([[payload[n] for n in self.names]])["y"]  # the one row's values, flat
 '''
 TF_ONE_THREAD = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
 

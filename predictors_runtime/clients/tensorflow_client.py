@@ -28,6 +28,7 @@ from .hardware import tensorflow_device
 from .onnx_client import InputSpec, prepare_inputs
 from .python_client import ManagerFactory, ModelClient
 from .tensorflow_batching import CallGatherer, Outputs, Stacking, signature_stacking
+from .tensorflow_outputs import cortex_outputs
 
 DEFAULT_SIGNATURE_KEY = "serving_default"
 
@@ -166,8 +167,9 @@ class TensorFlowClient(ModelClient):
 
     def predict(
         self, model_input: Any, model_name: str | None = None, model_version: str | int = "latest"
-    ) -> dict[str, np.ndarray[Any, Any]]:
-        """Run the signature on `model_input`; returns output name -> numpy array.
+    ) -> dict[str, list[Any]]:
+        """Run the signature on `model_input`; returns output name -> its values as Cortex's client gave
+        them: one flat list each, spelled as TensorFlow Serving's JSON (`tensorflow_outputs.py`).
 
         `model_input` is a dict of input name -> array-like, or one array-like for a signature
         with a single input; values are converted to each input's dtype and checked against its
@@ -179,6 +181,5 @@ class TensorFlowClient(ModelClient):
         model: TensorFlowModel = self._loaded(model_name, model_version).model
         feed = prepare_inputs(model_input, model.inputs)
         gatherer = self._gatherer
-        if gatherer is None:
-            return run_signature(model, feed)
-        return gatherer.predict(model, feed)
+        outputs = run_signature(model, feed) if gatherer is None else gatherer.predict(model, feed)
+        return cortex_outputs(outputs)

@@ -32,8 +32,9 @@ class TensorFlowPredictor:
         self.client = tensorflow_client
 
     def predict(self, payload):
-        outputs = self.client.predict(payload)
-        return [{"y": [float(v) for v in row]} for row in outputs["y"]]
+        values = self.client.predict(payload)["y"]  # flat, as Cortex's client gave each output
+        width = len(values) // len(payload)
+        return [{"y": values[i * width:(i + 1) * width]} for i in range(len(payload))]
 '''
 
 PYTHON_PREDICTOR = '''

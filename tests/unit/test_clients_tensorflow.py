@@ -20,6 +20,7 @@ import tensorflow as tf
 from foundation.errors import ConfigError, ModelInputError
 from predictors_runtime.clients import TensorFlowClient
 from predictors_runtime.clients.tensorflow_client import pick_signature
+from predictors_runtime.clients.tensorflow_outputs import cortex_values
 from predictors_runtime.config import ModelsConfig
 from predictors_runtime.models.manager import ModelManager
 
@@ -90,6 +91,11 @@ def shift_client(models: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
     return tf_client(tmp_path_factory.mktemp("cache"), models["every"].parent, signature_key="shift")
 
 
+def floats(values: Any) -> list[Any]:
+    """Float32 values as Cortex's client gave an output: flat, each float32 at its shortest."""
+    return cortex_values(np.asarray(values, dtype=np.float32))
+
+
 # -- predicting --------------------------------------------------------------------------------
 def test_predict_runs_serving_default_and_keys_outputs_by_name(default_client: TensorFlowClient) -> None:
     x = np.array([[1.0, 1.0], [0.0, 2.0]], dtype=np.float32)
@@ -97,15 +103,15 @@ def test_predict_runs_serving_default_and_keys_outputs_by_name(default_client: T
     outputs = default_client.predict(x)
 
     assert list(outputs) == ["y"]
-    assert isinstance(outputs["y"], np.ndarray)
-    np.testing.assert_allclose(outputs["y"], x @ W + B)
+    assert isinstance(outputs["y"], list)  # flat, as Cortex's client gave each output
+    assert outputs["y"] == pytest.approx(floats(x @ W + B))
 
 
 def test_ints_are_cast_to_the_signatures_float_input(default_client: TensorFlowClient) -> None:
     outputs = default_client.predict({"x": [[1, 1], [0, 2]]})
 
-    np.testing.assert_allclose(outputs["y"], [[4.5, 5.5], [6.5, 7.5]])
-    assert outputs["y"].dtype == np.float32
+    assert outputs["y"] == pytest.approx(floats([[4.5, 5.5], [6.5, 7.5]]))
+    assert all(isinstance(value, float) for value in outputs["y"])
 
 
 def test_the_signature_key_chooses_another_signature(models: dict[str, Path], tmp_path: Path) -> None:
@@ -114,27 +120,27 @@ def test_the_signature_key_chooses_another_signature(models: dict[str, Path], tm
     outputs = client.predict([[1, 2], [3, 4]])
 
     assert sorted(outputs) == ["doubled", "total"]
-    np.testing.assert_allclose(outputs["doubled"], [[2, 4], [6, 8]])
-    np.testing.assert_allclose(outputs["total"], [3, 7])
+    assert outputs["doubled"] == pytest.approx(floats([[2, 4], [6, 8]]))
+    assert outputs["total"] == pytest.approx(floats([3, 7]))
     assert client.get_model()["signature_key"] == "double"
 
 
 def test_a_signature_with_two_inputs_takes_a_dict_cast_per_input(shift_client: TensorFlowClient) -> None:
     outputs = shift_client.predict({"x": [[1, 1], [2, 2]], "steps": [1.0, 10.0]})
 
-    np.testing.assert_allclose(outputs["shifted"], [[2, 2], [12, 12]])
+    assert outputs["shifted"] == pytest.approx(floats([[2, 2], [12, 12]]))
 
 
 def test_string_inputs_are_passed_as_strings(models: dict[str, Path], tmp_path: Path) -> None:
     client = tf_client(tmp_path, models["every"], signature_key="lengths")
 
-    assert client.predict(["a", "abc", ""])["length"].tolist() == [1, 3, 0]
+    assert client.predict(["a", "abc", ""])["length"] == [1, 3, 0]  # int32: numbers (int64 would be strings)
 
 
 def test_the_only_signature_is_used_when_none_is_named(models: dict[str, Path], tmp_path: Path) -> None:
     client = tf_client(tmp_path, models["only_double"])
 
-    np.testing.assert_allclose(client.predict([[1, 1]])["doubled"], [[2, 2]])
+    assert client.predict([[1, 1]])["doubled"] == pytest.approx(floats([[2, 2]]))
 
 
 # -- choosing the signature ------------------------------------------------------------------------
@@ -223,7 +229,7 @@ def test_asking_for_a_gpu_where_there_is_none_runs_on_the_cpu_with_a_warning(
     with caplog.at_level(logging.WARNING):
         outputs = client.predict([[1, 1]])
 
-    np.testing.assert_allclose(outputs["y"], [[4.5, 5.5]])
+    assert outputs["y"] == pytest.approx(floats([[4.5, 5.5]]))
     assert "compute.gpu > 0 but no GPU is available to TensorFlow; running on CPU" in caplog.text
 
 
@@ -336,8 +342,8 @@ def test_concurrent_calls_share_runs_and_each_gets_its_own_rows(tmp_path: Path, 
 
     for i, outcome in enumerate(outcomes):
         assert not isinstance(outcome, BaseException), outcome
-        np.testing.assert_array_equal(outcome["y"], rows_of(i) * 2)  # the latest version: y = x * 2
-        np.testing.assert_array_equal(outcome["total"], rows_of(i).sum(axis=1))
+        assert outcome["y"] == floats(rows_of(i) * 2)  # the latest version: y = x * 2
+        assert outcome["total"] == floats(rows_of(i).sum(axis=1))
     assert runs.sizes == [4, 4, 4]  # three full windows of four calls, one run each
 
 
@@ -348,7 +354,7 @@ def test_a_call_of_another_trailing_shape_runs_in_its_own_group(tmp_path: Path, 
     outcomes = call_together(4, lambda i: client.predict({"x": rows_of(i, width[i])}))
 
     for i, outcome in enumerate(outcomes):
-        np.testing.assert_array_equal(outcome["y"], rows_of(i, width[i]) * 2)
+        assert outcome["y"] == floats(rows_of(i, width[i]) * 2)
     assert sorted(runs.sizes) == [1, 3]
 
 
@@ -358,7 +364,7 @@ def test_calls_for_different_versions_never_share_a_run(tmp_path: Path, scaled_m
     outcomes = call_together(8, lambda i: client.predict(rows_of(i), model_version=1 + i % 2))
 
     for i, outcome in enumerate(outcomes):
-        np.testing.assert_array_equal(outcome["y"], rows_of(i) * (1 + i % 2))
+        assert outcome["y"] == floats(rows_of(i) * (1 + i % 2))
     assert runs.sizes == [4, 4]  # one window, one run per version
 
 
@@ -371,7 +377,7 @@ def test_a_signature_without_a_batch_dimension_runs_each_call_alone_at_once(
     outcomes = call_together(3, lambda i: client.predict([[i, i + 0.5]]))
 
     for i, outcome in enumerate(outcomes):
-        np.testing.assert_array_equal(outcome["y"], [[2 * i, 2 * i + 1]])
+        assert outcome["y"] == floats([[2 * i, 2 * i + 1]])
     assert runs.sizes == [1, 1, 1]
 
 
@@ -383,7 +389,7 @@ def test_a_signature_with_an_output_of_no_batch_dimension_runs_each_call_alone(
     outcomes = call_together(3, lambda i: client.predict(rows_of(i)))
 
     for i, outcome in enumerate(outcomes):
-        np.testing.assert_array_equal(outcome["sum"], rows_of(i).sum())  # the call's own sum, not the run's
+        assert outcome["sum"] == floats(rows_of(i).sum())  # the call's own sum, not the run's
     assert runs.sizes == [1, 1, 1]
 
 
@@ -399,8 +405,8 @@ def test_outputs_not_one_row_per_input_row_fall_back_to_one_call_per_run(
     for outcome in (*outcomes, *later):
         assert not isinstance(outcome, BaseException), outcome
     for i, (first, second) in enumerate(zip(outcomes, later, strict=True)):
-        np.testing.assert_array_equal(first["flat"], (rows_of(i) * 2).ravel())
-        np.testing.assert_array_equal(second["flat"], (rows_of(i) * 2).ravel())
+        assert first["flat"] == floats((rows_of(i) * 2).ravel())
+        assert second["flat"] == floats((rows_of(i) * 2).ravel())
     # The shared run answered 2 values per row; each call was run again alone, and the model
     # version is not stacked any more (the later calls run alone at once).
     assert runs.sizes == [4, 1, 1, 1, 1, 1, 1, 1, 1]
@@ -416,7 +422,7 @@ def test_a_graph_that_refuses_stacked_rows_falls_back_to_one_call_per_run(
     outcomes = call_together(3, lambda i: client.predict([[i, i]]))
 
     for i, outcome in enumerate(outcomes):
-        np.testing.assert_array_equal(outcome["y"], [[2 * i, 2 * i]])
+        assert outcome["y"] == floats([[2 * i, 2 * i]])
     assert runs.sizes == [3, 1, 1, 1]
     stacking = client.manager.get(None, "latest").model.stacking
     assert stacking.possible is False and "each call alone succeeded" in stacking.why_not
@@ -430,7 +436,7 @@ def test_values_the_model_rejects_fail_only_their_own_call(tmp_path: Path, scale
     assert isinstance(outcomes[2], ModelInputError)
     assert "x must not be negative" in outcomes[2].message
     for i in (0, 1, 3):
-        np.testing.assert_array_equal(outcomes[i]["y"], rows_of(i) * 2)
+        assert outcomes[i]["y"] == floats(rows_of(i) * 2)
     assert runs.sizes == [4, 1, 1, 1, 1]  # the shared run raised: each call was run alone
     assert client.manager.get(None, "latest").model.stacking.possible is True  # one call's values, not the model
 
@@ -446,7 +452,7 @@ def test_an_input_that_does_not_fit_fails_its_caller_without_joining_a_window(
     assert isinstance(outcomes[0], ModelInputError)
     assert outcomes[0].message == "input 'x': expected shape [None, 2], got [1, 3] (dimension 1 must be 2, not 3)"
     for i in (1, 2, 3):
-        np.testing.assert_array_equal(outcomes[i]["y"], rows_of(i) * 2)
+        assert outcomes[i]["y"] == floats(rows_of(i) * 2)
     assert runs.sizes == [3]
 
 
@@ -481,7 +487,7 @@ def test_a_tensorflow_predictor_with_server_side_batching_gets_one_payload_per_c
 
         def predict(self, payload: dict[str, Any]) -> list[float]:
             assert isinstance(payload, dict), payload
-            return self.client.predict([payload["row"]])["y"][0].tolist()
+            return self.client.predict([payload["row"]])["y"]  # flat: the one row's two values
 
     predictor = RealtimePredictor(TensorFlowPredictor(client), client, predictor_type="tensorflow",
                                   batching=ServerSideBatching(max_batch_size=6, batch_interval=60),
