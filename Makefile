@@ -43,7 +43,10 @@ UV_VERSION = $(shell python3 -c "import tomllib; print(next(p['version'] for p i
 SYNC_ENV := env UV_PROJECT_ENVIRONMENT=$(abspath $(VENV)) UV_PYTHON_DOWNLOADS=never
 LOCK_CHECK := @$(SYNC_ENV) $(UV) lock --check --quiet || { \
 	echo "uv.lock does not match pyproject.toml: run 'make lock' (then 'make test'), and commit uv.lock" >&2; exit 1; }
-SYNC := $(SYNC_ENV) $(UV) sync --quiet --locked
+# Sluice itself is installed editable as a path on sys.path (setuptools' compat mode), not through an
+# import hook: with the hook, a folder named `sluice` beside a script (a clone of this repository)
+# was imported as an empty namespace package instead of Sluice.
+SYNC := $(SYNC_ENV) $(UV) sync --quiet --locked -C editable_mode=compat
 # `make test`: every role, predictor type and storage (the `all` extra) and the test tools.
 TEST_SYNC := $(SYNC) --extra all --group dev
 # `make demo`: the roles and ONNX, and what the examples' train.py scripts need. --inexact keeps

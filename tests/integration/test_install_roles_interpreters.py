@@ -254,3 +254,17 @@ def test_an_onnx_predictor_on_a_host_without_onnxruntime_fails_to_build_naming_t
 
     assert out.strip() == ("preparing the model client failed: the onnx predictor type needs onnxruntime, which is not "
                            "installed: pip install 'sluice[onnx]'")
+
+
+def test_a_folder_named_sluice_beside_a_script_does_not_shadow_the_installed_package(tmp_path):
+    # A clone of the repository called `sluice`, and a script in the folder that holds it.
+    (tmp_path / "sluice" / "docs").mkdir(parents=True)
+    (tmp_path / "sluice" / "README.md").write_text("a clone\n")
+    script = tmp_path / "use_sluice.py"
+    script.write_text("import sluice\nprint(sluice.__file__)\nprint(callable(sluice.client))\n")
+
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+
+    assert ran.returncode == 0, ran.stderr
+    where, callable_client = ran.stdout.split()
+    assert where.endswith("sluice/__init__.py") and not where.startswith(str(tmp_path)) and callable_client == "True"
