@@ -99,7 +99,6 @@ DEFAULT = CHART / "ci" / "default-values.yaml"
     (("redis.url=",), "redis: set exactly one of redis.url, redis.sentinel.hosts and redis.internal.enabled"),
     (("redis.internal.enabled=true", "redis.internal.password=x"), "set exactly one of"),
     (("redis.url=", "redis.sentinel.hosts={s:26379}"), "redis.sentinel.masterName"),
-    (("redis.url=", "redis.internal.enabled=true"), "redis.internal.password is required"),
     (("storage.url=/data/storage",), "storage.url: every host reads the deployed bundles"),
     (("auth.apiKeysSecret.name=",), "auth.apiKeysSecret.name: API keys are required"),
     (("replicaPools[0].name=cpu", "replicaPools[0].hardware=inf", "replicaPools[0].resources.requests.cpu=1",
@@ -137,3 +136,18 @@ def test_the_kubernetes_page_opens_with_its_prerequisites_and_its_try_out_values
     assert rendered.returncode == 0, rendered.stderr
     kinds = {line.split(":", 1)[1].strip() for line in rendered.stdout.splitlines() if line.startswith("kind:")}
     assert "StatefulSet" in kinds and "ScaledObject" not in kinds and "keda.sh" not in rendered.stdout
+
+
+def test_the_in_chart_redis_without_a_password_gets_a_random_one() -> None:
+    # (On a cluster, an upgrade keeps the one the release's Secret holds: helm's `lookup`, which
+    # `helm template` cannot do; here, each render makes a new one.)
+    first, second = (render(4, DEFAULT, set_values=("redis.url=", "redis.internal.enabled=true")) for _ in range(2))
+
+    def password(rendered: subprocess.CompletedProcess[str]) -> str:
+        assert rendered.returncode == 0, rendered.stderr
+        documents = rendered.stdout.split("\n---")
+        secret = next(doc for doc in documents if "redis-password:" in doc and "kind: Secret" in doc)
+        return secret.split("redis-password:", 1)[1].split()[0].strip('"')
+
+    assert len(password(first)) == 32 and password(first).isalnum()
+    assert password(first) != password(second)

@@ -52,9 +52,6 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- if and .Values.redis.sentinel.hosts (not .Values.redis.sentinel.masterName) -}}
 {{- fail "redis.sentinel.masterName: the name the sentinels monitor the primary under is required with redis.sentinel.hosts" -}}
 {{- end -}}
-{{- if and .Values.redis.internal.enabled (not .Values.redis.internal.password) -}}
-{{- fail "redis.internal.password is required with redis.internal.enabled (anything that reaches Redis can queue work)" -}}
-{{- end -}}
 {{- if not (or (hasPrefix "s3://" .Values.storage.url) (hasPrefix "gs://" .Values.storage.url)) -}}
 {{- fail "storage.url: every host reads the deployed bundles, so it must be s3://bucket/prefix or gs://bucket/prefix" -}}
 {{- end -}}
