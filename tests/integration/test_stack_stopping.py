@@ -28,6 +28,7 @@ import psutil
 import pytest
 import yaml
 
+from foundation.processes import running
 from sluice.client import Client
 from sluice.embedded import free_port
 from testbed.wheels import GREETING, GREETING_MODULE
@@ -129,13 +130,6 @@ def up_command(port: int, data_dir: Path) -> str:
 
 def every_process_under(pid: int) -> list[psutil.Process]:
     return psutil.Process(pid).children(recursive=True)
-
-
-def running(process: psutil.Process) -> bool:
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def command(process: psutil.Process) -> str:
