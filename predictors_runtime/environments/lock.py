@@ -25,7 +25,7 @@ from packaging.markers import UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from foundation.errors import ConfigError, DependencyConflict
+from foundation.errors import ConfigError, DependencyConflict, SluiceError
 from foundation.version import sluice_version
 
 from .project_files import DependencyFiles
@@ -139,6 +139,56 @@ def index_arguments(index_url: str | None, find_links: Sequence[str], no_index: 
     return tuple(args)
 
 
+# uv's line for a requirement it had to build from source and could not.
+_UNBUILT = re.compile(r"Failed to (?:download and )?build `(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^`\s]+)`")
+
+
+def _unresolved(output: str, pins: dict[str, str], where: str, project_dir: Path, cache_dir: Path,
+                index_args: Sequence[str]) -> SluiceError:
+    """Why uv could not lock the requirements, its cause on the first line: a pin whose source did not
+    build (with the oldest release that has a wheel here), a conflict with one of Sluice's own
+    libraries, or uv's own words."""
+    message = tail(output)
+    unbuilt = _UNBUILT.search(output)
+    if unbuilt is not None:  # before the pins: a failed build's output names its build tools (setuptools)
+        name, version = unbuilt.group("name"), unbuilt.group("version")
+        return ConfigError(f"{where} cannot be resolved: {name}=={version} has no wheel for Python {python_tag()} "
+                           f"on {sysconfig.get_platform()}, and its source did not build; "
+                           + nearest_wheel_hint(name, version, project_dir, cache_dir, index_args) + f"\n{message}")
+    named = [name for name in pins if names_package(message, name)]
+    if named:
+        return DependencyConflict(f"{where} conflicts with the libraries Sluice runs on ("
+                                  + ", ".join(f"{name} {pins[name]}" for name in named) + f"): {message}")
+    return ConfigError(f"{where} cannot be resolved: {message}")
+
+
+def oldest_release_with_a_wheel(name: str, after: str, project_dir: Path, cache_dir: Path,
+                                index_args: Sequence[str]) -> str | None:
+    """The oldest release of `name` after version `after` that has a wheel for this Python and
+    platform, from the same index; None when no later release has one."""
+    with tempfile.TemporaryDirectory(prefix="sluice-wheel-") as tmp:
+        wanted = Path(tmp) / "requirement.txt"
+        wanted.write_text(f"{name}>{after}\n")
+        result = run_uv(["pip", "compile", str(wanted), "--python", sys.executable, "--no-header", "--no-annotate",
+                         "--quiet", "--no-deps", "--resolution", "lowest-direct", "--only-binary", name,
+                         *index_args], cwd=project_dir, cache_dir=cache_dir)
+    if result.returncode != 0:
+        return None
+    for line in result.stdout.splitlines():
+        listed, _, version = line.strip().partition("==")
+        if version and canonicalize_name(listed) == canonicalize_name(name):
+            return version.split(";")[0].strip()
+    return None
+
+
+def nearest_wheel_hint(name: str, version: str, project_dir: Path, cache_dir: Path, index_args: Sequence[str]) -> str:
+    """What to do about a pin with no wheel here: the oldest later release that has one, if any."""
+    nearest = oldest_release_with_a_wheel(name, version, project_dir, cache_dir, index_args)
+    if nearest is None:
+        return "no later release has a wheel for it either"
+    return f"the oldest release with one is {name}=={nearest}"
+
+
 def names_package(message: str, name: str) -> bool:
     """Whether an installer's message names the package `name` itself: as a whole name, not inside
     another one (`flask` is not named by `flask-cors`, nor `sluice` by `sluice-no-such-package`)."""
@@ -182,14 +232,9 @@ def lock_environment(files: DependencyFiles, project_dir: Path, *, cache_dir: Pa
                 cwd=project_dir, cache_dir=cache_dir,
             )
         if result.returncode != 0:
-            message = tail(result.stderr or result.stdout).replace(str(requirements), files.pip_path)
-            message = message.replace(str(constraints), "Sluice's server libraries")
-            named = [name for name in pins if names_package(message, name)]
-            if named:
-                raise DependencyConflict(f"{pip_where} conflicts with the libraries Sluice runs on ("
-                                         + ", ".join(f"{name} {pins[name]}" for name in named)
-                                         + f"): {message}")
-            raise ConfigError(f"{pip_where} cannot be resolved: {message}")
+            output = (result.stderr or result.stdout).replace(str(requirements), files.pip_path)
+            raise _unresolved(output.replace(str(constraints), "Sluice's server libraries"), pins, pip_where,
+                              project_dir, cache_dir, index_args)
         lock = result.stdout
     return EnvironmentSpec(
         requirements=files.requirements, shell=files.shell, lock=lock, server_pins=pins, python=python_tag(),

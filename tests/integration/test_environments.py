@@ -395,3 +395,19 @@ def test_a_realtime_api_building_its_environment_and_starting_is_never_called_an
 
     assert seen[-1] == "live", seen
     assert "starting" in seen and not {"error", "live (with errors)"} & set(seen), seen
+
+
+def test_an_old_pin_with_no_wheel_for_this_python_is_refused_naming_the_oldest_release_that_has_one(
+        client: Client, tmp_path: Path) -> None:
+    from testbed.wheels import OLD_BUILD
+
+    name = f"old-{uuid.uuid4().hex[:6]}"
+    config = project(tmp_path / name, name, "BatchAPI", requirements=f"{OLD_BUILD}==1.0\n")
+
+    with pytest.raises(ClientError) as refused:
+        client.deploy(config)
+
+    first_line = refused.value.server_message.splitlines()[0]
+    assert refused.value.http_status == 400
+    assert f"{OLD_BUILD}==1.0 has no wheel for Python {sys.version_info.major}.{sys.version_info.minor}" in first_line
+    assert first_line.endswith(f"the oldest release with one is {OLD_BUILD}==2.0")
