@@ -44,6 +44,14 @@ def _uploaded(name: str) -> bytes:
     return bytes(upload.read())
 
 
+def _flag(name: str) -> bool:
+    """A yes/no multipart field of the deploy (absent: no)."""
+    value = (request.form.get(name) or "").strip().lower()
+    if value not in ("", "0", "1", "true", "false"):
+        raise BadRequest(f"multipart field {name!r} must be 1 or 0 (got {value!r})")
+    return value in ("1", "true")
+
+
 def _validate_models(api: ApiConfig, project_dir: Path, source: str) -> None:
     """Refuse a model layout the predictor type cannot load, naming the path and the reason."""
     models = api.predictor.models
@@ -100,7 +108,8 @@ def deploy() -> ResponseReturnValue:
         compile_project(Path(tmp), source)
         warnings: dict[str, list[str]] = {}
         for api in apis:
-            locked = lock_api_environment(api, Path(tmp), source, deployed_environments)
+            locked = lock_api_environment(api, Path(tmp), source, deployed_environments,
+                                          nearest_wheels=_flag("nearest_wheels"))
             if locked is not None:
                 environments[api.name] = locked.to_dict()
             else:  # it runs in Sluice's own environment: what would it import that is not there?
@@ -144,8 +153,8 @@ def compile_project(project_dir: Path, source: str) -> None:
             raise ConfigError(f"{source}: {relative}: cannot be compiled: {e}") from e
 
 
-def lock_api_environment(api: ApiConfig, project_dir: Path, source: str,
-                         deployed: list[EnvironmentSpec]) -> EnvironmentSpec | None:
+def lock_api_environment(api: ApiConfig, project_dir: Path, source: str, deployed: list[EnvironmentSpec],
+                         nearest_wheels: bool = False) -> EnvironmentSpec | None:
     """Resolve the API's requirements once, for every host to install the same versions (or reuse the
     lock of a `deployed` environment of the same requirements); None when its project installs
     nothing (it runs in Sluice's own environment, as always)."""
@@ -158,7 +167,9 @@ def lock_api_environment(api: ApiConfig, project_dir: Path, source: str,
         files, project_dir, cache_dir=HostEnvironments.under(settings.cache_dir).uv_cache,
         where=f"{source}: api {api.name}",
         index_args=index_arguments(settings.package_index_url, settings.find_links, settings.no_index),
-        deployed=deployed)
+        deployed=deployed, nearest_wheels=nearest_wheels)
+    for move in spec.moved:
+        log.info("api %s: %s moved %s", api.name, files.pip_path, move, extra={"api": api.name})
     log.info("api %s: environment %s locked in %.2f s (%d packages)", api.name, spec.key, time.monotonic() - started,
              len(spec.resolved()), extra={"api": api.name, "environment": spec.key})
     return spec

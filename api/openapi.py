@@ -158,6 +158,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
                                                          "(#/components/schemas/ApiConfig-Input)"},
                     "project": {**_BINARY,
                                 "description": "the project folder as a gzipped tar (`sluice deploy` packs it)"},
+                    "nearest_wheels": {"type": "string", "enum": ["0", "1"],
+                                       "description": "1: move an exact pin with no wheel for this Python to the "
+                                                      "oldest release that has one, and a pin of a library Sluice "
+                                                      "runs on to Sluice's version (`sluice deploy --nearest-wheels`)"},
                 },
                 "required": ["config", "project"],
             },

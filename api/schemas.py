@@ -296,6 +296,8 @@ class ApiEnvironment(Body):
     packages: dict[str, str] = Field(description="package -> the version locked at deploy")
     requirements: str | None = Field(default=None, description="the requirements file installed")
     shell: str | None = Field(default=None, description="the dependencies.sh run before the requirements")
+    moved: list[str] | None = Field(default=None, description="the pins a deploy with nearest_wheels moved, each "
+                                    "`old -> new: why`")
     state: Literal["locked", "building", "ready", "failed"] | None = Field(
         default=None, description="in GET /apis/{name}: locked (built on no host yet), building, ready, failed")
     error: str | None = Field(default=None, description="in GET /apis/{name}: why a host could not build it")

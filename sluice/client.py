@@ -294,20 +294,24 @@ class Client:
         return answer
 
     # -- APIs -------------------------------------------------------------------------------
-    def deploy(self, config_path: str | Path = "cortex.yaml") -> list[dict[str, Any]]:
-        """Pack the project folder of `config_path` and deploy every API it lists."""
+    def deploy(self, config_path: str | Path = "cortex.yaml", nearest_wheels: bool = False) -> list[dict[str, Any]]:
+        """Pack the project folder of `config_path` and deploy every API it lists; with `nearest_wheels`,
+        exact pins with no wheel for the server's Python move to the nearest release that has one (and
+        pins of Sluice's own libraries to its versions), each move said in the API's `environment`."""
         config_path = Path(config_path)
         if config_path.is_dir():
             config_path = config_path / "cortex.yaml"
         project = pack_project(config_path.parent, config_path)
-        return self._deploy(config_path.name, config_path.read_bytes(), project)
+        return self._deploy(config_path.name, config_path.read_bytes(), project, nearest_wheels)
 
-    def _deploy(self, config_name: str, config_text: bytes, project: bytes) -> list[dict[str, Any]]:
+    def _deploy(self, config_name: str, config_text: bytes, project: bytes,
+                nearest_wheels: bool = False) -> list[dict[str, Any]]:
         files = {
             "config": (config_name, config_text, "application/yaml"),
             "project": ("project.tar.gz", project, "application/gzip"),
         }
-        return _records(self._call("POST", "/apis", files=files), "apis")
+        data = {"nearest_wheels": "1"} if nearest_wheels else None
+        return _records(self._call("POST", "/apis", files=files, data=data), "apis")
 
     def create_api(
         self, api_spec: dict[str, Any] | list[dict[str, Any]], predictor: Any = None, task: Any = None,

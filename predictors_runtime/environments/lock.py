@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -139,6 +140,8 @@ def index_arguments(index_url: str | None, find_links: Sequence[str], no_index: 
     return tuple(args)
 
 
+# How many pins `--nearest-wheels` may move in one deploy (each move is one more resolution).
+MAX_MOVES = 20
 # uv's line for a requirement it had to build from source and could not.
 _UNBUILT = re.compile(r"Failed to (?:download and )?build `(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^`\s]+)`")
 
@@ -197,7 +200,8 @@ def names_package(message: str, name: str) -> bool:
 
 
 def lock_environment(files: DependencyFiles, project_dir: Path, *, cache_dir: Path, where: str,
-                     index_args: Sequence[str] = (), deployed: Iterable[EnvironmentSpec] = ()) -> EnvironmentSpec:
+                     index_args: Sequence[str] = (), deployed: Iterable[EnvironmentSpec] = (),
+                     nearest_wheels: bool = False) -> EnvironmentSpec:
     """Resolve the project's requirements once, held to Sluice's own versions: the spec every host builds.
 
     A deployed environment (`deployed`) locked from the same requirements text, index options,
@@ -209,37 +213,115 @@ def lock_environment(files: DependencyFiles, project_dir: Path, *, cache_dir: Pa
     `DependencyConflict` names both versions of a library Sluice runs on; `ConfigError` carries
     uv's message for requirements that cannot be resolved otherwise (a package or version that
     does not exist). `where` names the API in messages.
+
+    With `nearest_wheels` (an old project on today's Python, asked for at deploy), an exact pin of a
+    library Sluice runs on takes Sluice's version, and an exact pin with no wheel here whose source
+    does not build moves to the oldest release that has one; each move is kept in the spec.
     """
     pins = server_pins()
     pip_where = f"{where}: {files.pip_path}"
-    check_direct_pins(files.requirements, pins, pip_where)
+    requirements_text, moved = files.requirements, list[str]()
+    if nearest_wheels:
+        requirements_text, moved = take_sluices_versions(requirements_text, pins)
+    check_direct_pins(requirements_text, pins, pip_where)
     lock = ""
     same = [spec.lock for spec in deployed
             if (spec.requirements, tuple(spec.index_args), spec.server_pins, spec.python, spec.platform,
-                spec.sluice_version) == (files.requirements, tuple(index_args), pins, python_tag(),
+                spec.sluice_version) == (requirements_text, tuple(index_args), pins, python_tag(),
                                          sysconfig.get_platform(), sluice_version())]
     if same:
         lock = same[0]
-    elif files.requirements.strip():
-        with tempfile.TemporaryDirectory(prefix="sluice-lock-") as tmp:
-            constraints = Path(tmp) / "sluice-server.txt"
-            constraints.write_text("".join(f"{name}=={version}\n" for name, version in pins.items()))
-            requirements = project_dir / files.pip_path  # its own `-r`/`-c` lines are relative to it
-            result = run_uv(
-                ["pip", "compile", str(requirements), "--constraint", str(constraints), "--python", sys.executable,
-                 "--no-header", "--no-annotate", "--quiet", "--emit-index-url", "--emit-find-links",
-                 *index_args],
-                cwd=project_dir, cache_dir=cache_dir,
-            )
-        if result.returncode != 0:
-            output = (result.stderr or result.stdout).replace(str(requirements), files.pip_path)
-            raise _unresolved(output.replace(str(constraints), "Sluice's server libraries"), pins, pip_where,
-                              project_dir, cache_dir, index_args)
+    elif requirements_text.strip():
+        while True:
+            result, output = _compile(requirements_text, files, project_dir, cache_dir, pins, index_args)
+            if result.returncode == 0:
+                break
+            unbuilt = _UNBUILT.search(output)
+            if nearest_wheels and unbuilt is not None and len(moved) < MAX_MOVES:
+                name, version = unbuilt.group("name"), unbuilt.group("version")
+                nearest = oldest_release_with_a_wheel(name, version, project_dir, cache_dir, index_args)
+                moved_text = repinned(requirements_text, name, version, nearest) if nearest else None
+                if nearest is not None and moved_text is not None:
+                    requirements_text = moved_text
+                    moved.append(f"{name}=={version} -> {name}=={nearest}: the oldest release with a wheel "
+                                 f"for Python {python_tag()} on {sysconfig.get_platform()}")
+                    continue
+            raise _unresolved(output, pins, pip_where, project_dir, cache_dir, index_args)
         lock = result.stdout
     return EnvironmentSpec(
-        requirements=files.requirements, shell=files.shell, lock=lock, server_pins=pins, python=python_tag(),
+        requirements=requirements_text, shell=files.shell, lock=lock, server_pins=pins, python=python_tag(),
         platform=sysconfig.get_platform(), sluice_version=sluice_version(), index_args=tuple(index_args),
-        pip_path=files.pip_path, shell_path=files.shell_path,
+        pip_path=files.pip_path, shell_path=files.shell_path, moved=tuple(moved),
     )
+
+
+def _compile(requirements_text: str, files: DependencyFiles, project_dir: Path, cache_dir: Path,
+             pins: dict[str, str], index_args: Sequence[str]) -> tuple[subprocess.CompletedProcess[str], str]:
+    """`uv pip compile` of the requirements held to Sluice's versions; the result, and its output as
+    a message reads it (the project's own paths, not the temporary ones)."""
+    original = project_dir / files.pip_path  # its own `-r`/`-c` lines are relative to it
+    with tempfile.TemporaryDirectory(prefix="sluice-lock-") as tmp:
+        constraints = Path(tmp) / "sluice-server.txt"
+        constraints.write_text("".join(f"{name}=={version}\n" for name, version in pins.items()))
+        requirements = original
+        if original.is_file() and requirements_text != original.read_text():  # pins moved: beside the original
+            requirements = original.with_name(f".sluice-moved-{original.name}")
+            requirements.write_text(requirements_text)
+        result = run_uv(
+            ["pip", "compile", str(requirements), "--constraint", str(constraints), "--python", sys.executable,
+             "--no-header", "--no-annotate", "--quiet", "--emit-index-url", "--emit-find-links", *index_args],
+            cwd=project_dir, cache_dir=cache_dir,
+        )
+        output = (result.stderr or result.stdout).replace(str(requirements), files.pip_path)
+        output = output.replace(str(original), files.pip_path).replace(str(constraints), "Sluice's server libraries")
+    return result, output
+
+
+def take_sluices_versions(requirements_text: str, pins: dict[str, str]) -> tuple[str, list[str]]:
+    """The requirements with each pin of a library Sluice runs on, at a version other than Sluice's, taking
+    Sluice's version: the line goes, as every environment sees Sluice's own libraries (after its own
+    packages, `host.py`) and the lock is held to their versions; the moves, each `old -> new: why`."""
+    lines, moved = [], []
+    for raw in requirements_text.splitlines():
+        requirement = _requirement_of(raw)
+        name = canonicalize_name(requirement.name) if requirement is not None else ""
+        if requirement is not None and name in pins and requirement.specifier and \
+                not requirement.specifier.contains(pins[name], prereleases=True):
+            moved.append(f"{requirement!s} -> {_with_version(requirement, pins[name])}: Sluice's own "
+                         f"{requirement.name}, which its nodes and replicas run on")
+        else:
+            lines.append(raw)
+    return "\n".join(lines) + "\n", moved
+
+
+def repinned(requirements_text: str, name: str, version: str, new_version: str) -> str | None:
+    """The requirements with the direct pin `name==version` moved to `new_version`; None when no line
+    pins it (a dependency of another requirement: not a pin a deploy moves)."""
+    lines, found = [], False
+    for raw in requirements_text.splitlines():
+        requirement = _requirement_of(raw)
+        if requirement is not None and canonicalize_name(requirement.name) == canonicalize_name(name) and \
+                str(requirement.specifier) == f"=={version}":
+            lines.append(_with_version(requirement, new_version))
+            found = True
+        else:
+            lines.append(raw)
+    return "\n".join(lines) + "\n" if found else None
+
+
+def _requirement_of(raw: str) -> Requirement | None:
+    line = raw.split(" #", 1)[0].strip()
+    if not line or line.startswith(("#", "-")):
+        return None
+    try:
+        return Requirement(line)
+    except InvalidRequirement:
+        return None
+
+
+def _with_version(requirement: Requirement, version: str) -> str:
+    extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
+    marker = f"; {requirement.marker}" if requirement.marker else ""
+    return f"{requirement.name}{extras}=={version}{marker}"
 
 

@@ -32,6 +32,8 @@ class EnvironmentSpec:
     index_args: tuple[str, ...] = ()   # --index-url / --find-links / --no-index, as the deploy used them
     pip_path: str = "requirements.txt"
     shell_path: str = "dependencies.sh"
+    # Pins `--nearest-wheels` moved at deploy, each `old -> new: why` (the moved text is `requirements`).
+    moved: tuple[str, ...] = ()
     key: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -40,7 +42,7 @@ class EnvironmentSpec:
 
     def content_key(self) -> str:
         """16 hex digits of a hash over every input that decides the environment's content."""
-        decisive = {k: v for k, v in asdict(self).items() if k not in ("key", "pip_path", "shell_path")}
+        decisive = {k: v for k, v in asdict(self).items() if k not in ("key", "pip_path", "shell_path", "moved")}
         decisive["index_args"] = list(self.index_args)
         text = json.dumps(decisive, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -48,6 +50,7 @@ class EnvironmentSpec:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["index_args"] = list(self.index_args)
+        data["moved"] = list(self.moved)
         return data
 
     @classmethod
@@ -55,6 +58,7 @@ class EnvironmentSpec:
         data = dict(data)
         data["index_args"] = tuple(data.get("index_args") or ())
         data["server_pins"] = dict(data.get("server_pins") or {})
+        data["moved"] = tuple(data.get("moved") or ())
         return cls(**data)
 
     def resolved(self) -> dict[str, str]:
@@ -65,7 +69,8 @@ class EnvironmentSpec:
         """What `GET /apis/<name>` shows of it (not the texts)."""
         return {"key": self.key, "python": self.python, "platform": self.platform, "packages": self.resolved(),
                 "requirements": self.pip_path if self.requirements.strip() else None,
-                "shell": self.shell_path if self.shell.strip() else None}
+                "shell": self.shell_path if self.shell.strip() else None,
+                **({"moved": list(self.moved)} if self.moved else {})}
 
 
 def lock_lines(lock: str) -> list[str]:

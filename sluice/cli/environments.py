@@ -33,8 +33,9 @@ def environment_line(environment: dict[str, Any] | None) -> str:
     seconds = [h["seconds"] for h in hosts.values() if h.get("state") == "ready" and h.get("seconds") is not None]
     built = f" (built in {max(seconds):.1f} s)" if seconds else ""
     where = f" on {len(hosts)} host{'s' if len(hosts) != 1 else ''}" if hosts else ""
+    moved = "".join(f"; moved at deploy: {move}" for move in environment.get("moved") or ())
     return (f"environment: {environment['key']} {state}{where}{built}; "
-            f"{len(packages)} package{'s' if len(packages) != 1 else ''}{': ' + listed if listed else ''}")
+            f"{len(packages)} package{'s' if len(packages) != 1 else ''}{': ' + listed if listed else ''}{moved}")
 
 
 def follow_builds(client: Client, deployed: list[dict[str, Any]], first_host_s: float = FIRST_HOST_S,

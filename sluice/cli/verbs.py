@@ -35,16 +35,19 @@ from .render import (
 @main.command()
 @click.argument("config", default="cortex.yaml", type=click.Path(exists=True, path_type=Path))
 @click.option("--no-wait", is_flag=True, help="Return once deployed, without following environment builds.")
+@click.option("--nearest-wheels", is_flag=True,
+              help="For an old project: move an exact pin with no wheel for this Python to the oldest release "
+                   "that has one, and a pin of a library Sluice runs on to Sluice's version (each move printed).")
 @output_option
 @click.pass_context
-def deploy(ctx: click.Context, config: Path, no_wait: bool, output: str) -> None:
+def deploy(ctx: click.Context, config: Path, no_wait: bool, nearest_wheels: bool, output: str) -> None:
     """Deploy the APIs of a cortex.yaml (its folder is the project); a project's requirements.txt and
     dependencies.sh are locked now and their environment's build on a host is followed."""
     from .environments import environment_line, follow_builds
 
     client = client_of(ctx)
     started = time.monotonic()
-    deployed = client.deploy(config)
+    deployed = client.deploy(config, nearest_wheels=nearest_wheels)
     if output == "json":
         print_json(deployed)
         return
@@ -53,6 +56,8 @@ def deploy(ctx: click.Context, config: Path, no_wait: bool, output: str) -> None
         click.echo(f"deployed {api['name']} ({api['kind']}, {where}, bundle {api['bundle'][:12]})")
         if api.get("environment"):
             click.echo(f"  {environment_line(api['environment'])} (locked in {time.monotonic() - started:.1f} s)")
+            for move in api["environment"].get("moved") or ():
+                click.echo(f"  moved {move}")
         for ignored in api["ignored_fields"]:
             click.echo(f"  note: {ignored} means nothing to Sluice and was ignored", err=True)
         for warning in api.get("warnings") or ():

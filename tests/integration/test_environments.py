@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import time
 import uuid
 from pathlib import Path
@@ -411,3 +412,45 @@ def test_an_old_pin_with_no_wheel_for_this_python_is_refused_naming_the_oldest_r
     assert refused.value.http_status == 400
     assert f"{OLD_BUILD}==1.0 has no wheel for Python {sys.version_info.major}.{sys.version_info.minor}" in first_line
     assert first_line.endswith(f"the oldest release with one is {OLD_BUILD}==2.0")
+
+
+OLD_BUILD_PREDICTOR = '''
+import json
+import sluicetestoldbuild
+
+
+class PythonPredictor:
+    def __init__(self, config, job_spec=None):
+        self.out = config["out"]
+
+    def predict(self, payload, batch_id=None):
+        with open(self.out, "a") as out:
+            out.write(json.dumps({"version": sluicetestoldbuild.VERSION}) + "\\n")
+'''
+
+
+def test_nearest_wheels_moves_an_old_pin_and_a_pin_of_sluices_own_saying_each_move(
+        client: Client, tmp_path: Path) -> None:
+    from testbed.wheels import OLD_BUILD
+
+    name = f"nearest-{uuid.uuid4().hex[:6]}"
+    celery = lines_of_sluice_pin("celery")
+    config = project(tmp_path / name, name, "BatchAPI", source=OLD_BUILD_PREDICTOR,
+                     requirements=f"{OLD_BUILD}==1.0\ncelery==4.4.7\n")
+
+    [deployed] = client.deploy(config, nearest_wheels=True)
+
+    moved = deployed["environment"]["moved"]
+    assert moved == [f"celery==4.4.7 -> celery=={celery}: Sluice's own celery, which its nodes and replicas run on",
+                     f"{OLD_BUILD}==1.0 -> {OLD_BUILD}==2.0: the oldest release with a wheel for Python "
+                     f"{sys.version_info.major}.{sys.version_info.minor} on {sysconfig.get_platform()}"]
+    assert client.api(name)["environment"]["moved"] == moved  # kept: `sluice get` shows it
+    out = tmp_path / "versions.jsonl"
+    assert run_job(client, name, out, items=2)["status"] == "status_succeeded"
+    assert {line["version"] for line in lines(out)} == {"2.0"}  # the moved pin is what the nodes run
+
+
+def lines_of_sluice_pin(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)

@@ -204,3 +204,17 @@ def test_a_long_build_log_keeps_the_line_that_names_the_requirement_that_failed(
 
     assert kept[0].strip() == f"{UV_FAILURE_MARK} Failed to build `scikit-learn==0.21.3`" and kept[1] == "..."
     assert kept[-1] == "  hint: the build backend failed" and len(kept) == 7
+
+
+def test_nearest_wheels_moves_only_the_exact_pin_named_and_drops_a_pin_of_sluices_own() -> None:
+    from predictors_runtime.environments.lock import repinned, take_sluices_versions
+
+    text = "# an old project\nscikit-learn==0.21.3  # trained with it\nnumpy==1.16.0\nrequests>=2\n-r more.txt\n"
+
+    moved_text, moves = take_sluices_versions(text, {"numpy": "2.4.6", "requests": "2.32.0"})
+    assert moved_text == "# an old project\nscikit-learn==0.21.3  # trained with it\nrequests>=2\n-r more.txt\n"
+    assert moves == ["numpy==1.16.0 -> numpy==2.4.6: Sluice's own numpy, which its nodes and replicas run on"]
+
+    assert repinned(moved_text, "scikit_learn", "0.21.3", "1.0") == \
+        "# an old project\nscikit-learn==1.0\nrequests>=2\n-r more.txt\n"
+    assert repinned(moved_text, "scipy", "1.2.0", "1.5.0") is None  # a dependency, not a pin of the project
