@@ -54,20 +54,24 @@ def cortex_values(array: np.ndarray[Any, Any]) -> list[Any]:
     if kind == "V" and size == 2:  # bfloat16, where numpy has no name for it
         return [int(v) for v in flat.view(np.uint16)]
     if kind == "f":
-        return [_float(float(np.float32(v)) if size == 4 else float(v), size) for v in flat]
+        return _floats(flat)
     if kind == "c":
-        part = 4 if size == 8 else 8
-        return [_float(float(x), part) for v in flat for x in (v.real, v.imag)]
+        return _floats(np.stack([flat.real, flat.imag], axis=-1).reshape(-1))
     if kind in ("S", "O", "U"):
         return [base64.b64encode(v if isinstance(v, bytes) else str(v).encode()).decode() for v in flat]
     raise TypeError(f"an output of dtype {flat.dtype} has no TensorFlow Serving value field")
 
 
-def _float(value: float, size: int) -> float | str:
+def _floats(flat: np.ndarray[Any, Any]) -> list[Any]:
+    """Floats as protobuf's JSON writes them: a float32 with the fewest digits that read back as the same
+    float32 (numpy's `str` of one), a float64 as Python's; a value that is not finite as a string."""
+    values: list[Any] = [float(str(v)) for v in flat] if flat.dtype.itemsize == 4 else flat.tolist()
+    if not np.isfinite(flat).all():
+        values = [_not_finite(v) if not math.isfinite(v) else v for v in values]
+    return values
+
+
+def _not_finite(value: float) -> str:
     if math.isnan(value):
         return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    if size == 4:  # protobuf writes a float32 with the fewest digits that read back as the same float32
-        return float(str(np.float32(value)))
-    return value
+    return "Infinity" if value > 0 else "-Infinity"
