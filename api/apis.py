@@ -107,9 +107,10 @@ def deploy() -> ResponseReturnValue:
             _validate_models(api, Path(tmp), source)
         compile_project(Path(tmp), source)
         warnings: dict[str, list[str]] = {}
+        nearest_wheels = _flag("nearest_wheels")
         for api in apis:
             locked = lock_api_environment(api, Path(tmp), source, deployed_environments,
-                                          nearest_wheels=_flag("nearest_wheels"))
+                                          nearest_wheels=nearest_wheels)
             if locked is not None:
                 environments[api.name] = locked.to_dict()
             else:  # it runs in Sluice's own environment: what would it import that is not there?

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -492,14 +491,8 @@ class Stack:
         # The proxy first: everything stops, so no replica has to drain for it (a replica drains
         # until every live proxy has settled without it, which an old haproxy worker holding
         # idle keep-alive connections delays by up to their timeout).
-        for child in self.children:
-            if child.name == "proxy" and child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
-                try:
-                    child.process.wait(timeout=grace)
-                except subprocess.TimeoutExpired:
-                    os.killpg(child.process.pid, signal.SIGKILL)
-                    child.process.wait()
+        killed = stop_trees([(child.name, child.process.pid) for child in self.children
+                             if child.name == "proxy" and child.process.poll() is None], grace)
         if self.host is not None:
             self.host.leave()
             self.host = None
@@ -509,8 +502,8 @@ class Stack:
         # Every part but Redis, each with all it started (a worker host's nodes and their environment
         # processes, a launcher's replica): they finish or hand back their work while Redis is still
         # there to take it. Redis last. What outlives the grace is killed, and named.
-        killed = stop_trees([(child.name, child.process.pid) for child in self.children
-                             if child.name != "redis" and child.process.poll() is None], grace)
+        killed += stop_trees([(child.name, child.process.pid) for child in self.children
+                              if child.name != "redis" and child.process.poll() is None], grace)
         killed += stop_trees([(child.name, child.process.pid) for child in self.children
                               if child.name == "redis" and child.process.poll() is None], grace)
         for child in self.children:
