@@ -48,3 +48,19 @@ def test_sluice_deploy_prints_the_warning_and_a_clean_project_gets_none(stack: S
     assert "warnings" not in clean_answer
     for name in ("warned-cli", "clean-cli"):
         client.delete_api(name, force=True)
+
+
+def test_a_deploy_with_a_nearest_wheels_field_that_is_not_yes_or_no_is_refused_naming_it(
+        stack: Stack, tmp_path: Path) -> None:
+    import requests
+
+    from predictors_runtime.project import pack_project
+
+    config = write_project(tmp_path / "flagged", "flagged")
+    files = {"config": ("cortex.yaml", config.read_bytes(), "application/yaml"),
+             "project": ("project.tar.gz", pack_project(config.parent, config), "application/gzip")}
+
+    answer = requests.post(f"{stack.url}/apis", files=files, data={"nearest_wheels": "maybe"}, timeout=60)
+
+    assert answer.status_code == 400
+    assert answer.json()["message"] == "multipart field 'nearest_wheels' must be 1 or 0 (got 'maybe')"
