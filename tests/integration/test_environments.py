@@ -278,6 +278,9 @@ def test_sluice_deploy_follows_the_build_and_get_and_env_ls_show_the_environment
     assert deployed.returncode == 0, deployed.stderr
     assert f"{GREETING}==2.0.0" in deployed.stdout
     assert "built in" in deployed.stderr  # the build was followed to its end on the host
+    # The environment may have been built before (another API of these requirements): its replica's
+    # launcher, a process started on placement, takes it only once it runs. Wait for that replica.
+    closing_client(env_stack.url).wait_ready(name, timeout=READY_S)
     shown = sluice(env_stack, "get", name)
     assert shown.returncode == 0, shown.stderr
     [line] = [line for line in shown.stdout.splitlines() if line.startswith("environment:")]
