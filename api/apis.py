@@ -15,19 +15,21 @@ from flask.typing import ResponseReturnValue
 from foundation.api_kinds import KINDS, ApiKind
 from foundation.api_registry import DeployedApi
 from foundation.environment_states import RedisEnvironmentStates
-from foundation.errors import AccessDenied, BadRequest, ConfigError, Conflict, NotFound, SluiceError
+from foundation.errors import AccessDenied, BadRequest, ConfigError, Conflict, NotFound, SluiceError, did_you_mean
+from foundation.figures import SPLIT_REQUESTS, read_figures
 from foundation.replica_scale import RedisScaleBook
 from jobs.batch.enqueue import stop_job
 from jobs.batch.job import ACTIVE_STATUSES
 from predictors_runtime.builder import resolve_model_paths
-from predictors_runtime.config import ApiConfig, parse_api_configs
+from predictors_runtime.config import ApiConfig, Deployment, parse_deployment
 from predictors_runtime.environments import EnvironmentSpec, HostEnvironments, lock_environment, read_dependency_files
 from predictors_runtime.environments.lock import index_arguments
 from predictors_runtime.import_check import unprovided_imports
+from predictors_runtime.splitter_config import TrafficSplitterConfig
 from predictors_runtime.storage import split_uri
 
 from .batch import endpoint_url
-from .context import predictor_builds, registry, replica_directory, services
+from .context import figure_store, predictor_builds, registry, replica_directory, services
 from .replica_counts import realtime_counts_of
 from .schemas import Api, ApiList, DeleteApiQuery, Deleted, parse_query
 
@@ -91,12 +93,15 @@ def deploy() -> ResponseReturnValue:
     except UnicodeDecodeError as e:
         raise BadRequest(f"{source}: not UTF-8 text") from e
     project = _uploaded("project")
-    apis = parse_api_configs(config_text, source=source)
+    deployment = parse_deployment(config_text, source=source)
+    apis = deployment.apis
     for api in apis:
         if api.kind not in KINDS:
             raise ConfigError(f"{source}: api {api.name}: kind {api.kind} cannot be deployed by this version")
+    already = registry().all()
+    check_splits(deployment, already, source)
     environments: dict[str, dict[str, Any]] = {}
-    deployed_environments = [EnvironmentSpec.from_dict(other.environment) for other in registry().all()
+    deployed_environments = [EnvironmentSpec.from_dict(other.environment) for other in already
                              if other.environment]
     with tempfile.TemporaryDirectory(prefix="sluice-deploy-") as tmp:
         services().bundles.unpack(project, Path(tmp))  # within the limits on unpacked size and files
@@ -118,6 +123,8 @@ def deploy() -> ResponseReturnValue:
                                       unprovided_imports(Path(tmp), api.predictor.path)]
     bundle = services().bundles.put(project)
     deployed = [registry().put(api, bundle, environment=environments.get(api.name)) for api in apis]
+    # After the APIs they name, so that no proxy routes a splitter to an API not yet registered.
+    deployed += [registry().put(splitter, bundle) for splitter in deployment.splitters]
     for one in deployed:  # a new version: an earlier version's failed build is not its own
         predictor_builds().forget(one.name)
     now = time.time()
@@ -131,6 +138,38 @@ def deploy() -> ResponseReturnValue:
             log.warning("api %s: %s", name, warning, extra={"api": name})
     answered = [{**view_of(d), **({"warnings": warnings[d.name]} if warnings.get(d.name) else {})} for d in deployed]
     return ApiList.model_validate({"apis": answered}).response(201)
+
+
+def check_splits(deployment: Deployment, deployed: list[DeployedApi], source: str) -> None:
+    """Refuse a TrafficSplitter naming anything but a RealtimeAPI of this file or one deployed (as
+    Cortex did), and a deploy that would turn an API a deployed splitter names into another kind."""
+    redeployed: dict[str, str] = {api.name: api.kind for api in deployment.apis}
+    redeployed.update((splitter.name, splitter.kind) for splitter in deployment.splitters)
+    kinds = {**{api.name: api.kind for api in deployed}, **redeployed}
+    realtime = {name for name, kind in kinds.items() if kind == ApiKind.REALTIME}
+    for splitter in deployment.splitters:
+        for index, target in enumerate(splitter.apis):
+            if target.name in realtime:
+                continue
+            where = f"{source}: api {splitter.name}: apis[{index}].name"
+            if target.name in kinds:
+                raise ConfigError(f"{where}: {target.name} is a {kinds[target.name]}; a TrafficSplitter shares "
+                                  "requests only among RealtimeAPIs")
+            raise ConfigError(f"{where}: {target.name} is not a deployed RealtimeAPI and not one of this file"
+                              + did_you_mean(target.name, realtime))
+    for other in deployed:
+        if other.kind != ApiKind.TRAFFIC_SPLITTER or other.name in redeployed:
+            continue
+        for name in TrafficSplitterConfig.from_dict(other.spec).api_names:
+            if redeployed.get(name, ApiKind.REALTIME) != ApiKind.REALTIME:
+                raise ConfigError(f"{source}: api {name}: TrafficSplitter {other.name} shares requests with it, "
+                                  f"so it must stay a RealtimeAPI (deploy {other.name} without it first)")
+
+
+def splitters_naming(name: str, deployed: list[DeployedApi]) -> list[str]:
+    """The deployed TrafficSplitters that send requests to `name`."""
+    return [api.name for api in deployed if api.kind == ApiKind.TRAFFIC_SPLITTER
+            and name in TrafficSplitterConfig.from_dict(api.spec).api_names]
 
 
 def unprovided_warning(module: str) -> str:
@@ -265,6 +304,8 @@ def get_api(name: str) -> ResponseReturnValue:
         counts = realtime_counts_of([api], placements, {api.name: scale} if scale is not None else {},
                                     replica_directory().live(now, api.name))
         body["scaling"] = counts[api.name].to_dict()
+    elif api.kind == ApiKind.TRAFFIC_SPLITTER:
+        body["split"] = split_view(api, now)
     elif api.kind == ApiKind.ASYNC:
         svc = services()
         body["requests"] = svc.async_requests.counts(api.name, now).to_dict()
@@ -278,6 +319,29 @@ def get_api(name: str) -> ResponseReturnValue:
     return Api.model_validate(body).response()
 
 
+def split_view(splitter: DeployedApi, now: float) -> list[dict[str, Any]]:
+    """A TrafficSplitter's APIs with their weights, what the proxies sent each (`SPLIT_REQUESTS`) and
+    whether each can answer now."""
+    config = TrafficSplitterConfig.from_dict(splitter.spec)
+    totals = read_figures(figure_store(), [SPLIT_REQUESTS])[SPLIT_REQUESTS.name]
+    sent = {}
+    for target in config.apis:
+        total = totals.get((splitter.name, target.name), 0)
+        sent[target.name] = int(total) if isinstance(total, (int, float)) else 0
+    answered = sum(sent[target.name] for target in config.shared)
+    kinds = {api.name: api.kind for api in registry().all()}
+    view = []
+    for target in config.apis:
+        if kinds.get(target.name) != ApiKind.REALTIME:
+            state = "missing"
+        else:
+            ready = any(r.ready and not r.draining for r in replica_directory().live(now, target.name))
+            state = "ready" if ready else "not_ready"
+        view.append({"api": target.name, "weight": target.weight, "shadow": target.shadow, "sent": sent[target.name],
+                     "share": sent[target.name] / answered if answered else None, "state": state})
+    return view
+
+
 @blueprint.delete("/apis/<name>")
 def delete_api(name: str) -> ResponseReturnValue:
     """Refuses while jobs run, unless `?force=true`, which stops them first.
@@ -286,6 +350,10 @@ def delete_api(name: str) -> ResponseReturnValue:
     """
     force = parse_query(DeleteApiQuery).force
     api = registry().get(name)
+    users = splitters_naming(name, registry().all())
+    if users:
+        raise Conflict(f"api {name} is used by TrafficSplitter {', '.join(users)}: delete that first, or deploy it "
+                       f"without {name}")
     store = services().store
     active = [s for s in store.statuses(store.list_ids(api.name, limit=1000)).items() if s[1] in ACTIVE_STATUSES]
     if active and not force:

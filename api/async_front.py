@@ -37,7 +37,7 @@ from foundation.errors import ApiNotFound, Unauthorized
 from foundation.settings import Settings
 from jobs.asyncapi.submit import Submission, submit_request
 from jobs.services import Services
-from predictors_runtime.config import RESERVED_NAMES
+from predictors_runtime.config_base import RESERVED_NAMES
 
 from . import context
 from .async_api import is_batched

@@ -24,7 +24,7 @@ from foundation import figure_sink as figures
 from foundation.api_kinds import ApiKind
 from foundation.errors import ApiNotFound
 from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS
-from predictors_runtime.config import RESERVED_NAMES
+from predictors_runtime.config_base import RESERVED_NAMES
 from predictors_runtime.loader import one_line
 
 from . import async_api, auth, batch, tasks
@@ -82,6 +82,11 @@ def unrouted_api(api_name: str) -> Response:
         if request.method != "POST":
             raise MethodNotAllowed(valid_methods=["POST"])
         return async_api.submit(name, batched=async_api.is_batched(api))
+    if api.kind == ApiKind.TRAFFIC_SPLITTER:
+        # The proxy shares a splitter's requests; one reaches here only before the proxy has taken in
+        # a new splitter, or when sent to the management API's own address.
+        return _answer(503, "not_ready", f"traffic splitter {name} is shared among its APIs by the proxy, which has "
+                       "not routed it yet: retry shortly, at the proxy's address")
     if api.kind != ApiKind.REALTIME:
         return _answer(404, ApiNotFound.kind, f"{name} is a {api.kind}: it answers nothing at /{name}")
     if request.method not in REALTIME_METHODS:

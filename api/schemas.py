@@ -19,6 +19,7 @@ from foundation.errors import BadRequest
 from foundation.log_streams import DEFAULT_PAGE_LINES, MAX_PAGE_LINES
 from jobs.batch.job import JobStatus
 from predictors_runtime.config import ApiConfig
+from predictors_runtime.splitter_config import TrafficSplitterConfig
 
 # The input sources of jobs.batch.submission.SOURCES (a unit test keeps the two the same).
 Source = Literal["item_list", "file_path_lister", "delimited_files", "retry_failed_of"]
@@ -304,17 +305,31 @@ class ApiEnvironment(Body):
     hosts: dict[str, EnvironmentOnHost] | None = Field(default=None, description="in GET /apis/{name}: host -> state")
 
 
+class SplitShare(Body):
+    """One API a TrafficSplitter shares requests with, and how many it was sent."""
+
+    api: str
+    weight: int = Field(description="percent of the splitter's requests it answers; for the shadow, percent copied")
+    shadow: bool = Field(description="gets a copy of requests; its answers are dropped")
+    sent: int = Field(description="requests the proxies sent it through the splitter since the splitter was deployed")
+    share: float | None = Field(description="its part of the requests answered through the splitter (the shadow: "
+                                "copies per request); null before the first")
+    state: str = Field(description="ready (a replica answers), not_ready, or missing (not a deployed RealtimeAPI)")
+
+
 class Api(Body):
     """A deployed API; `GET /apis/<name>` adds its endpoint, for a realtime API its live replicas and
-    scaling, and for an AsyncAPI its request counts, serving nodes and scaling."""
+    scaling, for an AsyncAPI its request counts, serving nodes and scaling, and for a TrafficSplitter
+    what each of its APIs was sent."""
 
     name: str
-    kind: Literal["BatchAPI", "RealtimeAPI", "TaskAPI", "AsyncAPI"]
+    kind: Literal["BatchAPI", "RealtimeAPI", "TaskAPI", "AsyncAPI", "TrafficSplitter"]
     bundle: str
     queue: Literal["cpu", "gpu", "inf"]
     deployed_at: float
     ignored_fields: list[str]
-    spec: ApiConfig
+    spec: ApiConfig | TrafficSplitterConfig
+    split: list[SplitShare] | None = Field(default=None, description="TrafficSplitter only, in GET /apis/{name}")
     endpoint: str | None = Field(default=None, description="in GET /apis/{name}: the URL of /<name> at the "
                                  "address the request came to (a BatchAPI's or TaskAPI's job endpoint, a "
                                  "RealtimeAPI's predictions)")

@@ -15,10 +15,14 @@ class ApiKind(StrEnum):
     REALTIME = "RealtimeAPI"
     TASK = "TaskAPI"
     ASYNC = "AsyncAPI"
+    TRAFFIC_SPLITTER = "TrafficSplitter"
 
 
 # Every kind, in the order the docs list them.
 KINDS: tuple[ApiKind, ...] = tuple(ApiKind)
+# The kinds with a predictor (or task) of their own; a TrafficSplitter only shares requests among
+# RealtimeAPIs, at the proxy.
+PREDICTOR_KINDS: tuple[ApiKind, ...] = (ApiKind.BATCH, ApiKind.REALTIME, ApiKind.TASK, ApiKind.ASYNC)
 # The kinds with replicas (or nodes) that an `autoscaling` block scales.
 SCALED_KINDS: tuple[ApiKind, ...] = (ApiKind.REALTIME, ApiKind.ASYNC)
 # The kinds a worker node builds predictors for (an environment is warmed for them on worker hosts).

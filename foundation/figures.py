@@ -106,12 +106,16 @@ ASYNC_REQUESTS = Figure("sluice_async_requests_total", Kind.COUNTER,
 ASYNC_SECONDS = Figure("sluice_async_request_duration_seconds", Kind.HISTOGRAM,
                        "Time from an AsyncAPI request's submission to its outcome (server timestamps)", ("api",),
                        _SECONDS)
+# Counted by the proxy controllers from haproxy's own counters (sluice/proxy_splits.py).
+SPLIT_REQUESTS = Figure("sluice_traffic_split_requests_total", Kind.COUNTER,
+                        "Requests a TrafficSplitter sent to each of its APIs (copies to its shadow included)",
+                        ("splitter", "api"))
 HTTP_RESPONSES = Figure("sluice_http_responses_total", Kind.COUNTER,
                         "Responses of the management API, by status class", ("status",))
 
 CATALOGUE: dict[str, Figure] = {f.name: f for f in (
     JOBS, JOBS_SUBMITTED, BATCHES, ITEMS, BATCH_SECONDS, REALTIME_REQUESTS, REALTIME_SECONDS, REALTIME_BATCH_SIZE,
-    REALTIME_REJECTED, MODEL_LOADS, MODEL_LOAD_SECONDS, ASYNC_REQUESTS, ASYNC_SECONDS, HTTP_RESPONSES,
+    REALTIME_REJECTED, MODEL_LOADS, MODEL_LOAD_SECONDS, ASYNC_REQUESTS, ASYNC_SECONDS, SPLIT_REQUESTS, HTTP_RESPONSES,
 )}
 
 

@@ -14,24 +14,26 @@ from __future__ import annotations
 import copy
 import posixpath
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from foundation.api_kinds import KINDS, SCALED_KINDS, ApiKind
+from foundation.api_kinds import KINDS, PREDICTOR_KINDS, SCALED_KINDS, ApiKind
 from foundation.errors import ConfigError, did_you_mean
 from foundation.hosts import BadQuantity, cpu_millis, mem_bytes
 from foundation.limits import MAX_BATCH_TIMEOUT_S
 from predictors_runtime.autoscaling_config import MAX_REPLICA_CONCURRENCY, AutoscalingConfig, count_or
 from predictors_runtime.config_base import ConfigModel as _Model
 from predictors_runtime.config_base import FieldProblem as _Problem
+from predictors_runtime.config_base import checked_api_name
 from predictors_runtime.config_yaml import read_api_list
 from predictors_runtime.predictor_types import DEFAULT_TYPE, PREDICTOR_TYPES, PredictorTypeName
+from predictors_runtime.splitter_config import TrafficSplitterConfig
 
 # Predictor types an AsyncAPI's `server_side_batching` hands lists to (`predict(payload=[...])`).
 ASYNC_BATCHING_TYPES = ("python", "onnx")
-RESERVED_NAMES = frozenset({"apis", "batch", "docs", "healthz", "metrics", "openapi.json", "tasks"})
 # A TaskAPI's `definition:` (Cortex's name for its code section) takes these fields, and is held
 # as the API's `predictor` section (type python) so that one builder makes tasks and predictors.
 TASK_DEFINITION_FIELDS = ("path", "config", "env", "python_path", "log_level", "dependencies")
@@ -49,7 +51,6 @@ DEFAULT_QUEUE_LENGTH = 100
 MAX_REQUEST_TIMEOUT_S = 24 * 3600
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
-_NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 
 
 def _relative_path(value: str) -> str:
@@ -328,24 +329,12 @@ class ApiConfig(_Model):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, value: str) -> str:
-        """Names become URL paths (`/batch/<name>`) and Redis keys, so they are kept plain."""
-        if len(value) > 63:
-            raise ValueError(f"must be at most 63 characters (got {len(value)})")
-        if not _NAME_RE.match(value):
-            raise ValueError(
-                "must contain only lowercase letters, digits and '-', "
-                f"and start with a letter (got {value!r})"
-            )
-        if value in RESERVED_NAMES:
-            raise ValueError(
-                f"{value!r} is reserved (reserved: {', '.join(sorted(RESERVED_NAMES))})"
-            )
-        return value
+        return checked_api_name(value)
 
     @field_validator("kind", mode="before")
     @classmethod
     def _supported_kind(cls, value: Any) -> Any:
-        if value not in KINDS:
+        if value not in PREDICTOR_KINDS:
             raise ValueError(f"unsupported kind {value!r} (supported kinds: {', '.join(KINDS)})")
         return value
 
@@ -475,10 +464,10 @@ class ApiConfig(_Model):
             raise ConfigError("; ".join(_describe(e, prefix, {}))) from e
 
 
-def _fields_beside(loc: tuple[int | str, ...]) -> set[str]:
-    """The field names the model holding `loc`'s last part takes (empty where that model is not
-    found: a field of a free-form mapping)."""
-    model: type[BaseModel] | None = ApiConfig
+def _fields_beside(loc: tuple[int | str, ...], top: type[BaseModel]) -> set[str]:
+    """The field names the model holding `loc`'s last part takes, from the `top` model down (empty
+    where that model is not found: a field of a free-form mapping)."""
+    model: type[BaseModel] | None = top
     for part in loc[:-1]:
         if model is None:
             return set()
@@ -503,10 +492,12 @@ def _model_within(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _describe(exc: ValidationError, prefix: str, spelling: dict[str, str]) -> list[str]:
+def _describe(exc: ValidationError, prefix: str, spelling: dict[str, str],
+              top: type[BaseModel] | None = None) -> list[str]:
     """Turn pydantic's errors into `<prefix>: <field.path>: <message>` lines.
 
-    `spelling` maps canonical section names back to the ones the user wrote (e.g. handler).
+    `spelling` maps canonical section names back to the ones the user wrote (e.g. handler); `top`
+    is the model validated (an `ApiConfig` unless said).
     """
     lines = []
     for err in exc.errors():
@@ -531,7 +522,7 @@ def _describe(exc: ValidationError, prefix: str, spelling: dict[str, str]) -> li
             if loc == [spelling.get("predictor", "predictor")]:
                 message = "field required (spelled predictor or handler)"
         elif kind == "extra_forbidden":
-            message = "unknown field" + did_you_mean(str(err["loc"][-1]), _fields_beside(err["loc"]))
+            message = "unknown field" + did_you_mean(str(err["loc"][-1]), _fields_beside(err["loc"], top or ApiConfig))
         elif kind in ("value_error", "assertion_error") and cause is not None:
             message = str(cause)
         else:
@@ -541,7 +532,7 @@ def _describe(exc: ValidationError, prefix: str, spelling: dict[str, str]) -> li
     return lines
 
 
-def _parse_one(raw: Any, index: int, source: str) -> tuple[ApiConfig | None, list[str]]:
+def _parse_one(raw: Any, index: int, source: str) -> tuple[ApiConfig | TrafficSplitterConfig | None, list[str]]:
     """Normalise Cortex spellings, set aside ignored fields, then validate one API."""
     if not isinstance(raw, dict):
         return None, [f"{source}: API #{index}: must be a mapping (got {type(raw).__name__})"]
@@ -558,6 +549,8 @@ def _parse_one(raw: Any, index: int, source: str) -> tuple[ApiConfig | None, lis
     spelling: dict[str, str] = {}
     if data.get("kind") == ApiKind.TASK:
         return _parse_task(data, ignored, problems, prefix)
+    if data.get("kind") == ApiKind.TRAFFIC_SPLITTER:
+        return _parse_splitter(data, ignored, problems, prefix)
     present = [k for k in ("predictor", "handler") if k in data]
     if len(present) == 2:
         problems.append(f"{prefix}: handler: give either predictor or handler, not both")
@@ -635,10 +628,46 @@ def _parse_task(
     return config.model_copy(update={"ignored_fields": ignored}), []
 
 
+def _parse_splitter(
+    data: dict[str, Any], ignored: list[str], problems: list[str], prefix: str,
+) -> tuple[TrafficSplitterConfig | None, list[str]]:
+    """A TrafficSplitter: its `apis` and weights (`splitter_config.py`); any code section is an error."""
+    for key in ("predictor", "handler", "definition", "compute"):
+        if key in data:
+            problems.append(f"{prefix}: {key}: unknown field (a TrafficSplitter has no code: it shares requests "
+                            "among the RealtimeAPIs named in apis)")
+            data.pop(key)
+    try:
+        config = TrafficSplitterConfig.model_validate(data)
+    except ValidationError as e:
+        return None, problems + _describe(e, prefix, {}, TrafficSplitterConfig)
+    if problems:
+        return None, problems
+    return config.model_copy(update={"ignored_fields": ignored}), []
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What one cortex.yaml deploys: its APIs with code, and its TrafficSplitters."""
+
+    apis: list[ApiConfig]
+    splitters: list[TrafficSplitterConfig]
+
+
 def parse_api_configs(text: str, source: str = "cortex.yaml") -> list[ApiConfig]:
+    """The APIs of a cortex.yaml that run code; a TrafficSplitter in it is an error here (the deploy
+    reads both with `parse_deployment`)."""
+    deployment = parse_deployment(text, source)
+    if deployment.splitters:
+        raise ConfigError(f"{source}: {deployment.splitters[0].name} is a TrafficSplitter: deploy it with "
+                          "sluice deploy (only APIs with code are read here)")
+    return deployment.apis
+
+
+def parse_deployment(text: str, source: str = "cortex.yaml") -> Deployment:
     """Validate the text of a cortex.yaml; raise one `ConfigError` listing every problem."""
     items = read_api_list(text, source)
-    configs: list[ApiConfig] = []
+    configs: list[ApiConfig | TrafficSplitterConfig] = []
     problems: list[str] = []
     first_index: dict[str, int] = {}
     for index, raw in enumerate(items):
@@ -657,7 +686,8 @@ def parse_api_configs(text: str, source: str = "cortex.yaml") -> list[ApiConfig]
             configs.append(config)
     if problems:
         raise ConfigError("; ".join(problems))
-    return configs
+    return Deployment(apis=[c for c in configs if isinstance(c, ApiConfig)],
+                      splitters=[c for c in configs if isinstance(c, TrafficSplitterConfig)])
 
 
 def load_api_configs(config_path: Path) -> list[ApiConfig]:

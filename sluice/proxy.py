@@ -39,7 +39,7 @@ from foundation.api_keys import KEYS_VARIABLE, PROTECT_REALTIME_VARIABLE, header
 from foundation.api_registry import ApiRegistry, RedisApiRegistry
 from foundation.errors import ConfigError, NotReady
 from foundation.figure_store import RedisFigureStore
-from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS, Recorder
+from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS, SPLIT_REQUESTS, Recorder
 from foundation.proxy_load import PUBLISH_EVERY_S, LoadTally, ProxyLoadBook, RedisProxyLoadBook
 from foundation.proxy_registry import FORGET_PROXIES_AFTER_S, ProxyRecord, ProxyRegistry, RedisProxyRegistry
 from foundation.replica_directory import REPLICA_TTL_S, RedisReplicaDirectory, ReplicaDirectory
@@ -47,8 +47,9 @@ from foundation.settings import Settings
 
 from .haproxy import HAProxy, HAProxyState
 from .local_socket import reachable_socket
-from .proxy_config import Route, in_flight_by_api, plan_routes, render_config, tag_of
+from .proxy_config import Route, Split, in_flight_by_api, plan_routes, plan_splits, render_config, tag_of
 from .proxy_rejections import REASONS, TABLE, RejectionTally, parse_table
+from .proxy_splits import SPLIT_TABLE, SplitTally, parse_split_table
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,8 @@ class ProxyController:
     _settled: bool = False
     _stopping: bool = False
     _tally: RejectionTally = field(default_factory=RejectionTally)
+    _splits: list[Split] = field(default_factory=list)
+    _split_tally: SplitTally = field(default_factory=SplitTally)
     _figures: Recorder | None = None
     _silence: SilenceAllowance = field(default_factory=SilenceAllowance)
     _load: LoadTally = field(default_factory=LoadTally)
@@ -215,9 +218,10 @@ class ProxyController:
             raise
         self._silence.read(now)
         routes = plan_routes(apis, replicas, local_socket=lambda r: reachable_socket(r.socket, r.host_id))
+        self._splits = plan_splits(apis)
         keys_file = str(self.keys_file) if self.keys_file is not None else None
         return render_config(routes, bind=self.bind, port=self.port, management=self.management,
-                             keys_file=keys_file), routes
+                             keys_file=keys_file, splits=self._splits), routes
 
     def _apply(self, text: str, routes: list[Route]) -> None:
         self.haproxy.check(text)
@@ -289,6 +293,7 @@ class ProxyController:
         self._publish(now, state)
         if state is not None:
             self._count_rejections(state)
+            self._count_splits(state)
             self._sample_load(state, now)
         if now - self._last_forget >= self.forget_every_s:
             self._last_forget = now
@@ -327,6 +332,23 @@ class ProxyController:
         for (api, reason), n in self._tally.update(readings).items():
             self._figures.counter(REALTIME_REJECTED, api, reason).inc(n)
             self._figures.counter(REALTIME_REQUESTS, api, str(codes[reason])).inc(n)
+
+    def _count_splits(self, state: HAProxyState) -> None:
+        """Add what each TrafficSplitter sent to each of its APIs since the last turn to the figures
+        (sluice/proxy_splits.py)."""
+        if not self._splits and not self._split_tally.following:
+            return
+        readings: dict[int, dict[tuple[str, str], int]] = {}
+        for pid in (*state.workers, *state.old_workers):
+            try:
+                readings[pid] = parse_split_table(self.haproxy.command(f"@!{pid} show table {SPLIT_TABLE}"))
+            except OSError:  # gone meanwhile, or the master is busy: read again next turn
+                continue
+        self._split_tally.forget_except({*state.workers, *state.old_workers})
+        shadows = {split.name: split.shadow[0] for split in self._splits if split.shadow is not None}
+        assert self._figures is not None
+        for (splitter, api), n in self._split_tally.update(readings, shadows).items():
+            self._figures.counter(SPLIT_REQUESTS, splitter, api).inc(n)
 
     def _sample_load(self, state: HAProxyState, now: float) -> None:
         """One sample of each routed API's requests in flight here, added to the totals beat's scaler
@@ -378,6 +400,7 @@ class ProxyController:
         state = self.haproxy.state()
         if state is not None:  # what haproxy answered since the last turn, before its counters go
             self._count_rejections(state)
+            self._count_splits(state)
         self.haproxy.stop(grace)
         if self._figures is not None:
             self._figures.close()

@@ -30,14 +30,17 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
 from foundation.errors import ConfigError
 from foundation.replica_directory import ReplicaRecord
 from predictors_runtime.config import ApiConfig
+from predictors_runtime.splitter_config import WEIGHT_TOTAL, TrafficSplitterConfig
 
 from .proxy_rejections import REASON_INDEX, TABLE
+from .proxy_splits import SPLIT_TABLE, split_key
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,7 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 _BACKEND_PREFIX = "rt_"  # a realtime API's backend is named rt_<api>
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
 _BIG = 10**12  # larger than any |now - deadline| in ms; see _late
+SHADOW_LUA = Path(__file__).resolve().parent / "lua" / "shadow.lua"
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,36 @@ class Route:
     @property
     def replica_ids(self) -> tuple[str, ...]:
         return tuple(s.replica_id for s in self.servers)
+
+
+@dataclass(frozen=True)
+class Split:
+    """One TrafficSplitter: the requests to its path shared among RealtimeAPIs by weight."""
+
+    name: str
+    shares: tuple[tuple[str, int], ...]   # (api, weight), weights > 0 adding up to 100
+    shadow: tuple[str, int] | None        # (api, percent of requests copied to it)
+
+
+def plan_splits(apis: Iterable[DeployedApi]) -> list[Split]:
+    """The splitters to render: every deployed TrafficSplitter, whether or not its APIs have replicas
+    (a request shared to an API without one gets the management API's answer for that API)."""
+    splits = []
+    for api in sorted(apis, key=lambda a: a.name):
+        if api.kind != ApiKind.TRAFFIC_SPLITTER or not _NAME_RE.match(api.name):
+            continue
+        try:
+            config = TrafficSplitterConfig.from_dict(api.spec)
+        except ConfigError as e:
+            log.warning("traffic splitter %s has a config this version cannot read; not routed: %s", api.name, e)
+            continue
+        shadow = config.shadow
+        splits.append(Split(
+            name=api.name,
+            shares=tuple((t.name, t.weight) for t in config.shared if t.weight > 0),
+            shadow=(shadow.name, shadow.weight) if shadow is not None and shadow.weight > 0 else None,
+        ))
+    return splits
 
 
 def in_flight_by_api(stats: Iterable[dict[str, str]]) -> dict[str, int]:
@@ -227,7 +261,52 @@ def _late(when_late: str, in_time: str) -> str:
             f"iif('{_literal(when_late)}','{_literal(in_time)}')]")
 
 
-def _frontend(routes: Sequence[Route], bind: str, port: int) -> list[str]:
+# Consecutive requests to a splitter draw (n x SPREAD) mod 100 from its counter n: a step coprime
+# with 100 visits every residue once in each 100 requests, so every 100 requests in a row give each
+# API exactly its weight, spread through the hundred rather than in one run per API.
+SPREAD = 37
+
+
+def _loopback(bind: str) -> str:
+    """Where the proxy reaches its own frontend (for a shadow's copy)."""
+    host = bind.strip("[]")
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
+def _split_rules(split: Split, bind: str, port: int) -> list[str]:
+    """The frontend rules of one TrafficSplitter: the draw, the shadow's copy, the path rewritten to
+    the drawn API's (whose own `use_backend` rule then routes it, as a request to that API)."""
+    at = f"{{ path /{split.name} /{split.name}/ }}"
+    lines = [
+        f"    http-request track-sc1 str({split.name}) table {SPLIT_TABLE} if {at}",
+        f"    http-request set-var(txn.split) sc_inc_gpc0(1),mul({SPREAD}),mod({WEIGHT_TOTAL}) if {at}",
+    ]
+    if split.shadow is not None:
+        api, percent = split.shadow
+        copied = f"{at} {{ var(txn.shadow_draw) -m int lt {percent} }}"
+        lines += [
+            f"    http-request wait-for-body time {_ms(HEADERS_TIMEOUT_S)} if {at}",
+            f"    http-request set-var(txn.shadow_draw) rand({WEIGHT_TOTAL}) if {at}",
+            f"    http-request lua.sluice_shadow {format_address(_loopback(bind), port)} /{api} {split.name} "
+            f"if {copied}",
+            f"    http-request set-var(txn.shadowed) sc_inc_gpc1(1) if {copied}",
+        ]
+    upto = 0
+    for api, weight in split.shares:
+        upto += weight
+        drawn = f"{at} {{ var(txn.split) -m int lt {upto} }}"
+        lines += [
+            f"    http-request track-sc2 str({split_key(split.name, api)}) table {SPLIT_TABLE} if {drawn}",
+            f"    http-request set-path /{api} if {drawn}",
+        ]
+    return lines
+
+
+def _frontend(routes: Sequence[Route], bind: str, port: int, splits: Sequence[Split] = ()) -> list[str]:
     lines = [
         "frontend public",
         f"    bind {format_address(bind, port)}",
@@ -249,6 +328,8 @@ def _frontend(routes: Sequence[Route], bind: str, port: int) -> list[str]:
         "    http-error status 504 content-type application/json lf-string "
         + _json_body("request_timeout", f"the management API did not answer within {MANAGEMENT_TIMEOUT_S:g} s"),
     ]
+    for split in splits:
+        lines += _split_rules(split, bind, port)
     for route in routes:
         lines.append(f"    use_backend {route.backend} if {{ path /{route.api} /{route.api}/ }}")
     lines.append("    default_backend management")
@@ -341,10 +422,11 @@ def config_tag(body: str) -> str:
 
 
 def render_config(routes: Sequence[Route], *, bind: str, port: int, management: str,
-                  keys_file: str | None = None) -> str:
+                  keys_file: str | None = None, splits: Sequence[Split] = ()) -> str:
     """The whole haproxy.cfg; the same routes give the same text (so unchanged means no reload).
 
     `keys_file`: realtime APIs want `Authorization` to be one of this file's lines (see `_key_check`).
+    `splits`: the TrafficSplitters, whose paths are shared among their APIs' paths.
     """
     longest = max([MANAGEMENT_TIMEOUT_S] + [r.queue_timeout_s + r.server_timeout_s for r in routes])
     sections = [
@@ -368,10 +450,13 @@ def render_config(routes: Sequence[Route], *, bind: str, port: int, management: 
             # A replica host name that does not resolve disables that server, not the whole config.
             "    default-server init-addr libc,none",
         ],
-        _frontend(routes, bind, port),
+        _frontend(routes, bind, port, splits),
         _management_backend(management),
         *([[f"backend {TABLE}", f"    stick-table type string len 128 size 10k store gpc({len(REASON_INDEX)})"]]
           if routes else []),
+        # Per splitter: gpc0 its draw counter, gpc1 its copies to the shadow; per splitter/api: requests sent.
+        *([[f"backend {SPLIT_TABLE}", "    stick-table type string len 128 size 10k store gpc0,gpc1,http_req_cnt"]]
+          if splits else []),
         *(_realtime_backend(route, keys_file) for route in routes),
     ]
     body = "\n\n".join("\n".join(section) for section in sections) + "\n"
@@ -385,6 +470,8 @@ def render_config(routes: Sequence[Route], *, bind: str, port: int, management: 
         # carries thousands of requests per second on loopback.
         "    nbthread 1",
     ]
+    if any(split.shadow is not None for split in splits):
+        head.append(f"    lua-load {_quoted(str(SHADOW_LUA))}")
     return "\n".join(head) + "\n\n" + body
 
 

@@ -114,3 +114,10 @@ def replica_counts(api: dict[str, Any]) -> tuple[int, int]:
 def realtime_status(api: dict[str, Any]) -> str:
     """A realtime API's status (`GET /apis/<name>`), as the front page shows it too."""
     return status.realtime_status(api["bundle"], api.get("replicas", []))
+
+
+def split_line(spec: dict[str, Any]) -> str:
+    """A TrafficSplitter's shares in one line: `30% iris-onnx, 70% iris-tf; copies 100% to recorder`."""
+    shared = [f"{a['weight']}% {a['name']}" for a in spec.get("apis", []) if not a.get("shadow")]
+    shadow = [f"; copies {a['weight']}% to {a['name']}" for a in spec.get("apis", []) if a.get("shadow")]
+    return ", ".join(shared) + "".join(shadow)

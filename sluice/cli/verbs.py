@@ -28,6 +28,7 @@ from .render import (
     progress_cell,
     realtime_status,
     replica_counts,
+    split_line,
     status_word,
 )
 
@@ -52,6 +53,9 @@ def deploy(ctx: click.Context, config: Path, no_wait: bool, nearest_wheels: bool
         print_json(deployed)
         return
     for api in deployed:
+        if api["kind"] == ApiKind.TRAFFIC_SPLITTER:
+            click.echo(f"deployed {api['name']} (TrafficSplitter, at /{api['name']}: {split_line(api['spec'])})")
+            continue
         where = f"at /{api['name']}" if api["kind"] == ApiKind.REALTIME else f"queue {api['queue']}"
         click.echo(f"deployed {api['name']} ({api['kind']}, {where}, bundle {api['bundle'][:12]})")
         if api.get("environment"):
@@ -134,6 +138,8 @@ def _get_all(client: Client, output: str) -> None:
             detail = client.api(summary["name"])
             ready, wanted = replica_counts(detail)
             row.update(status=realtime_status(detail), replicas_ready=ready, replicas_wanted=wanted)
+        elif summary["kind"] == ApiKind.TRAFFIC_SPLITTER:  # what it shares, in the replicas column
+            row.update(status="live", shares=split_line(summary["spec"]))
         elif summary["kind"] == ApiKind.ASYNC:  # requests queued or running, in the jobs column
             counts = client.api(summary["name"]).get("requests") or {}
             row.update(status="live", requests_active=counts.get("in_queue", 0) + counts.get("in_progress", 0))
@@ -152,6 +158,7 @@ def _get_all(client: Client, output: str) -> None:
     print_table(None, ["name", "kind", "status", "replicas / jobs running", "last deployed"], [
         [r["name"], r["kind"], r["status"],
          f"{r['replicas_ready']}/{r['replicas_wanted']} ready" if "replicas_ready" in r
+         else r["shares"] if "shares" in r
          else f"{r['requests_active']} requests" if "requests_active" in r
          else f"{r['jobs_running']} running",
          ago(r["deployed_at"], now)]
@@ -191,6 +198,9 @@ def _get_api(client: Client, name: str, output: str) -> None:
         elif not readiness.get("ready"):
             click.echo(f"not ready: {one_line(readiness.get('message') or '')}")
         return
+    if api["kind"] == ApiKind.TRAFFIC_SPLITTER:
+        _show_splitter(api, output, now)
+        return
     if api["kind"] == ApiKind.ASYNC:
         if output == "json":
             print_json(api)
@@ -229,6 +239,21 @@ def _get_api(client: Client, name: str, output: str) -> None:
         [job["job_id"], status_word(job["status"]), progress_cell(job), str(job.get("start_time", "-")),
          duration_text(job_duration(job, now))]
         for job in jobs
+    ])
+
+
+def _show_splitter(api: dict[str, Any], output: str, now: float) -> None:
+    """A TrafficSplitter: its APIs, each with its weight, what it was sent, its share and its state."""
+    if output == "json":
+        print_json(api)
+        return
+    click.echo(f"{api['name']}  TrafficSplitter  deployed {ago(api['deployed_at'], now)}")
+    click.echo(f"endpoint: {api['endpoint']}")
+    print_table("apis", ["api", "weight", "sent", "share", "state"], [
+        [part["api"] + (" (shadow)" if part["shadow"] else ""),
+         f"{part['weight']}%" + (" copied" if part["shadow"] else ""), str(part["sent"]),
+         "-" if part["share"] is None else f"{100 * part['share']:.1f}%", part["state"].replace("_", " ")]
+        for part in api.get("split") or []
     ])
 
 
@@ -604,7 +629,8 @@ def predict(ctx: click.Context, api: str, json_file: IO[bytes] | None, data: str
             content_type = "text/plain"
     client = client_of(ctx)
     kind = client.api(api)["kind"]
-    if kind != ApiKind.REALTIME:  # its path would take the body as something else (a job, a queued request)
+    # Any other kind's path would take the body as something else (a job, a queued request).
+    if kind not in (ApiKind.REALTIME, ApiKind.TRAFFIC_SPLITTER):
         verb = {ApiKind.BATCH: f"submit a job: sluice submit {api} --items FILE",
                 ApiKind.TASK: f"run its task: sluice submit {api} (or POST /tasks/{api})",
                 ApiKind.ASYNC: f"queue a request: sluice.client().submit_async({api!r}, payload), then "

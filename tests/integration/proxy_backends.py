@@ -43,6 +43,8 @@ def app(environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         "tag": query.get("tag", [""])[0],
         "request_id": environ.get("HTTP_X_REQUEST_ID"),
         "deadline_ms": environ.get("HTTP_X_SLUICE_DEADLINE_MS"),
+        "shadow_of": environ.get("HTTP_X_SLUICE_SHADOW_OF"),
+        "query": environ.get("QUERY_STRING", ""),
         "started": time.time(),
     }
     with _lock:

@@ -28,6 +28,8 @@ import redis
 import requests
 
 from foundation.api_registry import RedisApiRegistry
+from foundation.figure_store import RedisFigureStore
+from foundation.figures import SPLIT_REQUESTS, read_figures
 from foundation.keys import PROXIES as PROXIES_KEY
 from foundation.proxy_load import RedisProxyLoadBook
 from foundation.proxy_registry import RedisProxyRegistry
@@ -36,6 +38,7 @@ from foundation.replica_directory import RedisReplicaDirectory, ReplicaRecord
 from foundation.replica_scale import RedisScaleBook, ReplicaScale
 from jobs.scaling.realtime import RealtimeScaling
 from predictors_runtime.config import ApiConfig
+from predictors_runtime.splitter_config import TrafficSplitterConfig
 from sluice.embedded import free_port
 from sluice.proxy import ProxyController
 from testbed.waiting import wait_for
@@ -422,6 +425,52 @@ def test_a_queued_request_whose_client_left_is_never_started(proxy, deploy, laun
         gate.touch()
         assert busy.result()[0].status_code == 200 and later.result()[0].status_code == 200
     assert tagged(backends["r1"], left) == []
+
+
+# -- traffic splitters ------------------------------------------------------------------------------
+def test_a_traffic_splitter_shares_its_requests_by_weight_and_copies_them_to_its_shadow(
+        proxy, deploy, launchers, backends, redis_client):
+    """Cortex's A/B test: iris at 30/70 between two RealtimeAPIs, every request copied to a recorder."""
+    for name, backend in (("iris-onnx", "r1"), ("iris-tf", "r2"), ("recorder", "r3")):
+        deploy(name)
+        launchers.add(f"{name}-1", name, backends[backend])
+    RedisApiRegistry(redis_client).put(TrafficSplitterConfig.model_validate({
+        "name": "iris", "kind": "TrafficSplitter",
+        "apis": [{"name": "iris-onnx", "weight": 30}, {"name": "iris-tf", "weight": 70},
+                 {"name": "recorder", "weight": 100, "shadow": True}]}), "b1")
+    proxy.settle_on("iris-onnx-1", "iris-tf-1", "recorder-1")
+
+    tag = uuid.uuid4().hex
+    with requests.Session() as session:
+        answers = [session.post(f"{proxy.url}/iris", params={"tag": tag}, json={"n": n}, timeout=10)
+                   for n in range(1000)]
+    assert {answer.status_code for answer in answers} == {200}
+    served = Counter(answer.json()["server"] for answer in answers)
+    # Every 100 requests in a row give each API exactly its weight (a reload restarts the count).
+    assert abs(served["r1"] - 300) <= 20 and served["r1"] + served["r2"] == 1000, served
+    assert {answer.json()["path"] for answer in answers} == {"/iris-onnx", "/iris-tf"}
+
+    # The shadow gets a copy of each, body, query and request id included, and its answers go nowhere.
+    copies = wait_for(lambda: len(tagged(backends["r3"], tag)) == 1000 and tagged(backends["r3"], tag), 30,
+                      "the shadow's 1,000 copies")
+    assert {copy["path"] for copy in copies} == {"/recorder"} and {copy["shadow_of"] for copy in copies} == {"iris"}
+    assert {copy["body_bytes"] for copy in copies} == {len(b'{"n": 1}'), len(b'{"n": 10}'), len(b'{"n": 100}')}
+    assert {copy["request_id"] for copy in copies} == {answer.headers["X-Request-ID"] for answer in answers}
+
+    # What each API was sent reaches the figures, as GET /apis/iris shows it.
+    def sent() -> dict[str, float]:
+        totals = read_figures(RedisFigureStore(redis_client), [SPLIT_REQUESTS])[SPLIT_REQUESTS.name]
+        return {labels[1]: total for labels, total in totals.items() if labels[0] == "iris"}
+    wait_for(lambda: sent() == {"iris-onnx": served["r1"], "iris-tf": served["r2"], "recorder": 1000}, 15,
+             f"the split counts to reach the figures (so far {sent()})")
+
+    # A body larger than the proxy's buffer is answered as any other, but not copied (it would be cut).
+    big, small = uuid.uuid4().hex, uuid.uuid4().hex
+    answer = requests.post(f"{proxy.url}/iris", params={"tag": big}, data=b"x" * 64 * 1024, timeout=10)
+    assert answer.status_code == 200 and answer.json()["body_bytes"] == 64 * 1024
+    requests.post(f"{proxy.url}/iris", params={"tag": small}, data=b"x" * 8 * 1024, timeout=10)
+    [copy] = wait_for(lambda: tagged(backends["r3"], small), 10, "the copy of an 8 KiB body")
+    assert copy["body_bytes"] == 8 * 1024 and tagged(backends["r3"], big) == []
 
 
 # -- request ids -----------------------------------------------------------------------------------

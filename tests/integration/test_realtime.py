@@ -378,6 +378,72 @@ def test_a_second_host_running_sluice_serve_gets_traffic_through_the_proxy(
             launcher.wait()
 
 
+# Answers which of the splitter's two APIs served the request.
+WHO_PREDICTOR = """
+class PythonPredictor:
+    def __init__(self, config):
+        self.who = config["who"]
+
+    def predict(self, payload):
+        return {"who": self.who, "echo": payload}
+"""
+
+
+def test_a_cortex_traffic_splitter_shares_requests_30_70_and_get_shows_what_each_api_was_sent(
+        rt_stack, rt_client, tmp_path):
+    tag = uuid.uuid4().hex[:6]
+    onnx, tf, iris = f"iris-onnx-{tag}", f"iris-tf-{tag}", f"iris-{tag}"
+    (tmp_path / "predictor.py").write_text(WHO_PREDICTOR)
+    apis = [{"name": name, "kind": "RealtimeAPI", "predictor": {"type": "python", "path": "predictor.py",
+                                                                 "config": {"who": name}}}
+            for name in (onnx, tf)]
+    splitter = {"name": iris, "kind": "TrafficSplitter", "networking": {"endpoint": iris},
+                "apis": [{"name": onnx, "weight": 30}, {"name": tf, "weight": 70}]}
+    (tmp_path / "cortex.yaml").write_text(yaml.safe_dump([*apis, splitter], sort_keys=False))
+    try:
+        deployed = {api["name"]: api for api in rt_client.deploy(tmp_path / "cortex.yaml")}
+        assert deployed[iris]["kind"] == "TrafficSplitter" and deployed[iris]["ignored_fields"] == ["networking"]
+        for name in (onnx, tf):
+            rt_client.wait_ready(name, timeout=120)
+        with requests.Session() as session:
+            answers = [session.post(f"{rt_stack.url}/{iris}", json={"n": n}, timeout=30) for n in range(1000)]
+        assert {answer.status_code for answer in answers} == {200}, answers[0].text
+        served = {name: sum(1 for a in answers if a.json()["who"] == name) for name in (onnx, tf)}
+        assert abs(served[onnx] - 300) <= 30 and served[onnx] + served[tf] == 1000, served
+
+        def split() -> dict[str, dict[str, Any]]:
+            return {part["api"]: part for part in rt_client.api(iris)["split"]}
+        wait_for(lambda: {name: part["sent"] for name, part in split().items()} == served, 20,
+                 "the proxy's counts of what each API was sent")
+        assert {name: (part["weight"], part["state"]) for name, part in split().items()} == {
+            onnx: (30, "ready"), tf: (70, "ready")}
+        assert split()[onnx]["share"] == pytest.approx(served[onnx] / 1000)
+
+        shown = _cli(rt_stack.url, "get", iris)
+        assert shown.returncode == 0, shown.stderr
+        assert "TrafficSplitter" in shown.stdout and onnx in shown.stdout and "30%" in shown.stdout
+        listed = _cli(rt_stack.url, "get")
+        assert f"30% {onnx}, 70% {tf}" in listed.stdout, listed.stdout
+
+        # An API a splitter shares requests with is not deleted from under it; a splitter naming an API
+        # that is not a deployed RealtimeAPI is refused, naming it.
+        with pytest.raises(ClientError) as refused:
+            rt_client.delete_api(onnx)
+        assert refused.value.http_status == 409 and iris in refused.value.server_message
+        missing = dict(splitter, apis=[{"name": onnx, "weight": 50}, {"name": f"iris-xgb-{tag}", "weight": 50}])
+        (tmp_path / "cortex.yaml").write_text(yaml.safe_dump([missing], sort_keys=False))
+        with pytest.raises(ClientError) as refused:
+            rt_client.deploy(tmp_path / "cortex.yaml")
+        assert f"apis[1].name: iris-xgb-{tag} is not a deployed RealtimeAPI" in refused.value.server_message
+    finally:
+        delete_apis(rt_client, [iris, onnx, tf])
+
+
+def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sluice.cli", "--url", url, *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+
+
 def test_predicting_with_the_client_raises_the_servers_error(rt_client, deploy_realtime):
     name = deploy_realtime()
     rt_client.wait_ready(name, timeout=120)

@@ -15,7 +15,9 @@ from predictors_runtime.config import (
     load_api_configs,
     merge_config,
     parse_api_configs,
+    parse_deployment,
 )
+from predictors_runtime.splitter_config import TrafficSplitterConfig
 
 BATCH_API = """
 - name: iris-batch
@@ -182,11 +184,62 @@ def test_a_missing_kind_is_an_error() -> None:
 
 
 def test_an_unsupported_kind_is_an_error_listing_the_supported_kinds() -> None:
-    text = api().replace("BatchAPI", "TrafficSplitter")
+    text = api().replace("BatchAPI", "TrafficSpliter")
     assert error_of(text) == (
-        "cortex.yaml: API #0 (iris): kind: unsupported kind 'TrafficSplitter' "
-        "(supported kinds: BatchAPI, RealtimeAPI, TaskAPI, AsyncAPI)"
+        "cortex.yaml: API #0 (iris): kind: unsupported kind 'TrafficSpliter' "
+        "(supported kinds: BatchAPI, RealtimeAPI, TaskAPI, AsyncAPI, TrafficSplitter)"
     )
+
+
+# -- TrafficSplitter ---------------------------------------------------------------------------------
+SPLITTER = """\
+- name: iris
+  kind: TrafficSplitter
+  networking: {endpoint: /iris}
+  apis:
+    - {name: iris-onnx, weight: 30}
+    - {name: iris-tf, weight: 70}
+    - {name: recorder, weight: 100, shadow: true}
+"""
+
+
+def test_cortexs_traffic_splitter_is_read_with_its_weights_and_shadow() -> None:
+    deployment = parse_deployment(api(name="iris-onnx").replace("BatchAPI", "RealtimeAPI") + SPLITTER)
+    [splitter] = deployment.splitters
+    assert [a.name for a in deployment.apis] == ["iris-onnx"]
+    assert [(t.name, t.weight) for t in splitter.shared] == [("iris-onnx", 30), ("iris-tf", 70)]
+    assert splitter.shadow is not None and (splitter.shadow.name, splitter.shadow.weight) == ("recorder", 100)
+    assert splitter.ignored_fields == ["networking"]
+    assert TrafficSplitterConfig.from_dict(splitter.to_dict()) == splitter
+
+
+@pytest.mark.parametrize(("apis", "problem"), [
+    ("[{name: a, weight: 30}, {name: b, weight: 60}]",
+     "apis: the weights of the apis that are not the shadow must add up to 100 (they add up to 90)"),
+    ("[{name: a, weight: 100}, {name: b, weight: 10, shadow: true}, {name: c, weight: 10, shadow: true}]",
+     "apis: at most one api may be the shadow (shadow: b, c)"),
+    ("[{name: a, weight: 50}, {name: a, weight: 50}]", "apis: each api may be named once (named more than once: a)"),
+    ("[{name: iris, weight: 100}]", "apis: a TrafficSplitter cannot share requests with itself (iris)"),
+    ("[{name: a, weight: 30.5}, {name: b, weight: 69.5}]", "apis[0].weight: must be a whole number from 0 to 100 "
+     "(got 30.5)"),
+    ("[{name: a, weight: 100, shadw: true}]", "apis[0].shadw: unknown field (did you mean shadow?)"),
+    ("[{name: a}]", "apis[0].weight: field required"),
+    ("[{name: A_b, weight: 100}]", "apis[0].name: must contain only lowercase letters"),
+    ("[]", "apis: list should have at least 1 item"),
+])
+def test_a_splitter_whose_weights_cannot_work_is_refused_naming_the_field(apis: str, problem: str) -> None:
+    message = error_of(f"- name: iris\n  kind: TrafficSplitter\n  apis: {apis}\n")
+    assert message.startswith(f"cortex.yaml: API #0 (iris): {problem}"), message
+
+
+def test_a_splitter_with_code_is_refused_saying_it_has_none() -> None:
+    message = error_of(SPLITTER + "  predictor: {path: p.py}\n")
+    assert message.startswith("cortex.yaml: API #0 (iris): predictor: unknown field (a TrafficSplitter has no code")
+
+
+def test_reading_only_the_apis_with_code_refuses_a_splitter_by_name() -> None:
+    with pytest.raises(ConfigError, match="iris is a TrafficSplitter: deploy it with sluice deploy"):
+        parse_api_configs(SPLITTER)
 
 
 def test_an_api_without_predictor_or_handler_is_an_error() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -17,13 +18,17 @@ import pytest
 from foundation.api_registry import DeployedApi
 from foundation.replica_directory import ReplicaRecord
 from predictors_runtime.config import ApiConfig
+from predictors_runtime.splitter_config import TrafficSplitterConfig
 from sluice.proxy_config import (
     DEFAULT_QUEUE_TIMEOUT_S,
     DEFAULT_SERVER_TIMEOUT_S,
+    SHADOW_LUA,
     plan_routes,
+    plan_splits,
     render_config,
     tag_of,
 )
+from sluice.proxy_splits import SplitTally, parse_split_table
 
 MANAGEMENT = "127.0.0.1:9100"
 
@@ -294,3 +299,88 @@ def test_haproxy_is_tied_to_its_controller_with_the_race_checked(tmp_path, monke
     assert preexec.__qualname__ == "die_with_parent.<locals>.preexec"
     assert preexec.__closure__ is not None
     assert os.getpid() in [cell.cell_contents for cell in preexec.__closure__]
+
+
+# -- traffic splitters ------------------------------------------------------------------------------
+def splitter(name: str, *apis: dict[str, Any]) -> DeployedApi:
+    config = TrafficSplitterConfig.model_validate({"name": name, "kind": "TrafficSplitter", "apis": list(apis)})
+    return DeployedApi(name=name, kind=config.kind, spec=config.to_dict(), bundle="b1", queue=config.queue,
+                       deployed_at=0.0, ignored_fields=[])
+
+
+def render_split(apis: list[DeployedApi], replicas: list[ReplicaRecord]) -> str:
+    return render_config(plan_routes(apis, replicas), bind="0.0.0.0", port=8888, management=MANAGEMENT,
+                         splits=plan_splits(apis))
+
+
+def drawn(config: str, name: str, requests: int) -> Counter[str]:
+    """Where `requests` consecutive requests to /<name> go, by the frontend's rules as haproxy runs
+    them: the draw is the splitter's counter (1, 2, ...) through its converters, and the first
+    `set-path` whose threshold the draw is under rewrites the path."""
+    frontend = section(config, "frontend public")
+    [draw] = [line for line in frontend if line.startswith("http-request set-var(txn.split) ")]
+    step, modulus = map(int, re.fullmatch(r".*sc_inc_gpc0\(1\),mul\((\d+)\),mod\((\d+)\) if .*", draw).groups())
+    rules = [re.fullmatch(rf"http-request set-path /(\S+) if \{{ path /{name} /{name}/ }} "
+                          r"\{ var\(txn.split\) -m int lt (\d+) \}", line) for line in frontend]
+    thresholds = [(m.group(1), int(m.group(2))) for m in rules if m]
+    return Counter(next(api for api, upto in thresholds if (n * step) % modulus < upto)
+                   for n in range(1, requests + 1))
+
+
+def test_a_splitter_gives_every_hundred_requests_in_a_row_exactly_their_weights(haproxy_accepts):
+    apis = [deployed("iris-onnx"), deployed("iris-tf"), deployed("iris-old"),
+            splitter("iris", {"name": "iris-onnx", "weight": 30}, {"name": "iris-tf", "weight": 70},
+                     {"name": "iris-old", "weight": 0})]
+    config = render_split(apis, [replica("onnx-1", "iris-onnx", 9001), replica("tf-1", "iris-tf", 9002)])
+    haproxy_accepts(config)
+    for start in range(0, 1000, 100):
+        assert drawn(config, "iris", start + 100) - drawn(config, "iris", start) == {"iris-onnx": 30, "iris-tf": 70}
+    # Spread through the hundred, not one run per API: no more than 3 requests in a row go to iris-onnx.
+    order = [api for api, _ in sorted(
+        ((api, n) for n in range(1, 101) for api in drawn(config, "iris", n) - drawn(config, "iris", n - 1)),
+        key=lambda pair: pair[1])]
+    assert max(len(run) for run in "".join("a" if api == "iris-onnx" else " " for api in order).split()) <= 3
+    # The rewritten path is then routed as a request to that API; a weight of 0 is never drawn.
+    assert backend_for(config, "/iris-onnx") == "rt_iris-onnx" and backend_for(config, "/iris") == "management"
+    assert "/iris-old" not in config
+    assert "lua-load" not in config
+
+
+def test_a_shadow_gets_a_copy_of_its_percentage_through_the_proxys_own_address(haproxy_accepts):
+    apis = [deployed("a"), deployed("rec"), splitter("s", {"name": "a", "weight": 100},
+                                                     {"name": "rec", "weight": 25, "shadow": True})]
+    config = render_split(apis, [replica("a-1", "a", 9001)])
+    haproxy_accepts(config)
+    frontend = section(config, "frontend public")
+    at = "{ path /s /s/ }"
+    assert f"http-request set-var(txn.shadow_draw) rand(100) if {at}" in frontend
+    assert f"http-request lua.sluice_shadow 127.0.0.1:8888 /rec s if {at} {{ var(txn.shadow_draw) -m int lt 25 }}" \
+        in frontend
+    assert frontend.index(f"http-request wait-for-body time 30000ms if {at}") < \
+        next(i for i, line in enumerate(frontend) if line.startswith("http-request lua.sluice_shadow"))
+    assert f'lua-load "{SHADOW_LUA}"' in config and SHADOW_LUA.is_file()
+    assert "stick-table type string len 128 size 10k store gpc0,gpc1,http_req_cnt" in section(
+        config, "backend sluice_split")
+
+
+def test_a_splitter_is_rendered_whether_or_not_its_apis_have_replicas(haproxy_accepts):
+    config = render_split([deployed("a"), splitter("s", {"name": "a", "weight": 100})], [])
+    haproxy_accepts(config)
+    assert drawn(config, "s", 10) == {"a": 10}  # /a has no backend: the management API says why
+
+
+def test_split_counters_are_read_per_worker_and_only_their_growth_counted():
+    table = ("# table: sluice_split, type: string, size:10240, used:3\n"
+             "0x55d0: key=iris use=0 exp=0 gpc0=10 gpc1=4 http_req_cnt=10\n"
+             "0x55d1: key=iris/iris-onnx use=0 exp=0 gpc0=0 gpc1=0 http_req_cnt=3\n"
+             "0x55d2: key=iris/iris-tf use=0 exp=0 gpc0=0 gpc1=0 http_req_cnt=7\n")
+    read = parse_split_table(table)
+    assert read == {("iris", ""): 4, ("iris", "iris-onnx"): 3, ("iris", "iris-tf"): 7}
+    tally = SplitTally()
+    assert tally.update({100: read}, {"iris": "rec"}) == {("iris", "rec"): 4, ("iris", "iris-onnx"): 3,
+                                                            ("iris", "iris-tf"): 7}
+    grown = {**read, ("iris", "iris-tf"): 9}
+    assert tally.update({100: grown, 200: {("iris", "iris-onnx"): 1}}, {"iris": "rec"}) == {
+        ("iris", "iris-tf"): 2, ("iris", "iris-onnx"): 1}
+    tally.forget_except({200})
+    assert tally.update({100: grown}, {}) == {("iris", "iris-onnx"): 3, ("iris", "iris-tf"): 9}

@@ -9,7 +9,7 @@ import importlib
 import pytest
 import yaml
 
-from predictors_runtime.config import parse_api_configs
+from predictors_runtime.config import parse_deployment
 from tests.readme_snippets import all_snippets
 
 ALL = all_snippets()
@@ -43,4 +43,5 @@ def test_python_blocks_compile_and_import_what_exists(snippet) -> None:
 def test_yaml_blocks_parse_and_api_configs_validate(snippet) -> None:
     document = yaml.safe_load(snippet.text)
     if isinstance(document, list) and all(isinstance(api, dict) and "kind" in api for api in document):
-        assert parse_api_configs(snippet.text, snippet.where)  # as `sluice deploy` reads it
+        deployment = parse_deployment(snippet.text, snippet.where)  # as `sluice deploy` reads it
+        assert deployment.apis or deployment.splitters
