@@ -98,6 +98,9 @@ def deploy() -> ResponseReturnValue:
     for api in apis:
         if api.kind not in KINDS:
             raise ConfigError(f"{source}: api {api.name}: kind {api.kind} cannot be deployed by this version")
+        if api.predictor.protobuf_path is not None:  # sluice/grpc_replica.py serves it; launchers do not start it yet
+            raise ConfigError(f"{source}: api {api.name}: predictor.protobuf_path: gRPC realtime APIs cannot be "
+                              "deployed by this version yet")
     already = registry().all()
     check_splits(deployment, already, source)
     environments: dict[str, dict[str, Any]] = {}

@@ -204,6 +204,9 @@ class PredictorConfig(_Model):
     request_timeout: float | None = Field(default=None, gt=0, le=MAX_REQUEST_TIMEOUT_S)
     # Batch only (a RealtimeAPI ignores it): seconds one try of a batch may run, unless the job says.
     batch_timeout: float | None = Field(default=None, gt=0, le=MAX_BATCH_TIMEOUT_S)
+    # RealtimeAPI only: served over gRPC with the project's own service (Cortex v0.32-v0.35;
+    # sluice/grpc_replica.py).
+    protobuf_path: str | None = None
 
     @field_validator("path")
     @classmethod
@@ -217,6 +220,16 @@ class PredictorConfig(_Model):
     @classmethod
     def _python_path_inside_project(cls, value: str | None) -> str | None:
         return None if value is None else _relative_path(value)
+
+    @field_validator("protobuf_path")
+    @classmethod
+    def _proto_file_inside_project(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        _relative_path(value)
+        if not value.endswith(".proto"):
+            raise ValueError(f"must be a .proto file (got {value!r})")
+        return value
 
     @field_validator("config", "env", mode="before")
     @classmethod
@@ -398,6 +411,18 @@ class ApiConfig(_Model):
                 "predictor.server_side_batching.max_batch_size",
                 f"must be <= threads_per_process ({batching.max_batch_size} > {self.predictor.threads_per_process})",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _grpc_fits_kind(self) -> ApiConfig:
+        """Only a replica serves gRPC, and it runs each call on its own (Cortex's rules)."""
+        if self.predictor.protobuf_path is None:
+            return self
+        if self.kind != ApiKind.REALTIME.value:
+            raise _Problem("predictor.protobuf_path", f"only a RealtimeAPI is served over gRPC (kind is {self.kind})")
+        if self.predictor.server_side_batching is not None:
+            raise _Problem("predictor.server_side_batching", "cannot be used with protobuf_path (a gRPC API runs "
+                           "each call on its own)")
         return self
 
     @model_validator(mode="after")

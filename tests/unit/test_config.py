@@ -191,6 +191,27 @@ def test_an_unsupported_kind_is_an_error_listing_the_supported_kinds() -> None:
     )
 
 
+# -- gRPC ------------------------------------------------------------------------------------------
+def test_a_grpc_realtime_api_names_its_proto_inside_the_project() -> None:
+    realtime = api(predictor="{path: handler.py, protobuf_path: protos/iris.proto}").replace("BatchAPI", "RealtimeAPI")
+    [config] = parse(realtime)
+    assert config.predictor.protobuf_path == "protos/iris.proto"
+    assert error_of(realtime.replace("protos/iris.proto", "../iris.proto")).endswith(
+        "predictor.protobuf_path: must not leave the project folder (got '../iris.proto')")
+    assert error_of(realtime.replace("protos/iris.proto", "iris.txt")).endswith(
+        "predictor.protobuf_path: must be a .proto file (got 'iris.txt')")
+
+
+def test_only_a_realtime_api_without_server_side_batching_is_served_over_grpc() -> None:
+    batch = api(predictor="{path: handler.py, protobuf_path: iris.proto}")
+    assert error_of(batch).endswith(
+        "predictor.protobuf_path: only a RealtimeAPI is served over gRPC (kind is BatchAPI)")
+    batched = api(predictor="{path: handler.py, protobuf_path: iris.proto, threads_per_process: 4, "
+                  "server_side_batching: {max_batch_size: 4, batch_interval: 0.1}}").replace("BatchAPI", "RealtimeAPI")
+    assert error_of(batched).endswith("predictor.server_side_batching: cannot be used with protobuf_path (a gRPC API "
+                                      "runs each call on its own)")
+
+
 # -- TrafficSplitter ---------------------------------------------------------------------------------
 SPLITTER = """\
 - name: iris

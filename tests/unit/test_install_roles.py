@@ -94,10 +94,11 @@ def test_each_extra_brings_its_role_and_all_brings_every_cpu_role():
     assert by_extra["s3"] == {"boto3"}
     assert by_extra["gcs"] == {"google-cloud-storage"}
     assert by_extra["kubernetes"] == {"lightkube"}
+    assert by_extra["grpc"] == {"grpcio", "grpcio-tools"}
     # `all` is Sluice itself with every CPU role's extra (one list of each role's packages).
     [itself] = extras["all"]
     assert canonicalize_name(itself.name) == "sluice"
-    assert itself.extras == {"server", "onnx", "tensorflow-cpu", "s3", "gcs", "kubernetes"}
+    assert itself.extras == {"server", "onnx", "tensorflow-cpu", "s3", "gcs", "kubernetes", "grpc"}
     everything = set().union(*by_extra.values())
     assert not everything & {"pandas", "pysimdjson"}  # pyarrow writes CSV; orjson is the one JSON parser
 

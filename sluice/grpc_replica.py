@@ -1,0 +1,289 @@
+"""One gRPC realtime replica process: the project's own service, as Cortex v0.32-v0.35 served an API
+whose `predictor.protobuf_path` names a `.proto` file.
+
+    python -m sluice.grpc_replica HOST:PORT [--unix PATH]
+
+It is told what to serve as an HTTP replica is (the `SLUICE_REPLICA_*` variables, `ReplicaSettings`).
+At start it compiles the project's `.proto` with grpcio-tools into its state folder, imports the
+two generated modules (`<stem>_pb2`, `<stem>_pb2_grpc`: importable by those names, as on Cortex,
+so the predictor may import them too) and builds the predictor with them offered to `__init__`
+as `proto_module_pb2` and `module_proto_pb2` (Cortex's example and Cortex's documentation spelled
+it each way), beside `config` and the model client.
+
+The `.proto` holds one service (Cortex's rule); each of its RPCs calls the predictor's method of
+the same name with what it declares of `payload` (the request message) and `context` (gRPC's).
+A method of a server-streaming RPC yields its messages. What the method raises ends the call with
+`INTERNAL` and the exception's type and message (logged with its traceback); until the predictor
+is built, or when it failed to build, every call ends `UNAVAILABLE` saying why, as an HTTP
+replica answers 503. The readiness markers are an HTTP replica's, so the launcher and the proxy
+judge both alike. The server runs `threads_per_process` calls at once; SIGTERM stops it, letting
+calls in progress finish within the graceful time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from api.realtime import ReplicaSettings, new_request_id, preload_models
+from foundation import figure_sink as process_figures
+from foundation.errors import ConfigError, SluiceError
+from foundation.figures import RealtimeFigures, Recorder
+from foundation.json_logs import configure_json_logging, labelled
+from foundation.log_streams import install_api_log_handler
+from foundation.printed_lines import print_to_log
+from foundation.replica_directory import ReadinessMarkers
+from predictors_runtime.config import ApiConfig
+from predictors_runtime.extras import needs_extra
+from predictors_runtime.loader import call_with_declared, error_text, one_line
+
+log = logging.getLogger("sluice.grpc_replica")
+
+# The names Cortex offered the generated messages module under.
+PROTO_MODULE_ARGUMENTS = ("proto_module_pb2", "module_proto_pb2")
+GENERATED_FOLDER = "grpc-generated"
+REQUEST_ID_METADATA = "x-request-id"
+
+
+class ProtoError(ConfigError):
+    """The project's .proto cannot be served: it does not compile, or holds no single service."""
+
+
+@dataclass(frozen=True)
+class Service:
+    """The one service of a compiled .proto."""
+
+    full_name: str                                  # package.Service: the RPC paths' prefix
+    methods: tuple[str, ...]                         # its RPCs, by name
+    servicer: type                                   # the generated <Service>Servicer base class
+    add_to_server: Callable[[Any, Any], None]        # the generated add_<Service>Servicer_to_server
+    messages: ModuleType                             # <stem>_pb2
+
+
+def compile_proto(project_dir: Path, protobuf_path: str, out_dir: Path) -> tuple[ModuleType, ModuleType]:
+    """Compile the project's .proto into `out_dir` with grpcio-tools and import the two modules it
+    makes (`out_dir` goes first on the import path: the process serves this one API for life)."""
+    source = (project_dir / protobuf_path).resolve()
+    if not source.is_file():
+        raise ProtoError(f"predictor.protobuf_path: {protobuf_path} is not in the project folder")
+    with needs_extra("grpc", "gRPC realtime APIs"):
+        import grpc_tools
+
+    includes = Path(grpc_tools.__file__).resolve().parent / "_proto"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{source.parent}", f"-I{includes}",
+         f"--python_out={out_dir}", f"--grpc_python_out={out_dir}", source.name],
+        capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().replace(str(source.parent) + "/", "")
+        raise ProtoError(f"predictor.protobuf_path: {protobuf_path} does not compile: {said}")
+    if str(out_dir) not in sys.path:
+        sys.path.insert(0, str(out_dir))
+    stem = source.stem
+    importlib.invalidate_caches()
+    return importlib.import_module(f"{stem}_pb2"), importlib.import_module(f"{stem}_pb2_grpc")
+
+
+def service_of(messages: ModuleType, stubs: ModuleType, protobuf_path: str) -> Service:
+    """The .proto's one service, as the generated modules spell it."""
+    services = list(messages.DESCRIPTOR.services_by_name.values())
+    if len(services) != 1:
+        raise ProtoError(f"predictor.protobuf_path: {protobuf_path} must define exactly one service "
+                         f"(it defines {len(services)})")
+    [described] = services
+    servicer = getattr(stubs, f"{described.name}Servicer")
+    add_to_server = getattr(stubs, f"add_{described.name}Servicer_to_server")
+    return Service(full_name=described.full_name, methods=tuple(m.name for m in described.methods),
+                   servicer=servicer, add_to_server=add_to_server, messages=messages)
+
+
+class _Predictor:
+    """This process's predictor: building in the background, built, or failed to build."""
+
+    def __init__(self) -> None:
+        self.instance: Any = None
+        self.failure = ""
+
+    def not_ready(self) -> str:
+        if self.failure:
+            return f"building the predictor failed: {one_line(self.failure)}"
+        return "the predictor is still being built"
+
+
+def servicer_for(service: Service, predictor: _Predictor, api_name: str, meter: RealtimeFigures | None) -> Any:
+    """An instance of the generated servicer whose every RPC calls the predictor's method of that name."""
+    import grpc
+
+    def rpc(method_name: str) -> Callable[[Any, Any, Any], Any]:
+        def call(self: Any, request: Any, context: Any) -> Any:
+            started = time.perf_counter()
+            metadata = dict(context.invocation_metadata() or ())
+            request_id = str(metadata.get(REQUEST_ID_METADATA) or new_request_id())
+            context.set_trailing_metadata(((REQUEST_ID_METADATA, request_id),))
+            instance = predictor.instance
+            if instance is None:
+                _count(meter, 503, started)
+                context.abort(grpc.StatusCode.UNAVAILABLE, predictor.not_ready())
+            method: Callable[..., Any] | None = getattr(instance, method_name, None)
+            if method is None or not callable(method):
+                _count(meter, 501, started)
+                context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                              f"{type(instance).__name__} has no method {method_name} for the rpc of that name")
+                raise AssertionError("context.abort raises")
+            with labelled(api=api_name, request_id=request_id):
+                try:
+                    result = call_with_declared(method, {"payload": request, "context": context})
+                except Exception as e:  # noqa: BLE001 - the call's last boundary: the replica keeps serving
+                    _raised(context, meter, e, started)
+            if inspect.isgenerator(result):
+                return _streamed(result, context, meter, started, api_name, request_id)
+            _count(meter, 200, started)
+            return result
+        call.__name__ = method_name
+        return call
+
+    handler_class = type(f"{service.servicer.__name__}ForPredictor", (service.servicer,),
+                         {name: rpc(name) for name in service.methods})
+    return handler_class()
+
+
+class _Unavailable:
+    """Every call of a replica whose .proto cannot be served ends UNAVAILABLE, saying why."""
+
+    def __init__(self, predictor: _Predictor) -> None:
+        self._predictor = predictor
+
+    def service(self, handler_call_details: Any) -> Any:
+        import grpc
+
+        def refuse(request: Any, context: Any) -> Any:
+            context.abort(grpc.StatusCode.UNAVAILABLE, self._predictor.not_ready())
+
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+def _streamed(results: Iterator[Any], context: Any, meter: RealtimeFigures | None, started: float,
+              api_name: str, request_id: str) -> Iterator[Any]:
+    """A server-streaming method's messages; what it raises midway ends the call as a raise does."""
+    with labelled(api=api_name, request_id=request_id):
+        try:
+            yield from results
+        except Exception as e:  # noqa: BLE001 - as in a unary call
+            _raised(context, meter, e, started)
+    _count(meter, 200, started)
+
+
+def _raised(context: Any, meter: RealtimeFigures | None, e: Exception, started: float) -> None:
+    import grpc
+
+    log.error("predictor raised %s: %s", type(e).__name__, e, exc_info=e)
+    _count(meter, 500, started)
+    context.abort(grpc.StatusCode.INTERNAL, f"predictor_error: {type(e).__name__}: {e}")
+
+
+def _count(meter: RealtimeFigures | None, code: int, started: float) -> None:
+    if meter is not None:
+        meter.answered(code, time.perf_counter() - started)
+
+
+def build(settings: ReplicaSettings, api: ApiConfig, messages: ModuleType, predictor: _Predictor,
+          markers: ReadinessMarkers) -> None:
+    """Build the predictor with the messages module offered to `__init__`; mark this process ready,
+    or failed with the reason."""
+    from predictors_runtime.builder import build_predictor
+
+    with labelled(api=api.name, replica=settings.replica_id):
+        try:
+            init_args: dict[str, Any] = {"config": dict(api.predictor.config)}
+            init_args.update(dict.fromkeys(PROTO_MODULE_ARGUMENTS, messages))
+            built = build_predictor(
+                settings.project_dir, api, init_args,
+                model_cache_dir=Path(settings.sluice.cache_dir).expanduser() / "models" / api.name,
+                poll_interval_s=settings.sluice.model_poll_interval_s)
+            built.namespace.install()
+            preload_models(built.client, api)
+        except BaseException as e:  # noqa: BLE001 - whatever it was, the process keeps answering UNAVAILABLE
+            predictor.failure = e.message if isinstance(e, SluiceError) else error_text(e)
+            log.error("building the predictor failed: %s", predictor.failure)
+            markers.mark_failed(predictor.failure)
+            return
+        predictor.instance = built.instance
+        markers.mark_ready()
+        log.info("predictor built; this process is ready")
+
+
+def serve(bind: str, unix_socket: str | None = None, settings: ReplicaSettings | None = None,
+          stop: threading.Event | None = None) -> int:
+    """Serve until SIGTERM (or `stop`); the exit status."""
+    settings = settings or ReplicaSettings.from_env()
+    api = ApiConfig.from_dict(settings.api.spec)
+    configure_json_logging(api.predictor.log_level.upper())
+    print_to_log()
+    install_api_log_handler(settings.sluice, api.name, None)
+    recorder = Recorder.for_url(settings.sluice.redis_address).start()
+    process_figures.install(recorder)
+    meter = RealtimeFigures(recorder, api.name)
+    markers = ReadinessMarkers(settings.state_dir)
+    protobuf_path = api.predictor.protobuf_path
+    if not protobuf_path:
+        raise ConfigError(f"api {api.name} has no predictor.protobuf_path: it is served over HTTP")
+    with needs_extra("grpc", "gRPC realtime APIs"):
+        import grpc
+
+    predictor = _Predictor()
+    threads = api.predictor.threads_per_process
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sluice-rpc"),
+                         maximum_concurrent_rpcs=threads + (api.predictor.max_queue_length or 0) or None,
+                         options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)])
+    try:
+        messages, stubs = compile_proto(settings.project_dir, protobuf_path, settings.state_dir / GENERATED_FOLDER)
+        service = service_of(messages, stubs, protobuf_path)
+    except SluiceError as e:
+        # As an HTTP replica whose predictor failed to build: it stays, and every call is told why.
+        log.error("%s", e.message)
+        predictor.failure = e.message
+        markers.mark_failed(e.message)
+        server.add_generic_rpc_handlers((_Unavailable(predictor),))
+    else:
+        service.add_to_server(servicer_for(service, predictor, api.name, meter), server)
+        threading.Thread(target=build, args=(settings, api, service.messages, predictor, markers),
+                         name="sluice-build-predictor", daemon=True).start()
+        log.info("serving %s over gRPC on %s", service.full_name, bind)
+    server.add_insecure_port(bind)
+    if unix_socket:
+        server.add_insecure_port(f"unix:{unix_socket}")
+    server.start()
+    stop = stop or threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    grace = max(30.0, float(api.predictor.request_timeout or 0))
+    server.stop(grace).wait()
+    recorder.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sluice.grpc_replica", description=__doc__.split("\n")[0])
+    parser.add_argument("bind", help="HOST:PORT to serve on")
+    parser.add_argument("--unix", help="a Unix socket to serve on as well (for a proxy on this host)")
+    args = parser.parse_args(argv)
+    return serve(args.bind, args.unix)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
