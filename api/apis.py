@@ -24,6 +24,7 @@ from predictors_runtime.builder import resolve_model_paths
 from predictors_runtime.config import ApiConfig, Deployment, parse_deployment
 from predictors_runtime.environments import EnvironmentSpec, HostEnvironments, lock_environment, read_dependency_files
 from predictors_runtime.environments.lock import index_arguments
+from predictors_runtime.grpc_proto import check_proto, describe_proto, is_grpc
 from predictors_runtime.import_check import unprovided_imports
 from predictors_runtime.splitter_config import TrafficSplitterConfig
 from predictors_runtime.storage import split_uri
@@ -98,9 +99,6 @@ def deploy() -> ResponseReturnValue:
     for api in apis:
         if api.kind not in KINDS:
             raise ConfigError(f"{source}: api {api.name}: kind {api.kind} cannot be deployed by this version")
-        if api.predictor.protobuf_path is not None:  # sluice/grpc_replica.py serves it; launchers do not start it yet
-            raise ConfigError(f"{source}: api {api.name}: predictor.protobuf_path: gRPC realtime APIs cannot be "
-                              "deployed by this version yet")
     already = registry().all()
     check_splits(deployment, already, source)
     environments: dict[str, dict[str, Any]] = {}
@@ -113,6 +111,7 @@ def deploy() -> ResponseReturnValue:
                 raise ConfigError(f"{source}: api {api.name}: {api.code_section}.path: {api.predictor.path} "
                                   "is not in the project folder")
             _validate_models(api, Path(tmp), source)
+            _validate_proto(api, Path(tmp), source)
         compile_project(Path(tmp), source)
         warnings: dict[str, list[str]] = {}
         nearest_wheels = _flag("nearest_wheels")
@@ -122,8 +121,10 @@ def deploy() -> ResponseReturnValue:
             if locked is not None:
                 environments[api.name] = locked.to_dict()
             else:  # it runs in Sluice's own environment: what would it import that is not there?
+                generated = generated_modules(api.predictor.protobuf_path)
                 warnings[api.name] = [unprovided_warning(module) for module in
-                                      unprovided_imports(Path(tmp), api.predictor.path)]
+                                      unprovided_imports(Path(tmp), api.predictor.path)
+                                      if module.split(" ", 1)[0] not in generated]
     bundle = services().bundles.put(project)
     deployed = [registry().put(api, bundle, environment=environments.get(api.name)) for api in apis]
     # After the APIs they name, so that no proxy routes a splitter to an API not yet registered.
@@ -143,27 +144,57 @@ def deploy() -> ResponseReturnValue:
     return ApiList.model_validate({"apis": answered}).response(201)
 
 
+def _validate_proto(api: ApiConfig, project_dir: Path, source: str) -> None:
+    """A gRPC API's .proto compiles, holds one service, and is in the package named after the API
+    (Cortex's rules), or the deploy is refused naming what is wrong."""
+    protobuf_path = api.predictor.protobuf_path
+    if protobuf_path is None:
+        return
+    with tempfile.TemporaryDirectory(prefix="sluice-proto-") as scratch:
+        try:
+            check_proto(describe_proto(project_dir, protobuf_path, Path(scratch)), api.name, protobuf_path)
+        except ConfigError as e:  # the .proto's own error, or the grpc extra missing on this server
+            raise ConfigError(f"{source}: api {api.name}: {e.message}") from e
+
+
+def generated_modules(protobuf_path: str | None) -> set[str]:
+    """The modules a replica generates from a gRPC API's .proto (its predictor may import them)."""
+    if protobuf_path is None:
+        return set()
+    stem = Path(protobuf_path).stem
+    return {f"{stem}_pb2", f"{stem}_pb2_grpc"}
+
+
 def check_splits(deployment: Deployment, deployed: list[DeployedApi], source: str) -> None:
     """Refuse a TrafficSplitter naming anything but a RealtimeAPI of this file or one deployed (as
     Cortex did), and a deploy that would turn an API a deployed splitter names into another kind."""
     redeployed: dict[str, str] = {api.name: api.kind for api in deployment.apis}
     redeployed.update((splitter.name, splitter.kind) for splitter in deployment.splitters)
     kinds = {**{api.name: api.kind for api in deployed}, **redeployed}
-    realtime = {name for name, kind in kinds.items() if kind == ApiKind.REALTIME}
+    grpc = {api.name for api in deployed if api.kind == ApiKind.REALTIME and is_grpc(api.spec)}
+    grpc = (grpc - redeployed.keys()) | {api.name for api in deployment.apis if api.predictor.protobuf_path}
+    realtime = {name for name, kind in kinds.items() if kind == ApiKind.REALTIME} - grpc
     for splitter in deployment.splitters:
         for index, target in enumerate(splitter.apis):
             if target.name in realtime:
                 continue
             where = f"{source}: api {splitter.name}: apis[{index}].name"
+            if target.name in grpc:
+                raise ConfigError(f"{where}: {target.name} is served over gRPC; a TrafficSplitter shares only HTTP "
+                                  "requests (as on Cortex)")
             if target.name in kinds:
                 raise ConfigError(f"{where}: {target.name} is a {kinds[target.name]}; a TrafficSplitter shares "
                                   "requests only among RealtimeAPIs")
             raise ConfigError(f"{where}: {target.name} is not a deployed RealtimeAPI and not one of this file"
                               + did_you_mean(target.name, realtime))
+    turned_grpc = {api.name for api in deployment.apis if api.predictor.protobuf_path}
     for other in deployed:
         if other.kind != ApiKind.TRAFFIC_SPLITTER or other.name in redeployed:
             continue
         for name in TrafficSplitterConfig.from_dict(other.spec).api_names:
+            if name in turned_grpc:
+                raise ConfigError(f"{source}: api {name}: TrafficSplitter {other.name} shares HTTP requests with it, "
+                                  f"so it cannot be served over gRPC (deploy {other.name} without it first)")
             if redeployed.get(name, ApiKind.REALTIME) != ApiKind.REALTIME:
                 raise ConfigError(f"{source}: api {name}: TrafficSplitter {other.name} shares requests with it, "
                                   f"so it must stay a RealtimeAPI (deploy {other.name} without it first)")

@@ -24,12 +24,15 @@ from foundation import figure_sink as figures
 from foundation.api_kinds import ApiKind
 from foundation.errors import ApiNotFound
 from foundation.figures import REALTIME_REJECTED, REALTIME_REQUESTS
+from foundation.proxy_registry import RedisProxyRegistry, routed_everywhere
+from foundation.replica_directory import ReplicaRecord
 from predictors_runtime.config_base import RESERVED_NAMES
+from predictors_runtime.grpc_proto import grpc_path_prefix, is_grpc
 from predictors_runtime.loader import one_line
 
 from . import async_api, auth, batch, tasks
 from .context import replica_directory, routed_api, services
-from .schemas import RealtimeError
+from .schemas import Readiness, RealtimeError
 
 blueprint = Blueprint("fallback", __name__)
 
@@ -56,6 +59,24 @@ def _answer(status: int, kind: str, message: str, request_id: str | None = None)
 
 # What `/<name>` of a realtime API answers (its replicas serve these two).
 REALTIME_METHODS = ("GET", "POST")
+
+
+def _grpc_api_path(name: str, replicas: list[ReplicaRecord], request_id: str) -> Response | None:
+    """`/<name>` of a gRPC API, whose calls are routed by their gRPC paths (`/<package>.<Service>/<Method>`):
+    a POST is refused saying so, and a GET says it is ready (for `sluice get` and the client), as an
+    HTTP API's replicas do. None: not ready, for the caller to say why."""
+    if request.method == "POST":
+        return _answer(400, "bad_request", f"api {name} is served over gRPC: call its service at this address with "
+                       f"a gRPC client (its methods are at {grpc_path_prefix(name)}<Service>/<Method>)", request_id)
+    # Ready once a ready replica is what every proxy routes its calls to (an HTTP API's readiness
+    # comes from a replica through the proxy, so it cannot be told before the proxy routes it).
+    ready = [r.replica_id for r in replicas if r.ready and not r.draining]
+    proxies = RedisProxyRegistry(services().redis).live(time.time())
+    if any(routed_everywhere(proxies, {replica_id}) for replica_id in ready):
+        return Readiness(ready=True, models=[]).response()
+    if ready:
+        return _answer(503, "not_ready", f"api {name} has a ready replica that no proxy routes yet", request_id)
+    return None
 
 
 @blueprint.route("/<unreserved:api_name>", methods=["GET", "POST", "DELETE"])
@@ -93,6 +114,10 @@ def unrouted_api(api_name: str) -> Response:
         raise MethodNotAllowed(valid_methods=list(REALTIME_METHODS))
     request_id = request.headers.get("X-Request-ID") or uuid.uuid4().hex
     replicas = replica_directory().live(time.time(), name)
+    if is_grpc(api.spec):
+        answered = _grpc_api_path(name, replicas, request_id)
+        if answered is not None:
+            return answered
     reasons = [r.message for r in replicas if r.message and not r.ready]
     if not replicas:
         message = f"api {name} has no replica running yet"

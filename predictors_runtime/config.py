@@ -423,6 +423,11 @@ class ApiConfig(_Model):
         if self.predictor.server_side_batching is not None:
             raise _Problem("predictor.server_side_batching", "cannot be used with protobuf_path (a gRPC API runs "
                            "each call on its own)")
+        if self.predictor.processes_per_replica > 1:
+            # The proxy carries its calls to a replica as streams of one HTTP/2 connection, which one
+            # process accepts: a second process would sit idle.
+            raise _Problem("predictor.processes_per_replica", "a gRPC replica serves from one process: with "
+                           "protobuf_path, raise threads_per_process instead")
         return self
 
     @model_validator(mode="after")

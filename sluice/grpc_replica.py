@@ -23,17 +23,14 @@ calls in progress finish within the graceful time.
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import logging
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -48,6 +45,7 @@ from foundation.printed_lines import print_to_log
 from foundation.replica_directory import ReadinessMarkers
 from predictors_runtime.config import ApiConfig
 from predictors_runtime.extras import needs_extra
+from predictors_runtime.grpc_proto import Service, compile_proto, service_of
 from predictors_runtime.loader import call_with_declared, error_text, one_line
 
 log = logging.getLogger("sluice.grpc_replica")
@@ -56,59 +54,6 @@ log = logging.getLogger("sluice.grpc_replica")
 PROTO_MODULE_ARGUMENTS = ("proto_module_pb2", "module_proto_pb2")
 GENERATED_FOLDER = "grpc-generated"
 REQUEST_ID_METADATA = "x-request-id"
-
-
-class ProtoError(ConfigError):
-    """The project's .proto cannot be served: it does not compile, or holds no single service."""
-
-
-@dataclass(frozen=True)
-class Service:
-    """The one service of a compiled .proto."""
-
-    full_name: str                                  # package.Service: the RPC paths' prefix
-    methods: tuple[str, ...]                         # its RPCs, by name
-    servicer: type                                   # the generated <Service>Servicer base class
-    add_to_server: Callable[[Any, Any], None]        # the generated add_<Service>Servicer_to_server
-    messages: ModuleType                             # <stem>_pb2
-
-
-def compile_proto(project_dir: Path, protobuf_path: str, out_dir: Path) -> tuple[ModuleType, ModuleType]:
-    """Compile the project's .proto into `out_dir` with grpcio-tools and import the two modules it
-    makes (`out_dir` goes first on the import path: the process serves this one API for life)."""
-    source = (project_dir / protobuf_path).resolve()
-    if not source.is_file():
-        raise ProtoError(f"predictor.protobuf_path: {protobuf_path} is not in the project folder")
-    with needs_extra("grpc", "gRPC realtime APIs"):
-        import grpc_tools
-
-    includes = Path(grpc_tools.__file__).resolve().parent / "_proto"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{source.parent}", f"-I{includes}",
-         f"--python_out={out_dir}", f"--grpc_python_out={out_dir}", source.name],
-        capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        said = (done.stderr or done.stdout).strip().replace(str(source.parent) + "/", "")
-        raise ProtoError(f"predictor.protobuf_path: {protobuf_path} does not compile: {said}")
-    if str(out_dir) not in sys.path:
-        sys.path.insert(0, str(out_dir))
-    stem = source.stem
-    importlib.invalidate_caches()
-    return importlib.import_module(f"{stem}_pb2"), importlib.import_module(f"{stem}_pb2_grpc")
-
-
-def service_of(messages: ModuleType, stubs: ModuleType, protobuf_path: str) -> Service:
-    """The .proto's one service, as the generated modules spell it."""
-    services = list(messages.DESCRIPTOR.services_by_name.values())
-    if len(services) != 1:
-        raise ProtoError(f"predictor.protobuf_path: {protobuf_path} must define exactly one service "
-                         f"(it defines {len(services)})")
-    [described] = services
-    servicer = getattr(stubs, f"{described.name}Servicer")
-    add_to_server = getattr(stubs, f"add_{described.name}Servicer_to_server")
-    return Service(full_name=described.full_name, methods=tuple(m.name for m in described.methods),
-                   servicer=servicer, add_to_server=add_to_server, messages=messages)
 
 
 class _Predictor:

@@ -37,6 +37,7 @@ from foundation.api_registry import DeployedApi
 from foundation.errors import ConfigError
 from foundation.replica_directory import ReplicaRecord
 from predictors_runtime.config import ApiConfig
+from predictors_runtime.grpc_proto import grpc_path_prefix
 from predictors_runtime.splitter_config import WEIGHT_TOTAL, TrafficSplitterConfig
 
 from .proxy_rejections import REASON_INDEX, TABLE
@@ -86,6 +87,8 @@ class Route:
     concurrency: int                  # per replica (haproxy server maxconn)
     queue_length: int                 # per routed replica
     request_timeout_s: float | None
+    # A gRPC API: its calls are routed by this path prefix (`/<package>.`) over HTTP/2.
+    grpc_prefix: str | None = None
 
     @property
     def backend(self) -> str:
@@ -220,6 +223,7 @@ def plan_routes(apis: Iterable[DeployedApi], replicas: Iterable[ReplicaRecord],
             concurrency=config.predictor.replica_concurrency,
             queue_length=config.replica_queue_length,
             request_timeout_s=config.predictor.request_timeout,
+            grpc_prefix=grpc_path_prefix(api.name) if config.predictor.protobuf_path else None,
         ))
     return routes
 
@@ -331,7 +335,10 @@ def _frontend(routes: Sequence[Route], bind: str, port: int, splits: Sequence[Sp
     for split in splits:
         lines += _split_rules(split, bind, port)
     for route in routes:
-        lines.append(f"    use_backend {route.backend} if {{ path /{route.api} /{route.api}/ }}")
+        if route.grpc_prefix is not None:  # an h2c client is detected by its preface on the same bind
+            lines.append(f"    use_backend {route.backend} if {{ path_beg {route.grpc_prefix} }}")
+        else:
+            lines.append(f"    use_backend {route.backend} if {{ path /{route.api} /{route.api}/ }}")
     lines.append("    default_backend management")
     return lines
 
@@ -347,16 +354,32 @@ def _management_backend(management: str) -> list[str]:
     ]
 
 
-def _key_check(keys_file: str) -> list[str]:
+# gRPC status codes of the proxy's own answers to a gRPC API's calls (grpc/doc/statuscodes.md).
+GRPC_UNAVAILABLE = 14
+GRPC_UNAUTHENTICATED = 16
+
+
+def _refusal(route: Route, status: int, kind: str, message: str, headers: str = "") -> str:
+    """An `http-request return` answering the proxy's own refusal: JSON with `status` to an HTTP
+    client; to a gRPC API's caller, gRPC's "trailers-only" answer (HTTP 200, `grpc-status`)."""
+    if route.grpc_prefix is None:
+        return (f"    http-request return status {status} content-type application/json lf-string "
+                + _json_body(kind, message) + f"{headers} hdr X-Sluice-Error {kind}")
+    code = GRPC_UNAUTHENTICATED if status == 401 else GRPC_UNAVAILABLE
+    return (f"    http-request return status 200 content-type application/grpc hdr grpc-status {code} "
+            f"hdr grpc-message {_quoted(_literal(message))} hdr X-Sluice-Error {kind}")
+
+
+def _key_check(route: Route, keys_file: str) -> list[str]:
     """A realtime backend's key check: the `Authorization` value must be one of the file's lines.
 
     haproxy matches plain strings (a tree lookup), not in constant time as the management API's
     `hmac.compare_digest` does; the key is removed before the request reaches the predictor's code.
+    A gRPC caller sends it as `authorization` metadata, which is the same header.
     """
     return [
-        "    http-request return status 401 content-type application/json lf-string "
-        + _json_body("unauthorized", "this API needs an API key: send Authorization: Bearer KEY")
-        + " hdr WWW-Authenticate Bearer hdr X-Sluice-Error unauthorized"
+        _refusal(route, 401, "unauthorized", "this API needs an API key: send Authorization: Bearer KEY",
+                 " hdr WWW-Authenticate Bearer")
         + f" unless {{ req.fhdr(authorization) -m str -f {_quoted(keys_file)} }}",
         "    http-request del-header Authorization",
     ]
@@ -380,19 +403,16 @@ def _realtime_backend(route: Route, keys_file: str | None = None) -> list[str]:
         # proxy gives itself (the reason rides in X-Sluice-Error; see sluice/proxy_rejections.py).
         f"    http-request track-sc0 str({name}) table {TABLE}",
         # With protection on, a caller without a key learns nothing else (not even readiness).
-        *(_key_check(keys_file) if keys_file else []),
+        *(_key_check(route, keys_file) if keys_file else []),
         # Every server unusable (an address that does not resolve, one disabled by hand): say so
         # at once. Not `nbsrv eq 0`: an old worker finishing its keep-alive connections after a
         # reload counts no server at all in its stopped backends.
-        "    http-request return status 503 content-type application/json lf-string "
-        + _json_body("not_ready", _literal(f"no replica of {name} is ready"))
-        + " hdr X-Sluice-Error not_ready if "
+        _refusal(route, 503, "not_ready", _literal(f"no replica of {name} is ready")) + " if "
         + " ".join(f"!{{ srv_is_up({route.backend}/{s.name}) }}" for s in route.servers),
         # Every replica busy and the queue full: refuse at once; the client may retry shortly.
-        "    http-request return status 503 content-type application/json lf-string "
-        + _json_body("overloaded", _literal(f"{name} is at capacity: every replica is busy and its queue is full"))
-        + f" hdr Retry-After 1 hdr X-Sluice-Error overloaded if {{ queue() ge {route.queue_limit} }} "
-        "{ be_conn_free eq 0 }",
+        _refusal(route, 503, "overloaded", _literal(f"{name} is at capacity: every replica is busy and its queue "
+                                                    "is full"), " hdr Retry-After 1")
+        + f" if {{ queue() ge {route.queue_limit} }} {{ be_conn_free eq 0 }}",
         f"    http-request set-var(txn.deadline_ms) date(0,ms),add({math.ceil(route.queue_timeout_s * 1000)})",
     ]
     if route.request_timeout_s is not None:
@@ -411,8 +431,9 @@ def _realtime_backend(route: Route, keys_file: str | None = None) -> list[str]:
         + _json_body("bad_gateway", _literal(f"a replica of {name} closed the connection or sent an invalid answer"))
         + " hdr X-Sluice-Error bad_gateway",
     ]
+    proto = " proto h2" if route.grpc_prefix is not None else ""
     for server in route.servers:
-        lines.append(f"    server {server.name} {server.address} maxconn {route.concurrency}")
+        lines.append(f"    server {server.name} {server.address} maxconn {route.concurrency}{proto}")
     return lines
 
 

@@ -53,7 +53,7 @@ from predictors_runtime.project import BundleLimits
 from .local_socket import host_identity, remove_stale, socket_path_for
 from .replica_environment import RETRY_AFTER_S as ENVIRONMENT_RETRY_S
 from .replica_environment import BackgroundBuild
-from .replica_process import graceful_timeout_s, gunicorn_argv, replica_env, signal_group, spawn_gunicorn
+from .replica_process import graceful_timeout_s, replica_argv, replica_env, signal_group, spawn_gunicorn
 
 log = logging.getLogger("sluice.serve")
 
@@ -364,7 +364,7 @@ class ReplicaLauncher:
         )
         unix_socket = socket_path_for(replica_id)
         config = ApiConfig.from_dict(api.spec)
-        argv = gunicorn_argv(config.predictor, f"{self.host}:{port}", unix_socket=unix_socket)
+        argv = replica_argv(config.predictor, f"{self.host}:{port}", unix_socket=unix_socket)
         gen = Generation(replica_id, api, port, project_dir, state_dir, env, argv, unix_socket=unix_socket or "")
         if api.environment:
             gen.environment = BackgroundBuild(self._environments, api.environment, project_dir, config)
@@ -420,8 +420,9 @@ class ReplicaLauncher:
         # Workers orphaned by a dead arbiter would keep the port (a sync worker notices late).
         signal_group(gen.process, signal.SIGKILL)
         gen.restarts += 1
-        gen.message, gen.failing = f"gunicorn exited with status {code}; restarting", True
-        log.error("%s: gunicorn exited with status %s; restarting in %.1f s", gen.replica_id, code, delay)
+        server = "the gRPC server" if gen.argv[1:3] == ["-m", "sluice.grpc_replica"] else "gunicorn"
+        gen.message, gen.failing = f"{server} exited with status {code}; restarting", True
+        log.error("%s: %s exited with status %s; restarting in %.1f s", gen.replica_id, server, code, delay)
         gen.process = None
         gen.restart_at = now + delay
         if delay == 0:

@@ -89,6 +89,15 @@ def gunicorn_argv(predictor: PredictorConfig, bind: str, python: str = sys.execu
     return argv
 
 
+def replica_argv(predictor: PredictorConfig, bind: str, python: str = sys.executable,
+                 unix_socket: str | None = None) -> list[str]:
+    """The command of one replica: gunicorn serving HTTP, or for a gRPC API (`protobuf_path`) the
+    gRPC replica (sluice/grpc_replica.py) on the same addresses."""
+    if predictor.protobuf_path is None:
+        return gunicorn_argv(predictor, bind, python, unix_socket)
+    return [python, "-m", "sluice.grpc_replica", bind, *(["--unix", unix_socket] if unix_socket else [])]
+
+
 def replica_env(
     base: Mapping[str, str], project_dir: Path, api: DeployedApi, *, spec_path: Path, markers_dir: Path,
     replica_id: str, api_url: str,

@@ -121,3 +121,9 @@ def split_line(spec: dict[str, Any]) -> str:
     shared = [f"{a['weight']}% {a['name']}" for a in spec.get("apis", []) if not a.get("shadow")]
     shadow = [f"; copies {a['weight']}% to {a['name']}" for a in spec.get("apis", []) if a.get("shadow")]
     return ", ".join(shared) + "".join(shadow)
+
+
+def grpc_package_of(api: dict[str, Any]) -> str:
+    """The package of a gRPC API's service (its name with - spelled _, as on Cortex); "" for any other."""
+    predictor = (api.get("spec") or {}).get("predictor") or {}
+    return str(api["name"]).replace("-", "_") if predictor.get("protobuf_path") else ""

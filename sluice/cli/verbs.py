@@ -22,6 +22,7 @@ from .base import Failure, client_of, main, one_line, output_option
 from .render import (
     ago,
     duration_text,
+    grpc_package_of,
     job_duration,
     print_json,
     print_table,
@@ -57,6 +58,8 @@ def deploy(ctx: click.Context, config: Path, no_wait: bool, nearest_wheels: bool
             click.echo(f"deployed {api['name']} (TrafficSplitter, at /{api['name']}: {split_line(api['spec'])})")
             continue
         where = f"at /{api['name']}" if api["kind"] == ApiKind.REALTIME else f"queue {api['queue']}"
+        if grpc_package_of(api):
+            where = f"over gRPC, its methods at /{grpc_package_of(api)}.<Service>/<Method>"
         click.echo(f"deployed {api['name']} ({api['kind']}, {where}, bundle {api['bundle'][:12]})")
         if api.get("environment"):
             click.echo(f"  {environment_line(api['environment'])} (locked in {time.monotonic() - started:.1f} s)")
@@ -167,36 +170,12 @@ def _get_all(client: Client, output: str) -> None:
 
 
 def _get_api(client: Client, name: str, output: str) -> None:
-    from ..client import ClientError
     from .environments import environment_line
 
     now = time.time()
     api = client.api(name)
     if api["kind"] == ApiKind.REALTIME:
-        ready, wanted = replica_counts(api)
-        try:
-            readiness: dict[str, Any] = client.readiness(name)
-        except ClientError as e:
-            readiness = {"ready": False, "kind": e.kind, "message": e.server_message}
-        view = {**api, "url": f"{client.url}/{name}", "status": realtime_status(api),
-                "replicas_ready": ready, "replicas_wanted": wanted, "readiness": readiness}
-        if output == "json":
-            print_json(view)
-            return
-        click.echo(f"{name}  RealtimeAPI  {view['status']}  deployed {ago(api['deployed_at'], now)}")
-        click.echo(f"endpoint: {view['url']}")
-        click.echo(environment_line(api.get("environment")))
-        click.echo(f"replicas: {ready}/{wanted} ready")
-        _echo_realtime_scaling(api.get("scaling"))
-        for replica in api.get("replicas", []):
-            state = "draining" if replica["draining"] else "ready" if replica["ready"] else "starting"
-            note = f"  {one_line(replica['message'])}" if replica.get("message") else ""
-            click.echo(f"  {replica['id']}  {replica['address']}  {state}  bundle {replica['bundle'][:12]}{note}")
-        models = readiness.get("models")
-        if models:
-            print_table("models", ["model", "versions"], [[str(m), _versions(v)] for m, v in _model_items(models)])
-        elif not readiness.get("ready"):
-            click.echo(f"not ready: {one_line(readiness.get('message') or '')}")
+        _show_realtime(client, api, output, now)
         return
     if api["kind"] == ApiKind.TRAFFIC_SPLITTER:
         _show_splitter(api, output, now)
@@ -240,6 +219,42 @@ def _get_api(client: Client, name: str, output: str) -> None:
          duration_text(job_duration(job, now))]
         for job in jobs
     ])
+
+
+def _show_realtime(client: Client, api: dict[str, Any], output: str, now: float) -> None:
+    """A RealtimeAPI: its endpoint, replicas, scaling and the models its replicas hold."""
+    from ..client import ClientError
+    from .environments import environment_line
+
+    name = api["name"]
+    ready, wanted = replica_counts(api)
+    try:
+        readiness: dict[str, Any] = client.readiness(name)
+    except ClientError as e:
+        readiness = {"ready": False, "kind": e.kind, "message": e.server_message}
+    view = {**api, "url": f"{client.url}/{name}", "status": realtime_status(api),
+            "replicas_ready": ready, "replicas_wanted": wanted, "readiness": readiness}
+    if output == "json":
+        print_json(view)
+        return
+    click.echo(f"{name}  RealtimeAPI  {view['status']}  deployed {ago(api['deployed_at'], now)}")
+    click.echo(f"endpoint: {view['url']}")
+    if grpc_package_of(api):
+        host = client.url.split("://", 1)[-1].rstrip("/")
+        click.echo(f"gRPC: {host}, methods at /{grpc_package_of(api)}.<Service>/<Method> (protobuf "
+                   f"{api['spec']['predictor']['protobuf_path']})")
+    click.echo(environment_line(api.get("environment")))
+    click.echo(f"replicas: {ready}/{wanted} ready")
+    _echo_realtime_scaling(api.get("scaling"))
+    for replica in api.get("replicas", []):
+        state = "draining" if replica["draining"] else "ready" if replica["ready"] else "starting"
+        note = f"  {one_line(replica['message'])}" if replica.get("message") else ""
+        click.echo(f"  {replica['id']}  {replica['address']}  {state}  bundle {replica['bundle'][:12]}{note}")
+    models = readiness.get("models")
+    if models:
+        print_table("models", ["model", "versions"], [[str(m), _versions(v)] for m, v in _model_items(models)])
+    elif not readiness.get("ready"):
+        click.echo(f"not ready: {one_line(readiness.get('message') or '')}")
 
 
 def _show_splitter(api: dict[str, Any], output: str, now: float) -> None:

@@ -123,18 +123,6 @@ def test_a_predictor_path_missing_from_the_project_is_refused(client, tmp_path):
     assert "nowhere.py" in refused.value.server_message
 
 
-def test_a_grpc_realtime_api_is_refused_at_deploy_naming_the_field_until_launchers_serve_it(client, tmp_path):
-    (tmp_path / "handler.py").write_text("class Handler:\n    pass\n")
-    (tmp_path / "iris.proto").write_text('syntax = "proto3";\n')
-    (tmp_path / "cortex.yaml").write_text("- name: iris-grpc\n  kind: RealtimeAPI\n  handler:\n    path: handler.py\n"
-                                          "    protobuf_path: iris.proto\n")
-    with pytest.raises(ClientError) as refused:
-        client.deploy(tmp_path / "cortex.yaml")
-    assert refused.value.http_status == 400
-    assert "api iris-grpc: predictor.protobuf_path: gRPC realtime APIs cannot be deployed by this version yet" in \
-        refused.value.server_message
-
-
 def test_a_deploy_without_its_files_is_a_clear_400(stack):
     response = requests.post(f"{stack.url}/apis", timeout=30)
 

@@ -76,3 +76,60 @@ def test_a_protected_realtime_api_answers_401_without_the_key_and_serves_with_it
         assert tagged(backends["r1"], refused_tag) == []  # refused at the proxy, never run
     finally:
         launchers.close()
+
+
+def test_a_protected_grpc_api_refuses_a_call_without_the_key_and_says_not_ready_in_grpc_terms(
+        protected_proxy, redis_client, tmp_path):
+    """The proxy's own answers to a gRPC caller are gRPC answers: UNAUTHENTICATED, UNAVAILABLE."""
+    import grpc
+
+    from tests.integration.test_grpc_replica import IRIS_HANDLER, IRIS_PROTO, GrpcReplica, stubs_of
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "iris_classifier.proto").write_text(IRIS_PROTO)
+    (project / "handler.py").write_text(IRIS_HANDLER)
+    spec = {"name": "iris-classifier", "kind": "RealtimeAPI", "predictor": {
+        "path": "handler.py", "protobuf_path": "iris_classifier.proto",
+        "config": {"labels": ["setosa", "versicolor", "virginica"]}}}
+    RedisApiRegistry(redis_client).put(ApiConfig.from_dict(spec), "b1")
+    replica = GrpcReplica(tmp_path, project, spec)
+    messages, stubs = stubs_of(project / "iris_classifier.proto", tmp_path / "client")
+    launchers = Launchers(redis_client)
+    channel = grpc.insecure_channel(protected_proxy.url.split("://", 1)[1])
+    try:
+        launchers.add("iris-1", "iris-classifier", f"127.0.0.1:{replica.port}")
+        protected_proxy.settle_on("iris-1")
+        stub = stubs.HandlerStub(channel)
+        sample = messages.Sample(petal_length=1.4)
+
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Predict(sample, metadata=(("authorization", "Bearer wrong"),), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert refused.value.details() == "this API needs an API key: send Authorization: Bearer KEY"
+
+        keyed = (("authorization", f"Bearer {KEY}"),)
+        wait_for(lambda: _answers(stub, sample, keyed), 60, "the replica to build its predictor")
+        assert stub.Predict(sample, metadata=keyed, timeout=30).classification == "setosa"
+
+        protected_proxy.controller.haproxy.command("@1 disable server rt_iris-classifier/iris-1")
+        with pytest.raises(grpc.RpcError) as unavailable:
+            stub.Predict(sample, metadata=keyed, timeout=30)
+        assert unavailable.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert unavailable.value.details() == "no replica of iris-classifier is ready"
+    finally:
+        channel.close()
+        launchers.close()
+        replica.stop()
+
+
+def _answers(stub, sample, metadata) -> bool:
+    import grpc
+
+    try:
+        stub.Predict(sample, metadata=metadata, timeout=30)
+        return True
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.UNAVAILABLE:
+            raise
+        return False

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import redis
 import requests
@@ -437,6 +438,76 @@ def test_a_cortex_traffic_splitter_shares_requests_30_70_and_get_shows_what_each
         assert f"apis[1].name: iris-xgb-{tag} is not a deployed RealtimeAPI" in refused.value.server_message
     finally:
         delete_apis(rt_client, [iris, onnx, tf])
+
+
+def test_a_cortex_grpc_api_is_called_through_the_public_address_with_the_projects_own_stubs(
+        rt_stack, rt_client, tmp_path):
+    from tests.integration.test_grpc_replica import IRIS_HANDLER, IRIS_PROTO, stubs_of
+
+    name = "iris-classifier"  # the package in its .proto is the name with - spelled _, as on Cortex
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "iris_classifier.proto").write_text(IRIS_PROTO)
+    (project / "handler.py").write_text(IRIS_HANDLER)
+    api = {"name": name, "kind": "RealtimeAPI", "handler": {
+        "type": "python", "path": "handler.py", "protobuf_path": "iris_classifier.proto", "threads_per_process": 4,
+        "config": {"labels": ["setosa", "versicolor", "virginica"]}}}
+    (project / "cortex.yaml").write_text(yaml.safe_dump([api], sort_keys=False))
+    messages, stubs = stubs_of(project / "iris_classifier.proto", tmp_path / "client")
+    try:
+        [deployed] = rt_client.deploy(project / "cortex.yaml")
+        assert "warnings" not in deployed  # the generated iris_classifier_pb2 is not a missing package
+        rt_client.wait_ready(name, timeout=120)
+        channel = grpc.insecure_channel(rt_stack.url.split("://", 1)[1])
+        try:
+            stub = stubs.HandlerStub(channel)
+            sample = messages.Sample(sepal_length=5.2, sepal_width=3.6, petal_length=1.4, petal_width=0.3)
+            answer, call = stub.Predict.with_call(sample, timeout=30)
+            assert answer.classification == "setosa"
+            assert len(dict(call.initial_metadata())["x-request-id"]) == 36  # made by the proxy, as for HTTP
+            assert [n.value for n in stub.Count(messages.Upto(n=3), timeout=30)] == [1, 2, 3]
+            with pytest.raises(grpc.RpcError) as failed:
+                stub.Explain(sample, timeout=30)
+            assert failed.value.code() == grpc.StatusCode.INTERNAL
+        finally:
+            channel.close()
+        # Its own path says it is ready (for sluice get and the client); a JSON body there is refused.
+        assert requests.get(f"{rt_stack.url}/{name}", timeout=30).json() == {"ready": True, "models": []}
+        refused = requests.post(f"{rt_stack.url}/{name}", json={}, timeout=30)
+        assert refused.status_code == 400 and "served over gRPC" in refused.json()["message"]
+        shown = _cli(rt_stack.url, "get", name)
+        assert "methods at /iris_classifier.<Service>/<Method>" in shown.stdout, shown.stdout + shown.stderr
+
+        # A TrafficSplitter shares HTTP requests only, as on Cortex.
+        splitter = {"name": "iris-split", "kind": "TrafficSplitter", "apis": [{"name": name, "weight": 100}]}
+        (project / "cortex.yaml").write_text(yaml.safe_dump([splitter], sort_keys=False))
+        with pytest.raises(ClientError) as split:
+            rt_client.deploy(project / "cortex.yaml")
+        assert f"{name} is served over gRPC; a TrafficSplitter shares only HTTP requests" in \
+            split.value.server_message
+    finally:
+        delete_apis(rt_client, [name])
+
+
+def test_a_grpc_proto_that_breaks_cortexs_rules_is_refused_at_deploy_naming_the_rule(rt_client, tmp_path):
+    (tmp_path / "handler.py").write_text("class Handler:\n    pass\n")
+    api = {"name": "iris-grpc", "kind": "RealtimeAPI", "handler": {"path": "handler.py",
+                                                                    "protobuf_path": "iris.proto"}}
+    (tmp_path / "cortex.yaml").write_text(yaml.safe_dump([api], sort_keys=False))
+    for proto, said in [
+        ('syntax = "proto3";\npackage iris;\nservice S { rpc P (M) returns (M); }\nmessage M {}\n',
+         "iris.proto must declare `package iris_grpc;` (the API's name with - spelled _), as on Cortex "
+         "(it declares package iris)"),
+        ('syntax = "proto3";\npackage iris_grpc;\nmessage M {}\n', "iris.proto must define exactly one service "
+         "(it defines 0)"),
+        ('syntax = "proto3";\npackage iris_grpc;\nmessage M { strin a = 1; }\n',
+         "iris.proto does not compile: iris.proto:3"),
+    ]:
+        (tmp_path / "iris.proto").write_text(proto)
+        with pytest.raises(ClientError) as refused:
+            rt_client.deploy(tmp_path / "cortex.yaml")
+        assert refused.value.http_status == 400
+        assert f"api iris-grpc: predictor.protobuf_path: {said}" in refused.value.server_message
 
 
 def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:

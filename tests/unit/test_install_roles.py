@@ -115,11 +115,11 @@ def test_no_dependency_group_names_a_second_json_parser():
     assert {"include-group": "examples"} in groups["dev"]
 
 
-def test_the_image_installs_the_server_onnx_storage_and_kubernetes_extras_from_the_lock():
+def test_the_image_installs_the_server_onnx_storage_kubernetes_and_grpc_extras_from_the_lock():
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
 
     [extras] = re.findall(r'^ARG EXTRAS="([a-z0-9,-]+)"', dockerfile, re.MULTILINE)
-    assert set(extras.split(",")) == {"server", "onnx", "s3", "gcs", "kubernetes"}
+    assert set(extras.split(",")) == {"server", "onnx", "s3", "gcs", "kubernetes", "grpc"}
     syncs = re.findall(r"uv sync ([^\n]*)", dockerfile)
     assert len(syncs) == 2 and all("--locked" in sync and "$EXTRAS" in sync for sync in syncs)
     assert not re.search(r"\bpip install [^\n]*\.\[", dockerfile)  # no extras installed from fresh ranges

@@ -384,3 +384,24 @@ def test_split_counters_are_read_per_worker_and_only_their_growth_counted():
         ("iris", "iris-tf"): 2, ("iris", "iris-onnx"): 1}
     tally.forget_except({200})
     assert tally.update({100: grown}, {}) == {("iris", "iris-onnx"): 3, ("iris", "iris-tf"): 9}
+
+
+# -- gRPC ------------------------------------------------------------------------------------------------
+def test_a_grpc_api_is_routed_by_its_package_over_http2_and_refused_in_grpc_terms(haproxy_accepts):
+    api = deployed("iris-classifier", protobuf_path="iris_classifier.proto", threads_per_process=4)
+    config = render_config(plan_routes([api, deployed("web")], [replica("g-1", "iris-classifier", 9001),
+                                                                replica("w-1", "web", 9002)]),
+                           bind="127.0.0.1", port=8888, management=MANAGEMENT, keys_file=os.devnull)
+    haproxy_accepts(config)
+    frontend = section(config, "frontend public")
+    assert "use_backend rt_iris-classifier if { path_beg /iris_classifier. }" in frontend
+    assert backend_for(config, "/iris-classifier") == "management"  # its own path: readiness, from the management API
+    backend = section(config, "backend rt_iris-classifier")
+    assert backend[-1] == "server g-1 127.0.0.1:9001 maxconn 4 proto h2"
+    refusals = [line for line in backend if line.startswith("http-request return")]
+    assert refusals and all("status 200 content-type application/grpc hdr grpc-status " in r for r in refusals)
+    assert any("grpc-status 16" in r and "unauthorized" in r for r in refusals)
+    assert any("grpc-status 14" in r and "overloaded" in r for r in refusals)
+    # An HTTP API beside it keeps its JSON answers and HTTP/1.1 servers.
+    web = section(config, "backend rt_web")
+    assert web[-1] == "server w-1 127.0.0.1:9002 maxconn 1" and not any("grpc" in line for line in web)

@@ -16,7 +16,7 @@ from predictors_runtime.config import ApiConfig
 from sluice.cli.render import realtime_status
 from sluice.replica import Generation, ReplicaLauncher, alternate_port, deployment_identity, restart_delay_s
 from sluice.replica_manager import free_port_pair
-from sluice.replica_process import REPLICA_APP, ROOT, gunicorn_argv, replica_env
+from sluice.replica_process import REPLICA_APP, ROOT, gunicorn_argv, replica_argv, replica_env
 
 
 def _config(name: str = "echo", kind: str = "RealtimeAPI", **predictor: Any) -> ApiConfig:
@@ -25,6 +25,13 @@ def _config(name: str = "echo", kind: str = "RealtimeAPI", **predictor: Any) -> 
 
 def _option(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
+
+
+def test_a_grpc_api_is_served_by_the_grpc_replica_on_the_same_addresses_and_any_other_by_gunicorn():
+    grpc = _config(protobuf_path="iris.proto", threads_per_process=8).predictor
+    assert replica_argv(grpc, "127.0.0.1:9000", python="py", unix_socket="/run/r.sock") == [
+        "py", "-m", "sluice.grpc_replica", "127.0.0.1:9000", "--unix", "/run/r.sock"]
+    assert replica_argv(_config().predictor, "h:1", python="py") == gunicorn_argv(_config().predictor, "h:1", "py")
 
 
 # -- pure pieces ---------------------------------------------------------------------------------
