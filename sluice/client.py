@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import requests
 import yaml
@@ -365,8 +365,19 @@ class Client:
 
     def get_api(self, api_name: str) -> dict[str, Any]:
         """One API's summary with its absolute `endpoint` (`<url>/<name>`, as Cortex's client gives
-        it); a realtime API's also has its live replicas."""
-        return self.api(api_name)
+        it); a realtime API's also has its live replicas.
+
+        A gRPC API's, as Cortex gave it: `endpoint` the public address's host alone and
+        `grpc_ports["insecure"]` its port, so that `endpoint + ":" + str(grpc_ports["insecure"])`
+        is where a gRPC channel reaches it.
+        """
+        answer = self.api(api_name)
+        if ((answer.get("spec") or {}).get("predictor") or {}).get("protobuf_path"):
+            public = urlsplit(self.url)
+            host = public.hostname or "localhost"
+            answer["endpoint"] = f"[{host}]" if ":" in host else host
+            answer["grpc_ports"] = {"insecure": public.port or (443 if public.scheme == "https" else 80)}
+        return answer
 
     def delete_api(self, api_name: str, force: bool = False, keep_cache: bool = False) -> dict[str, Any]:
         """Delete an API; `force` stops its running jobs first (else a running job is a Conflict).

@@ -56,7 +56,7 @@ GENERATED_FOLDER = "grpc-generated"
 REQUEST_ID_METADATA = "x-request-id"
 
 
-class _Predictor:
+class PredictorSlot:
     """This process's predictor: building in the background, built, or failed to build."""
 
     def __init__(self) -> None:
@@ -69,7 +69,7 @@ class _Predictor:
         return "the predictor is still being built"
 
 
-def servicer_for(service: Service, predictor: _Predictor, api_name: str, meter: RealtimeFigures | None) -> Any:
+def servicer_for(service: Service, predictor: PredictorSlot, api_name: str, meter: RealtimeFigures | None) -> Any:
     """An instance of the generated servicer whose every RPC calls the predictor's method of that name."""
     import grpc
 
@@ -109,7 +109,7 @@ def servicer_for(service: Service, predictor: _Predictor, api_name: str, meter: 
 class _Unavailable:
     """Every call of a replica whose .proto cannot be served ends UNAVAILABLE, saying why."""
 
-    def __init__(self, predictor: _Predictor) -> None:
+    def __init__(self, predictor: PredictorSlot) -> None:
         self._predictor = predictor
 
     def service(self, handler_call_details: Any) -> Any:
@@ -145,7 +145,7 @@ def _count(meter: RealtimeFigures | None, code: int, started: float) -> None:
         meter.answered(code, time.perf_counter() - started)
 
 
-def build(settings: ReplicaSettings, api: ApiConfig, messages: ModuleType, predictor: _Predictor,
+def build(settings: ReplicaSettings, api: ApiConfig, messages: ModuleType, predictor: PredictorSlot,
           markers: ReadinessMarkers) -> None:
     """Build the predictor with the messages module offered to `__init__`; mark this process ready,
     or failed with the reason."""
@@ -189,7 +189,7 @@ def serve(bind: str, unix_socket: str | None = None, settings: ReplicaSettings |
     with needs_extra("grpc", "gRPC realtime APIs"):
         import grpc
 
-    predictor = _Predictor()
+    predictor = PredictorSlot()
     threads = api.predictor.threads_per_process
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sluice-rpc"),
                          maximum_concurrent_rpcs=threads + (api.predictor.max_queue_length or 0) or None,

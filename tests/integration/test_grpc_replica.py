@@ -16,15 +16,18 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import grpc
 import pytest
 
 from foundation.api_registry import DeployedApi
 from foundation.replica_directory import ReadinessMarkers
-from predictors_runtime.config import ApiConfig
+from predictors_runtime.builder import build_predictor
+from predictors_runtime.config import ApiConfig, parse_api_configs
 from sluice.embedded import free_port
 from testbed.waiting import wait_for
+from tests.unit.test_cortex_interfaces import predictor_source, row_id, write
 
 pytestmark = pytest.mark.integration
 
@@ -230,3 +233,58 @@ def test_a_handler_that_fails_to_build_makes_every_call_unavailable_saying_why(t
         assert "no-such-key" in refused.value.details()
     finally:
         assert replica.stop() == 0
+
+
+# -- every gRPC interface Cortex documented ------------------------------------------------------
+# gRPC realtime APIs (v0.32 onwards): Cortex's server passed `proto_module_pb2`; the v0.34-v0.35 interface page
+# spelled it `module_proto_pb2`. Each RPC's method takes what it declares of `payload` and `context`.
+GRPC = [
+    ("v0.32-v0.35", "PythonPredictor", "config, proto_module_pb2", {"Predict": "payload"}),
+    ("v0.32-v0.35", "PythonPredictor", "config, proto_module_pb2", {"Predict": "payload, context"}),
+    ("v0.34-v0.35", "Handler", "config, module_proto_pb2", {"Predict": "payload, context"}),
+    ("v0.34-v0.35", "Handler", "config, proto_module_pb2", {"Predict": "payload"}),
+]
+ROWS_PROTO = """
+syntax = "proto3";
+package iris;
+service Handler { rpc Predict (Sample) returns (Sample); }
+message Sample { float x = 1; }
+"""
+
+
+class _Context:
+    """What a gRPC method's `context` offers that the replica reads."""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("x-request-id", "r-1"),)
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        self.trailing = metadata
+
+
+@pytest.mark.parametrize(("versions", "class_name", "init", "methods"), GRPC, ids=[row_id(r) for r in GRPC])
+def test_a_grpc_interface_cortex_documented_gets_what_cortex_gave_it(
+        tmp_path: Path, versions: str, class_name: str, init: str, methods: dict[str, str]) -> None:
+    from predictors_runtime.grpc_proto import compile_proto, service_of
+    from sluice.grpc_replica import PROTO_MODULE_ARGUMENTS, PredictorSlot, servicer_for
+
+    folder = write(tmp_path / "project", predictor_source(class_name, init, methods))
+    (folder / "rows_iris.proto").write_text(ROWS_PROTO)
+    messages, stubs = compile_proto(folder, "rows_iris.proto", tmp_path / "generated")
+    [config] = parse_api_configs("- name: iris\n  kind: RealtimeAPI\n  predictor: {path: predictor.py, "
+                                 "protobuf_path: rows_iris.proto, config: {k: 1}}\n")
+    built = build_predictor(folder, config, {"config": {"k": 1}, **dict.fromkeys(PROTO_MODULE_ARGUMENTS, messages)},
+                            model_cache_dir=tmp_path / "m", poll_interval_s=10.0)
+    slot = PredictorSlot()
+    slot.instance = built.instance
+    servicer = servicer_for(service_of(messages, stubs, "rows_iris.proto"), slot, "iris", None)
+    request, context = messages.Sample(x=1.5), _Context()
+
+    assert servicer.Predict(request, context) == "answered"
+    given = {"config": {"k": 1}, "proto_module_pb2": messages, "module_proto_pb2": messages, "payload": request,
+             "context": context}
+    expected = [("__init__", {a.strip(): given[a.strip()] for a in init.split(",")})]
+    expected += [(name, {a.strip(): given[a.strip()] for a in args.split(",")}) for name, args in methods.items()]
+    assert built.instance.seen == expected
+    assert context.trailing == (("x-request-id", "r-1"),)
+    built.close()

@@ -458,7 +458,11 @@ def test_a_cortex_grpc_api_is_called_through_the_public_address_with_the_project
         [deployed] = rt_client.deploy(project / "cortex.yaml")
         assert "warnings" not in deployed  # the generated iris_classifier_pb2 is not a missing package
         rt_client.wait_ready(name, timeout=120)
-        channel = grpc.insecure_channel(rt_stack.url.split("://", 1)[1])
+        # Cortex's gRPC client example, as written: the endpoint and port from get_api.
+        described = rt_client.get_api(name)
+        grpc_endpoint = described["endpoint"] + ":" + str(described["grpc_ports"]["insecure"])
+        assert grpc_endpoint == rt_stack.url.split("://", 1)[1]
+        channel = grpc.insecure_channel(grpc_endpoint)
         try:
             stub = stubs.HandlerStub(channel)
             sample = messages.Sample(sepal_length=5.2, sepal_width=3.6, petal_length=1.4, petal_width=0.3)

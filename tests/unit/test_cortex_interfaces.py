@@ -4,7 +4,8 @@ by Sluice as Cortex called it: one row per interface, with the Cortex versions t
 The rows come from the Cortex pages in the project's reference documents (realtime predictors of v0.25-v0.33
 and their latest pages, batch predictors, the `Handler` naming of v0.34-v0.35); the model clients'
 spellings (`python_client`, `model_client`) are in tests/unit/test_builder.py, their outputs in
-tests/unit/test_tensorflow_outputs.py.
+tests/unit/test_tensorflow_outputs.py, and the gRPC rows (which compile a .proto) in
+tests/integration/test_grpc_replica.py.
 """
 
 from __future__ import annotations
@@ -109,3 +110,4 @@ def test_a_batch_interface_cortex_documented_gets_what_cortex_gave_it(
                  for name, args in methods.items()]
     assert predictor.instance.seen == expected
     predictor.close()
+
