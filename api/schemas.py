@@ -229,6 +229,10 @@ class Replica(Body):
     message: str = Field(description="why it is not ready, if known: a step of its start, or a failure")
     failing: bool = Field(description="its message is a failure (a predictor or environment that failed to build, "
                                       "a server that exited), not a step of its start")
+    last_oom_at: float | None = Field(default=None, description="when a process of it was last stopped for memory "
+                                      "(past its API's compute.mem); null if never")
+    last_oom: str | None = Field(default=None, description="what its launcher said of that stop: the limit and the "
+                                 "peak")
 
 
 class AsyncRequestCounts(Body):

@@ -54,6 +54,10 @@ class ReplicaRecord:
     # The placement host whose manager started it (`foundation/hosts.py`; "" for a launcher started
     # by hand): counts ready replicas per placement host exactly, even with two agents on one address.
     placement_host: str = ""
+    # The last time a process of it was stopped for memory (foundation/memory_limits.py; 0: never), and what
+    # its launcher said of it (the limit and the peak).
+    last_oom_at: float = 0.0
+    last_oom: str = ""
 
     @property
     def address(self) -> str:

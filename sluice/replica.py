@@ -42,6 +42,8 @@ from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi, RedisApiRegistry
 from foundation.environment_states import RedisEnvironmentStates
 from foundation.errors import ApiNotFound, ConfigError, NotReady, SluiceError
+from foundation.hosts import mem_bytes
+from foundation.memory_limits import LimitMode, MemoryGroup, MemoryLimits, human_bytes, replica_limit
 from foundation.proxy_registry import RedisProxyRegistry, unrouted
 from foundation.redis_clients import heartbeat_client
 from foundation.replica_directory import ReadinessMarkers, RedisReplicaDirectory, ReplicaDirectory, ReplicaRecord
@@ -160,7 +162,7 @@ class Generation:
     draining_since: float | None = None
     drain_now: bool = False           # stop without waiting for the proxies (the API is gone)
     stop_sent_at: float | None = None
-    last_announced: tuple[bool, bool, str] | None = None
+    last_announced: tuple[bool, bool, str, float] | None = None
     last_announced_at: float = 0.0
     identity: str = ""
     unix_socket: str = ""             # where it also listens, for a proxy on this host ("" if nowhere)
@@ -169,6 +171,12 @@ class Generation:
     # The API's own environment being built (None: it has none, or it is built and argv runs in it).
     environment: BackgroundBuild | None = None
     environment_used: BackgroundBuild | None = None
+    # Its memory limit (foundation/memory_limits.py; None: its API sets no compute.mem, or limits are off),
+    # the kills counted so far, and the last one: when, and what it said.
+    memory: MemoryGroup | None = None
+    oom_kills: int = 0
+    last_oom_at: float = 0.0
+    last_oom: str = ""
     markers: ReadinessMarkers = field(init=False)
 
     def __post_init__(self) -> None:
@@ -204,7 +212,7 @@ class Generation:
             pid=os.getpid(), message="" if ready else (self.markers.failure() or self.message),
             failing=not ready and bool(self.markers.failure() or self.failing),
             socket=self.unix_socket, host_id=host_identity() if self.unix_socket else "",
-            placement_host=placement_host,
+            placement_host=placement_host, last_oom_at=self.last_oom_at, last_oom=self.last_oom,
         )
 
 
@@ -219,6 +227,7 @@ class ReplicaLauncher:
         unrouted: Unrouted | None = None, spawn: Callable[..., subprocess.Popen[bytes]] = spawn_gunicorn,
         registry: ApiRegistry | None = None, directory: ReplicaDirectory | None = None,
         placement_host: str = "", environments: HostEnvironments | None = None,
+        memory_limits: MemoryLimits | None = None,
     ) -> None:
         """`registry` and `directory` default to Redis's through `redis_client`; a fast test hands in
         `foundation.memory`'s fakes and its own `unrouted` (its client is then never used)."""
@@ -238,6 +247,7 @@ class ReplicaLauncher:
         self._unrouted = unrouted or _proxy_unrouted()
         self._spawn = spawn
         self._environments = environments or HostEnvironments(self._state_root / "environments")
+        self._memory_limits = memory_limits or MemoryLimits(LimitMode.OFF, "not asked for")
         self.serving: Generation | None = None
         self.incoming: Generation | None = None
         self.retiring: list[Generation] = []
@@ -302,6 +312,7 @@ class ReplicaLauncher:
                 signal_group(gen.process, signal.SIGKILL)  # type: ignore[arg-type]
                 gen.process.wait()  # type: ignore[union-attr]
             self._forget(gen)
+        self._memory_limits.close()
 
     # -- the registry ------------------------------------------------------------------------
     def _lookup(self, now: float) -> DeployedApi | Literal[False] | None:
@@ -400,12 +411,45 @@ class ReplicaLauncher:
         # first on sys.path, where a project's own `api.py` would be imported for Sluice's `api`. The
         # predictor's namespace moves into the project folder when it is built (namespace.py).
         gen.process = self._spawn(gen.argv, gen.env, gen.state_dir)
+        self._limit_memory(gen)
         gen.has_been_ready = False
         gen.started_at = now
         gen.message = "starting"  # `failing` stays as it was: a server that keeps exiting is still failing
 
+    def _limit_memory(self, gen: Generation) -> None:
+        """Put the generation's new process tree in its memory group (made at its first start): its
+        API's compute.mem, plus Sluice's own part of each of its processes."""
+        config = ApiConfig.from_dict(gen.api.spec)
+        if config.compute.mem is None or gen.process is None:
+            return
+        try:
+            if gen.memory is None:
+                limit = replica_limit(mem_bytes(config.compute.mem), config.predictor.processes_per_replica)
+                gen.memory = self._memory_limits.group(gen.replica_id, limit)
+            if gen.memory is not None:
+                gen.memory.join(gen.process.pid)
+        except OSError as e:  # the group cannot be made or joined: the replica serves, unlimited, and says so
+            log.error("%s: its memory limit could not be set (%s); it runs without one", gen.replica_id, e)
+            gen.memory = None
+
+    def _watch_memory(self, gen: Generation, now: float) -> None:
+        """Enforce a watched limit, and notice a process of the tree stopped for memory."""
+        group = gen.memory
+        if group is None:
+            return
+        group.check()
+        kills = group.oom_kills()
+        if kills <= gen.oom_kills:
+            return
+        gen.oom_kills = kills
+        gen.last_oom_at = now
+        gen.last_oom = (f"a process was stopped for memory: over its limit of {human_bytes(group.limit)} "
+                        f"(compute.mem and Sluice's own part), peak {human_bytes(group.peak())}")
+        log.error("%s: %s", gen.replica_id, gen.last_oom, extra={"api": gen.api.name})
+
     def _keep_alive(self, gen: Generation, now: float) -> None:
         """Start again, on the same port, a gunicorn that exited; back off if it keeps dying."""
+        self._watch_memory(gen, now)
         if gen.process is None:
             if now >= gen.restart_at:
                 self._launch(gen, now)
@@ -473,6 +517,8 @@ class ReplicaLauncher:
             return
         if gen.process is not None:
             signal_group(gen.process, signal.SIGKILL)  # workers left behind by a dead arbiter
+        if gen.memory is not None:
+            gen.memory.close()
         self._bundles.release(gen.api.bundle)  # the cache may evict it once nothing else uses it
         for build in (gen.environment_used, gen.environment):
             if build is not None:
@@ -489,7 +535,7 @@ class ReplicaLauncher:
         """Announce every generation: at once when its state changed, else every HEARTBEAT_S."""
         for gen in self.generations():
             record = gen.record(self.advertise, now, self.placement_host)
-            state = (record.ready, record.draining, record.message)
+            state = (record.ready, record.draining, record.message, record.last_oom_at)
             if state == gen.last_announced and now - gen.last_announced_at < HEARTBEAT_S:
                 continue
             try:
@@ -527,11 +573,14 @@ def serve(
         settings.storage, settings.cache_dir, cache_bytes=settings.bundle_cache_bytes,
         limits=BundleLimits(settings.max_unpacked_bundle_bytes, settings.max_bundle_files),
     )
+    memory_limits = MemoryLimits.from_env(env)
+    log.info("memory limits of %s's replica: %s", api_name, memory_limits.reason)
     launcher = ReplicaLauncher(
         api_name, redis_client=client, bundles=bundles,
         state_root=state_dir or Path(settings.cache_dir).expanduser() / "replicas", port=port, host=host,
         advertise=advertise, api_url=api_url, base_env=env, placement_host=placement_host,
         environments=HostEnvironments.under(settings.cache_dir, events=RedisEnvironmentStates(client)),
+        memory_limits=memory_limits,
     )
     signals = 0
 

@@ -250,6 +250,8 @@ def _show_realtime(client: Client, api: dict[str, Any], output: str, now: float)
         state = "draining" if replica["draining"] else "ready" if replica["ready"] else "starting"
         note = f"  {one_line(replica['message'])}" if replica.get("message") else ""
         click.echo(f"  {replica['id']}  {replica['address']}  {state}  bundle {replica['bundle'][:12]}{note}")
+        if replica.get("last_oom_at"):
+            click.echo(f"    out of memory {ago(replica['last_oom_at'], now)}: {replica['last_oom']}")
     models = readiness.get("models")
     if models:
         print_table("models", ["model", "versions"], [[str(m), _versions(v)] for m, v in _model_items(models)])

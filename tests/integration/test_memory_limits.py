@@ -1,0 +1,189 @@
+"""Memory limits on real process trees (foundation/memory_limits.py): a tree past its limit loses a
+process to it, and nothing outside the tree is touched; the same with the watchdog forced on.
+Then a realtime replica on a `sluice up`-style stack whose predictor outgrows its `compute.mem`:
+its process is stopped, the replica is back and answering, its record says when and why, and
+another API's replica keeps its process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+import yaml
+
+from foundation.api_registry import DeployedApi
+from foundation.memory_limits import ARBITER_BYTES, OWN_MARGIN_BYTES, LimitMode, MemoryLimits
+from predictors_runtime.config import ApiConfig
+from sluice.embedded import free_port
+from testbed.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1024 * 1024
+
+# Grows by 10 MiB every 20 ms up to `size` MiB, then waits to be stopped.
+GROWER = textwrap.dedent("""
+    import sys, time
+    held = []
+    for _ in range(int(sys.argv[1]) // 10):
+        held.append(bytearray(10 * 1024 * 1024))
+        time.sleep(0.02)
+    time.sleep(60)
+""")
+
+
+def grow(size_mib: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", GROWER, str(size_mib)])
+
+
+@pytest.fixture
+def limits() -> MemoryLimits:
+    found = MemoryLimits.from_env({})
+    if found.mode is LimitMode.WATCHDOG:
+        pytest.skip(f"no writable control group here: {found.reason}")
+    return found
+
+
+def test_a_tree_past_its_cgroup_limit_loses_a_process_and_nothing_else_is_touched(limits):
+    group = limits.group("grower", 100 * MIB)
+    assert group is not None
+    neighbour = grow(150)  # outside the group: as large, and untouched
+    grower = grow(300)
+    try:
+        group.join(grower.pid)
+        assert grower.wait(30) == -9  # SIGKILL, from the kernel's OOM killer of the group
+        assert group.oom_kills() == 1
+        assert 90 * MIB <= group.peak() <= 101 * MIB
+        assert neighbour.poll() is None
+    finally:
+        neighbour.kill()
+        group.close()
+    assert not limits.base or not (limits.base / "sluice-grower").exists()
+
+
+def test_the_watchdog_stops_the_largest_process_of_a_tree_past_its_limit_and_nothing_else():
+    watched = MemoryLimits.from_env({"SLUICE_MEMORY_LIMITS": "watchdog"})
+    assert watched.mode is LimitMode.WATCHDOG
+    group = watched.group("grower", 100 * MIB)
+    assert group is not None
+    neighbour = grow(150)
+    grower = grow(300)
+    try:
+        group.join(grower.pid)
+        wait_for(lambda: group.check() or grower.poll() is not None, 30, "the watchdog to stop the grower")
+        assert grower.wait(5) == -9 and group.oom_kills() == 1
+        assert group.peak() > 100 * MIB
+        assert neighbour.poll() is None
+    finally:
+        neighbour.kill()
+        group.close()
+
+
+def test_an_unknown_mode_is_refused_naming_the_setting():
+    with pytest.raises(Exception, match="SLUICE_MEMORY_LIMITS must be auto, cgroup, watchdog or off"):
+        MemoryLimits.from_env({"SLUICE_MEMORY_LIMITS": "strict"})
+
+
+def test_sluices_own_part_of_a_replica_stays_within_the_margins_it_is_given(tmp_path):
+    """The margins added to compute.mem are measured, not guessed: a replica serving a predictor that
+    holds nothing, after 200 requests, fits in them."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "predictor.py").write_text("class PythonPredictor:\n    def __init__(self, config):\n        pass\n\n"
+                                          "    def predict(self, payload):\n        return payload\n")
+    spec = tmp_path / "spec.json"
+    api = ApiConfig.from_dict({"name": "m", "kind": "RealtimeAPI", "predictor": {"path": "predictor.py"}})
+    spec.write_text(json.dumps(DeployedApi.of(api, "b1").to_dict()))
+    port = free_port()
+    env = {**os.environ, "SLUICE_REPLICA_SPEC": str(spec), "SLUICE_REPLICA_PROJECT": str(project),
+           "SLUICE_REPLICA_STATE_DIR": str(tmp_path / "state"), "SLUICE_CACHE_DIR": str(tmp_path / "cache")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{port}", "-w", "1", "--pythonpath", str(ROOT),
+         "api.realtime:create_replica_app()"], cwd=project, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        def ready() -> bool:
+            try:
+                return requests.get(f"http://127.0.0.1:{port}/m", timeout=5).status_code == 200
+            except requests.ConnectionError:
+                return False
+        wait_for(ready, 60, "the replica")
+        with requests.Session() as session:
+            for n in range(200):
+                session.post(f"http://127.0.0.1:{port}/m", json={"n": n}, timeout=10)
+        arbiter = psutil.Process(process.pid)
+        [worker] = arbiter.children()
+        assert arbiter.memory_info().rss < ARBITER_BYTES
+        assert worker.memory_info().rss < OWN_MARGIN_BYTES
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+# -- a realtime replica ----------------------------------------------------------------------------
+HUNGRY_PREDICTOR = """
+import os
+
+
+class PythonPredictor:
+    def __init__(self, config):
+        self.held = []
+
+    def predict(self, payload):
+        for _ in range(payload.get("grow_mib", 0) // 10):
+            self.held.append(bytearray(10 * 1024 * 1024))
+        return {"pid": os.getpid(), "held_mib": 10 * len(self.held)}
+"""
+
+
+def test_a_replica_past_its_compute_mem_is_stopped_alone_and_comes_back(realtime_stack, tmp_path):
+    from sluice.client import Client
+
+    client = Client(realtime_stack.url, timeout=60)
+    names = ["hungry", "calm"]
+    for name in names:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "predictor.py").write_text(HUNGRY_PREDICTOR)
+        (folder / "cortex.yaml").write_text(yaml.safe_dump([{
+            "name": name, "kind": "RealtimeAPI", "predictor": {"path": "predictor.py"},
+            "compute": {"cpu": "100m", "mem": "100Mi"}}]))
+        client.deploy(folder / "cortex.yaml")
+    try:
+        for name in names:
+            client.wait_ready(name, timeout=120)
+        calm_pid = client.predict("calm", {"grow_mib": 0})["pid"]
+        hungry_pid = client.predict("hungry", {"grow_mib": 20})["pid"]
+
+        held = requests.post(f"{realtime_stack.url}/hungry", json={"grow_mib": 400}, timeout=60)
+        assert held.status_code == 502 and held.json()["kind"] == "bad_gateway"
+
+        def stopped() -> dict:
+            [replica] = client.api("hungry")["replicas"]
+            return replica if replica.get("last_oom_at") else {}
+        replica = wait_for(stopped, 30, "the replica's record to say it was stopped for memory")
+        assert replica["last_oom"].startswith("a process was stopped for memory: over its limit of ")
+        limit_mib = (100 * MIB + ARBITER_BYTES + OWN_MARGIN_BYTES) // MIB
+        assert f"{limit_mib} MiB" in replica["last_oom"]
+        wait_for(lambda: _answers(realtime_stack.url, "hungry"), 120, "the replica to answer again")
+        assert client.predict("hungry", {"grow_mib": 0})["pid"] != hungry_pid  # a new process, nothing held
+        assert client.predict("calm", {"grow_mib": 0})["pid"] == calm_pid      # the other API untouched
+        assert requests.get(f"{realtime_stack.url}/healthz", timeout=10).status_code == 200
+    finally:
+        for name in names:
+            client.delete_api(name)
+
+
+def _answers(url: str, name: str) -> bool:
+    answer = requests.post(f"{url}/{name}", json={"grow_mib": 0}, timeout=30)
+    return answer.status_code == 200
+
