@@ -1,5 +1,5 @@
-"""Memory limits of the process trees Sluice starts for an API (a realtime replica), so that one
-API outgrowing its `compute.mem` is stopped alone, and nothing else on the host is touched.
+"""Memory limits of the process trees Sluice starts for an API (a realtime replica, a worker node),
+so that one API outgrowing its `compute.mem` is stopped alone, and nothing else on the host is touched.
 
 Three ways, chosen once per process (`SLUICE_MEMORY_LIMITS`: `auto`, the default, `cgroup`,
 `watchdog` or `off`) and said once in its log:
@@ -50,6 +50,12 @@ SETTING = "SLUICE_MEMORY_LIMITS"
 # Sluice's own part of a replica's memory (see the module docstring): its arbiter, and each process.
 ARBITER_BYTES = 32 * 1024 * 1024
 OWN_MARGIN_BYTES = 64 * 1024 * 1024
+# ... and of a worker node: Celery, kombu and the batch runtime in one process. Measured at 77 MiB
+# resident after three batches of a predictor that holds nothing (tests/integration/
+# test_embedded_worker_host.py holds it under this); the rest is room for a batch's input and records.
+NODE_MARGIN_BYTES = 128 * 1024 * 1024
+# The variable that tells a worker node where its limit file is (its agent sets it).
+LIMIT_FILE_VARIABLE = "SLUICE_MEMORY_LIMIT_FILE"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 GROUP_PREFIX = "sluice-"
 
@@ -65,6 +71,12 @@ class MemoryGroup(Protocol):
     """One process tree's memory limit."""
 
     limit: int
+
+    @property
+    def limit_file(self) -> Path:
+        """The file that holds the limit: the process tree may write a new one there (a worker node
+        does, for the job whose batch it runs)."""
+        ...
 
     def join(self, pid: int) -> None:
         """Put the tree's first process (and so every process it starts afterwards) in the group."""
@@ -131,10 +143,17 @@ class CgroupGroup:
     version: int
     _peak_seen: int = 0
 
+    @property
+    def limit_file(self) -> Path:
+        return self.path / ("memory.max" if self.version == 2 else "memory.limit_in_bytes")
+
     def join(self, pid: int) -> None:
         (self.path / "cgroup.procs").write_text(str(pid), encoding="ascii")
 
     def check(self) -> None:
+        text = _read(self.limit_file).strip()
+        if text.isdigit():
+            self.limit = int(text)
         if self.version == 2 and not (self.path / "memory.peak").exists():  # kernels before 5.19
             current = _read(self.path / "memory.current").strip()
             self._peak_seen = max(self._peak_seen, int(current or 0))
@@ -160,12 +179,20 @@ class WatchdogGroup:
 
     limit: int
     name: str = ""
+    folder: Path | None = None    # where its limit file is (a worker node writes a new limit there)
     _root: int | None = None
     _kills: int = 0
     _peak: int = 0
     _pids: set[int] = field(default_factory=set)
 
+    @property
+    def limit_file(self) -> Path:
+        assert self.folder is not None, "a watched group made by MemoryLimits.group has a folder"
+        return self.folder / f"{GROUP_PREFIX}{self.name}.limit"
+
     def join(self, pid: int) -> None:
+        if pid <= 1:  # never the whole machine's tree
+            raise OSError(f"no process tree to watch at pid {pid}")
         self._root = pid
 
     def _tree(self) -> list[object]:
@@ -182,6 +209,10 @@ class WatchdogGroup:
     def check(self) -> None:
         import psutil
 
+        if self.folder is not None:
+            text = _read(self.limit_file).strip()
+            if text.isdigit():
+                self.limit = int(text)
         sizes: list[tuple[int, int]] = []
         for process in self._tree():
             assert isinstance(process, psutil.Process)
@@ -206,6 +237,9 @@ class WatchdogGroup:
 
     def close(self) -> None:
         self._root = None
+        if self.folder is not None:
+            with contextlib.suppress(OSError):
+                self.limit_file.unlink()
 
 
 def _own_group(version: int, controller: str = "memory") -> str | None:
@@ -245,10 +279,18 @@ class MemoryLimits:
     mode: LimitMode
     reason: str                   # why this mode, said once at start
     base: Path | None = None      # the folder its groups are made in (the cgroup modes)
+    watch_folder: Path | None = None  # where watched groups keep their limit files (the watchdog)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> MemoryLimits:
-        env = os.environ if env is None else env
+    def from_env(cls, env: Mapping[str, str] | None = None, watch_folder: Path | None = None) -> MemoryLimits:
+        """The mode `SLUICE_MEMORY_LIMITS` asks for, where this host allows it; `watch_folder` is
+        where a watched group keeps its limit file."""
+        found = cls._from_env(os.environ if env is None else env)
+        found.watch_folder = watch_folder
+        return found
+
+    @classmethod
+    def _from_env(cls, env: Mapping[str, str]) -> MemoryLimits:
         wanted = (env.get(SETTING) or "auto").strip().lower()
         if wanted not in ("auto", "cgroup", "watchdog", "off"):
             raise ConfigError(f"{SETTING} must be auto, cgroup, watchdog or off (got {wanted!r})")
@@ -271,12 +313,20 @@ class MemoryLimits:
             with contextlib.suppress(OSError):
                 self.base.rmdir()
 
-    def group(self, name: str, limit: int) -> MemoryGroup | None:
-        """A group for one process tree of at most `limit` bytes (None when limits are off)."""
+    def group(self, name: str, limit: int, swap_too: bool = True) -> MemoryGroup | None:
+        """A group for one process tree of at most `limit` bytes (None when limits are off).
+
+        `swap_too`: cgroup v1 limits memory and swap together (`memory.memsw.limit_in_bytes`), which
+        then bounds any new limit the tree writes: a tree that will write its own (a worker node)
+        leaves swap alone (v2 turns swap off for every group)."""
         if self.mode is LimitMode.OFF:
             return None
         if self.mode is LimitMode.WATCHDOG or self.base is None:
-            return WatchdogGroup(limit, name)
+            group = WatchdogGroup(limit, name, self.watch_folder)
+            if self.watch_folder is not None:
+                self.watch_folder.mkdir(parents=True, exist_ok=True)
+                group.limit_file.write_text(str(limit), encoding="ascii")
+            return group
         path = self.base / f"{GROUP_PREFIX}{name}"
         path.mkdir(exist_ok=True)
         if self.mode is LimitMode.CGROUP_V2:
@@ -285,8 +335,9 @@ class MemoryLimits:
                 (path / "memory.swap.max").write_text("0", encoding="ascii")
             return CgroupGroup(path, limit, 2)
         (path / "memory.limit_in_bytes").write_text(str(limit), encoding="ascii")
-        with contextlib.suppress(OSError):  # swap accounting is off on some hosts
-            (path / "memory.memsw.limit_in_bytes").write_text(str(limit), encoding="ascii")
+        if swap_too:
+            with contextlib.suppress(OSError):  # swap accounting is off on some hosts
+                (path / "memory.memsw.limit_in_bytes").write_text(str(limit), encoding="ascii")
         return CgroupGroup(path, limit, 1)
 
 

@@ -54,6 +54,8 @@ log = logging.getLogger("sluice.grpc_replica")
 PROTO_MODULE_ARGUMENTS = ("proto_module_pb2", "module_proto_pb2")
 GENERATED_FOLDER = "grpc-generated"
 REQUEST_ID_METADATA = "x-request-id"
+# How long a stopping replica waits to send its last figures.
+LAST_FIGURES_S = 5.0
 
 
 class PredictorSlot:
@@ -174,6 +176,10 @@ def build(settings: ReplicaSettings, api: ApiConfig, messages: ModuleType, predi
 def serve(bind: str, unix_socket: str | None = None, settings: ReplicaSettings | None = None,
           stop: threading.Event | None = None) -> int:
     """Serve until SIGTERM (or `stop`); the exit status."""
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():  # from the start: a stop asked early is kept
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
     settings = settings or ReplicaSettings.from_env()
     api = ApiConfig.from_dict(settings.api.spec)
     configure_json_logging(api.predictor.log_level.upper())
@@ -212,13 +218,13 @@ def serve(bind: str, unix_socket: str | None = None, settings: ReplicaSettings |
     if unix_socket:
         server.add_insecure_port(f"unix:{unix_socket}")
     server.start()
-    stop = stop or threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
     grace = max(30.0, float(api.predictor.request_timeout or 0))
     server.stop(grace).wait()
-    recorder.close()
+    # The last figures are sent if Redis answers soon; a stalled Redis must not hold the exit.
+    last = threading.Thread(target=recorder.close, name="sluice-last-figures", daemon=True)
+    last.start()
+    last.join(LAST_FIGURES_S)
     return 0
 
 

@@ -34,11 +34,15 @@ from typing import Protocol
 import redis
 
 from foundation.errors import SluiceError
-from foundation.hosts import HostDirectory, HostRecord, Resources
+from foundation.hosts import HostDirectory, HostRecord, Resources, memory_found
+from foundation.memory_limits import LIMIT_FILE_VARIABLE, LimitMode, MemoryGroup, MemoryLimits, human_bytes
 from foundation.processes import die_with_parent
+from jobs.batch.job import JobStatus
 from jobs.nodes.registry import NodeRegistry
 from jobs.nodes.worker_hosts import WorkerHosts
 from jobs.placement.node_plan import HostPlan, WorkerHostReport
+from jobs.store.protocols import JobRecords
+from jobs.transport.delivery import is_request_entry, parse_inflight_entry
 
 from . import pod_deletion_cost
 from .pod_deletion_cost import PodDeletionCost
@@ -59,6 +63,10 @@ class BadAgentOption(SluiceError, ValueError):
 class NodeProcess(Protocol):
     """One running worker node, as the agent handles it."""
 
+    @property
+    def pid(self) -> int:
+        """Its process id (its memory group takes it in)."""
+
     def poll(self) -> int | None:
         """Its exit status once it has exited, else None."""
 
@@ -72,8 +80,8 @@ class NodeProcess(Protocol):
         """End it at once."""
 
 
-Spawn = Callable[[str], NodeProcess]
-"""Start a node under this Celery node name."""
+Spawn = Callable[[str, Mapping[str, str]], NodeProcess]
+"""Start a node under this Celery node name, with these variables added to its environment."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +126,15 @@ class WorkerHost:
     """The agent's state: its nodes by name, those stopping, and since when each has been idle."""
 
     def __init__(self, config: AgentConfig, spawn: Spawn, hosts: HostDirectory, worker_hosts: WorkerHosts,
-                 nodes: NodeRegistry, node_host: str | None = None, cost: PodDeletionCost | None = None) -> None:
+                 nodes: NodeRegistry, node_host: str | None = None, cost: PodDeletionCost | None = None,
+                 memory: MemoryLimits | None = None, records: JobRecords | None = None) -> None:
+        """`memory` holds each node to the `compute.mem` of the job it runs (foundation/memory_limits.py);
+        `records` is where a job whose node was stopped for memory ends `status_worker_oom`."""
         self.config = config
+        self._memory = memory or MemoryLimits(LimitMode.OFF, "not asked for")
+        self._records = records
+        self._groups: dict[str, MemoryGroup] = {}
+        self._oom_seen: dict[str, int] = {}
         self._cost = cost
         self._spawn = spawn
         self._hosts = hosts
@@ -139,8 +154,60 @@ class WorkerHost:
         return f"{self.config.host_id}-{k}@{self._node_host}"
 
     def _start(self, name: str) -> None:
-        self.running[name] = self._spawn(name)
+        group = self._group_of(name)
+        extra = {LIMIT_FILE_VARIABLE: str(group.limit_file)} if group is not None else {}
+        process = self.running[name] = self._spawn(name, extra)
         self._idle_since.pop(name, None)
+        if group is not None:
+            try:
+                group.join(process.pid)
+            except OSError as e:  # it runs, without a limit, and says so
+                log.error("node %s could not be given its memory limit (%s); it runs without one", name, e)
+
+    def _group_of(self, name: str) -> MemoryGroup | None:
+        """The node's memory group, made at its first start and kept across its restarts: at first the
+        host's memory, then what the node writes for the job it runs."""
+        if name in self._groups:
+            return self._groups[name]
+        start = self.config.offers.mem or memory_found()
+        try:
+            group = self._memory.group(f"node-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}", start, swap_too=False)
+        except OSError as e:
+            log.error("node %s gets no memory group (%s); it runs without a limit", name, e)
+            return None
+        if group is not None:
+            self._groups[name] = group
+            self._oom_seen[name] = group.oom_kills()
+        return group
+
+    def _watch_memory(self, now: float) -> None:
+        """Enforce watched limits, and end the jobs of a node stopped for memory `status_worker_oom`."""
+        for name, group in list(self._groups.items()):
+            group.check()
+            kills = group.oom_kills()
+            if kills > self._oom_seen.get(name, 0):
+                self._oom_seen[name] = kills
+                self._out_of_memory(name, group)
+
+    def _out_of_memory(self, name: str, group: MemoryGroup) -> None:
+        """A process of node `name` was stopped for memory: each job whose batch it held ends
+        `status_worker_oom`, as on Cortex, its message naming the batch, the limit and the peak."""
+        said = (f"over its limit of {human_bytes(group.limit)} (compute.mem and Sluice's own part), peak "
+                f"{human_bytes(group.peak())}")
+        log.error("node %s: a process was stopped for memory: %s", name, said, extra={"node": name})
+        if self._records is None:
+            return
+        held: dict[str, list[int]] = {}
+        for entry in self._nodes.inflight(name).values():
+            if is_request_entry(entry):
+                continue
+            job_id, index = parse_inflight_entry(entry)
+            held.setdefault(job_id, []).extend([] if index is None else [index])
+        for job_id, indexes in sorted(held.items()):
+            batches = ", ".join(str(i) for i in sorted(indexes)) or "its completion"
+            message = f"a worker was stopped for memory running batch {batches}: {said}"
+            if self._records.transition(job_id, JobStatus.WORKER_OOM, message=message):
+                log.error("job %s: %s: %s", job_id, JobStatus.WORKER_OOM.value, message, extra={"job_id": job_id})
 
     def _reap(self) -> None:
         for name, process in list(self.stopping.items()):
@@ -148,6 +215,7 @@ class WorkerHost:
             if code is not None:
                 del self.stopping[name]
                 log.info("node %s stopped (exit status %s)", name, code, extra={"node": name})
+                self._forget_group(name)
         for name, process in list(self.running.items()):
             code = process.poll()
             if code is not None:
@@ -183,7 +251,9 @@ class WorkerHost:
             self.stopping[name] = process
 
     def step(self, now: float) -> None:
-        """One turn: restart dead nodes, start what the plan (or the minimum) wants, stop idle excess, announce."""
+        """One turn: notice nodes stopped for memory, restart dead nodes, start what the plan (or the
+        minimum) wants, stop idle excess, announce."""
+        self._watch_memory(now)
         self._reap()
         plan = self._plan(now)
         target = max(self.config.min_nodes, plan.target if plan is not None else 0)
@@ -196,6 +266,12 @@ class WorkerHost:
             if self._cost is not None:
                 self._cost.update(held_units(plan), now)
         self.announce(now)
+
+    def _forget_group(self, name: str) -> None:
+        group = self._groups.pop(name, None)
+        self._oom_seen.pop(name, None)
+        if group is not None:
+            group.close()
 
     def announce(self, now: float) -> None:
         """The host's record (what it offers) and its report (what it runs, starting ones included)."""
@@ -223,6 +299,9 @@ class WorkerHost:
                 process.wait()
         self.running.clear()
         self.stopping.clear()
+        for name in list(self._groups):
+            self._forget_group(name)
+        self._memory.close()
         with contextlib.suppress(redis.RedisError):
             self._hosts.remove(self.config.host_id)
             self._worker_hosts.remove(self.config.host_id)
@@ -240,11 +319,11 @@ def celery_node(queues: tuple[str, ...], env: Mapping[str, str], loglevel: str =
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
     child_env.setdefault("PYTHONUNBUFFERED", "1")
 
-    def spawn(name: str) -> NodeProcess:
+    def spawn(name: str, extra: Mapping[str, str]) -> NodeProcess:
         return subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "jobs", "worker", "-Q", ",".join(queues), "-n", name,
              "--loglevel", loglevel, "--without-gossip", "--without-mingle"],
-            env=child_env, start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
+            env={**child_env, **extra}, start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
         )
 
     return spawn
@@ -269,11 +348,15 @@ def run_agent(config: AgentConfig, env: Mapping[str, str] | None = None, step_s:
     env = dict(os.environ if env is None else env)
     settings = Settings.from_env(env)
     client = heartbeat_client(settings)  # short timeouts, no retries: the next step is the retry
+    memory = MemoryLimits.from_env(env, watch_folder=Path(settings.cache_dir).expanduser() / "memory-limits")
+    log.info("worker host %s: memory limits: %s", config.host_id, memory.reason)
+    store = JobStore(client, settings.job_ttl_s)
     agent = WorkerHost(config, celery_node(config.queues, env), RedisHostDirectory(client), RedisWorkerHosts(client),
-                       Nodes(client, settings.node_ttl_s), cost=pod_deletion_cost.in_pod(env))
+                       Nodes(client, settings.node_ttl_s), cost=pod_deletion_cost.in_pod(env), memory=memory,
+                       records=store)
     upkeep = EnvironmentUpkeep(
         HostEnvironments.under(settings.cache_dir, events=RedisEnvironmentStates(client)), RedisApiRegistry(client),
-        JobStore(client, settings.job_ttl_s), grace_s=settings.environment_grace_s,
+        store, grace_s=settings.environment_grace_s,
         bundles=BundleStore(settings.storage, settings.cache_dir, cache_bytes=settings.bundle_cache_bytes,
                             limits=BundleLimits(settings.max_unpacked_bundle_bytes, settings.max_bundle_files)),
         queues=config.queues)

@@ -6,11 +6,13 @@ more `workers` and the stack's room allows, and those above the minimum stop aft
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+import requests
 
 from sluice.embedded import Stack, free_port
 from testbed.wheels import GREETING, GREETING_MODULE
@@ -83,3 +85,59 @@ class PythonPredictor:
     def predict(self, payload, batch_id):
         return None
 """
+
+
+# -- memory ------------------------------------------------------------------------------------------
+HUNGRY_BATCH_PREDICTOR = """
+import json
+import os
+
+
+class PythonPredictor:
+    def __init__(self, config, job_spec):
+        self.grow_mib = config.get("grow_mib", 0)
+        self.events = config["events"]
+        self.held = []
+
+    def predict(self, payload, batch_id):
+        for _ in range(self.grow_mib // 10):
+            self.held.append(bytearray(10 * 1024 * 1024))
+        with open(self.events, "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), "rss_mib": _rss_mib()}) + "\\n")
+
+
+def _rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024)
+"""
+
+
+def test_a_batch_predictor_past_its_compute_mem_ends_its_job_worker_oom_and_another_job_succeeds(
+        agent_stack: Stack, tmp_path: Path, events_file: Path) -> None:
+    from foundation.memory_limits import NODE_MARGIN_BYTES
+
+    client = closing_client(agent_stack.url)
+    names = {}
+    for role, grow in (("hungry", 600), ("calm", 0)):
+        name = names[role] = f"{role}-{uuid.uuid4().hex[:6]}"
+        folder = tmp_path / name
+        write_project(folder, name, {"grow_mib": grow, "events": str(events_file)}, source=HUNGRY_BATCH_PREDICTOR,
+                      compute={"cpu": 1, "mem": "100Mi"})
+        client.deploy(folder / "cortex.yaml")
+
+    hungry = client.submit_job(names["hungry"], {"item_list": {"items": [1, 2], "batch_size": 1}})
+    final = client.wait_job(names["hungry"], hungry["job_id"], timeout=180)
+    assert final["status"] == "status_worker_oom", final
+    message = final.get("message") or ""
+    assert "a worker was stopped for memory running batch" in message, final
+    limit_mib = (100 * 1024 * 1024 + NODE_MARGIN_BYTES) // (1024 * 1024)
+    assert f"over its limit of {limit_mib} MiB" in message and "peak" in message, message
+
+    # The node was started again; another job on the same host runs, and Sluice's own part of a node
+    # after a batch stays within the margin it is given.
+    events_file.write_text("")
+    calm = client.submit_job(names["calm"], {"item_list": {"items": [1, 2, 3], "batch_size": 1}})
+    assert client.wait_job(names["calm"], calm["job_id"], timeout=180)["status"] == "status_succeeded"
+    rows = [json.loads(line) for line in events_file.read_text().splitlines()]
+    assert len(rows) == 3 and max(row["rss_mib"] for row in rows) * 1024 * 1024 < NODE_MARGIN_BYTES, rows
+    assert requests.get(f"{agent_stack.url}/healthz", timeout=10).status_code == 200

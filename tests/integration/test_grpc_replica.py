@@ -106,7 +106,10 @@ def stubs_of(proto: Path, out: Path) -> tuple[ModuleType, ModuleType]:
 
 
 class GrpcReplica:
-    def __init__(self, tmp_path: Path, project: Path, spec: dict) -> None:
+    """The replica as its launcher starts it, on the session's Redis (its log lines and figures go
+    there: never to whatever listens at the default address)."""
+
+    def __init__(self, tmp_path: Path, project: Path, spec: dict, redis_url: str) -> None:
         api = ApiConfig.from_dict(spec)
         deployed = DeployedApi.of(api, "b1")
         spec_path = tmp_path / "spec.json"
@@ -116,7 +119,7 @@ class GrpcReplica:
         self.log = tmp_path / "replica.log"
         env = {**os.environ, "SLUICE_REPLICA_SPEC": str(spec_path), "SLUICE_REPLICA_PROJECT": str(project),
                "SLUICE_REPLICA_STATE_DIR": str(self.state), "SLUICE_REPLICA_ID": "iris-grpc-1",
-               "SLUICE_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+               "SLUICE_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT), "SLUICE_REDIS_URL": redis_url}
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "sluice.grpc_replica", f"127.0.0.1:{self.port}"],
@@ -139,7 +142,7 @@ class GrpcReplica:
 
 
 @pytest.fixture
-def iris(tmp_path: Path) -> Iterator[tuple[GrpcReplica, ModuleType, ModuleType]]:
+def iris(tmp_path: Path, redis_server: str) -> Iterator[tuple[GrpcReplica, ModuleType, ModuleType]]:
     project = tmp_path / "project"
     project.mkdir()
     (project / "iris_classifier.proto").write_text(IRIS_PROTO)
@@ -147,7 +150,7 @@ def iris(tmp_path: Path) -> Iterator[tuple[GrpcReplica, ModuleType, ModuleType]]
     replica = GrpcReplica(tmp_path, project, {
         "name": "iris-classifier", "kind": "RealtimeAPI",
         "predictor": {"path": "handler.py", "protobuf_path": "iris_classifier.proto", "threads_per_process": 4,
-                      "config": {"labels": ["setosa", "versicolor", "virginica"]}}})
+                      "config": {"labels": ["setosa", "versicolor", "virginica"]}}}, redis_server)
     messages, stubs = stubs_of(project / "iris_classifier.proto", tmp_path / "client")
     try:
         wait_for(lambda: ReadinessMarkers(replica.state).ready_count() == 1 or replica.process.poll() is not None,
@@ -197,13 +200,14 @@ def test_a_raising_handler_ends_the_call_internal_naming_the_error_and_the_repli
     assert logged and "Traceback" in logged[0]["exception"] and "Explain" in logged[0]["exception"]
 
 
-def test_a_proto_that_does_not_compile_fails_the_replica_naming_the_line_and_every_call_says_so(tmp_path):
+def test_a_proto_that_does_not_compile_fails_the_replica_naming_the_line_and_every_call_says_so(
+        tmp_path, redis_server):
     project = tmp_path / "project"
     project.mkdir()
     (project / "broken.proto").write_text('syntax = "proto3";\npackage broken;\nmessage A { strin a = 1; }\n')
     (project / "handler.py").write_text("class Handler:\n    pass\n")
     replica = GrpcReplica(tmp_path, project, {"name": "broken", "kind": "RealtimeAPI", "predictor": {
-        "path": "handler.py", "protobuf_path": "broken.proto"}})
+        "path": "handler.py", "protobuf_path": "broken.proto"}}, redis_server)
     try:
         failure = wait_for(lambda: ReadinessMarkers(replica.state).failure(), WAIT_S, "the replica to fail")
         assert failure.startswith("predictor.protobuf_path: broken.proto does not compile: broken.proto:3"), failure
@@ -216,13 +220,13 @@ def test_a_proto_that_does_not_compile_fails_the_replica_naming_the_line_and_eve
         assert replica.stop() == 0
 
 
-def test_a_handler_that_fails_to_build_makes_every_call_unavailable_saying_why(tmp_path):
+def test_a_handler_that_fails_to_build_makes_every_call_unavailable_saying_why(tmp_path, redis_server):
     project = tmp_path / "project"
     project.mkdir()
     (project / "iris_classifier.proto").write_text(IRIS_PROTO)
     (project / "handler.py").write_text(IRIS_HANDLER.replace('config["labels"]', 'config["no-such-key"]'))
     replica = GrpcReplica(tmp_path, project, {"name": "iris-classifier", "kind": "RealtimeAPI", "predictor": {
-        "path": "handler.py", "protobuf_path": "iris_classifier.proto"}})
+        "path": "handler.py", "protobuf_path": "iris_classifier.proto"}}, redis_server)
     messages, stubs = stubs_of(project / "iris_classifier.proto", tmp_path / "client")
     try:
         wait_for(lambda: ReadinessMarkers(replica.state).failure(), WAIT_S, "the build to fail")

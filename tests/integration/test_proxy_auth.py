@@ -79,7 +79,7 @@ def test_a_protected_realtime_api_answers_401_without_the_key_and_serves_with_it
 
 
 def test_a_protected_grpc_api_refuses_a_call_without_the_key_and_says_not_ready_in_grpc_terms(
-        protected_proxy, redis_client, tmp_path):
+        protected_proxy, redis_client, redis_server, tmp_path):
     """The proxy's own answers to a gRPC caller are gRPC answers: UNAUTHENTICATED, UNAVAILABLE."""
     import grpc
 
@@ -93,7 +93,7 @@ def test_a_protected_grpc_api_refuses_a_call_without_the_key_and_says_not_ready_
         "path": "handler.py", "protobuf_path": "iris_classifier.proto",
         "config": {"labels": ["setosa", "versicolor", "virginica"]}}}
     RedisApiRegistry(redis_client).put(ApiConfig.from_dict(spec), "b1")
-    replica = GrpcReplica(tmp_path, project, spec)
+    replica = GrpcReplica(tmp_path, project, spec, redis_server)
     messages, stubs = stubs_of(project / "iris_classifier.proto", tmp_path / "client")
     launchers = Launchers(redis_client)
     channel = grpc.insecure_channel(protected_proxy.url.split("://", 1)[1])

@@ -71,7 +71,7 @@ def test_a_worker_host_costs_what_beats_plan_says_it_holds() -> None:
     api = PodApi()
     worker_hosts = MemoryWorkerHosts()
     config = AgentConfig("box-workers", ("cpu",), Resources.parse(cpu=4), min_nodes=1, idle_grace_s=5.0)
-    agent = WorkerHost(config, lambda name: Node(), MemoryHostDirectory(), worker_hosts, MemoryNodes(4.0),
+    agent = WorkerHost(config, lambda name, extra: Node(), MemoryHostDirectory(), worker_hosts, MemoryNodes(4.0),
                        node_host="box", cost=PodDeletionCost(api))
 
     plans = [HostPlan(1, (), T0), HostPlan(2, (), T0, holds=True), HostPlan(2, ("box-workers-1@box",

@@ -25,6 +25,7 @@ class FakeNode:
         self.name = name
         self.signals: list[int] = []
         self.code: int | None = None
+        self.pid = 0
 
     def poll(self) -> int | None:
         return self.code
@@ -52,7 +53,7 @@ class Host:
                              idle_grace_s=GRACE_S)
         self.agent = WorkerHost(config, self._spawn, self.hosts, self.worker_hosts, self.nodes, node_host="box")
 
-    def _spawn(self, name: str) -> FakeNode:
+    def _spawn(self, name: str, extra: dict[str, str]) -> FakeNode:
         node = FakeNode(name)
         self.spawned.append(node)
         return node
