@@ -137,6 +137,7 @@ bench: $(STAMP) redis-server
 	$(RUN) $(PY) bench/failover.py
 	$(RUN) $(PY) bench/autoscale.py
 	$(RUN) $(PY) bench/environments.py
+	$(RUN) $(PY) bench/cpu_shares.py
 	@command -v wrk >/dev/null 2>&1 || $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
 	$(call PEER_VENV,bentoml)
 	$(RUN) $(PY) bench/realtime.py

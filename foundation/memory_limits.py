@@ -30,18 +30,16 @@ tests/integration/test_memory_limits.py measures it again and holds the margins 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
-import re
 import signal
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
+from .cgroup_files import counter, mount_of, own_group, read_text, remove_group, writable_dir
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -99,41 +97,6 @@ class MemoryGroup(Protocol):
         ...
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="ascii")
-    except OSError:
-        return ""
-
-
-def _counter(text: str, name: str) -> int:
-    match = re.search(rf"^{re.escape(name)} (\d+)$", text, re.MULTILINE)
-    return int(match.group(1)) if match else 0
-
-
-def _kill_all(procs_file: Path) -> None:
-    for line in _read(procs_file).split():
-        with contextlib.suppress(ProcessLookupError, ValueError, PermissionError):
-            os.kill(int(line), signal.SIGKILL)
-
-
-def _remove(path: Path, procs_file: Path) -> None:
-    """rmdir the group once its processes are gone (a killed process leaves it a moment later)."""
-    deadline = time.monotonic() + 5.0
-    while True:
-        _kill_all(procs_file)
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            if e.errno != errno.EBUSY or time.monotonic() > deadline:
-                log.warning("memory group %s could not be removed: %s", path, e)
-                return
-            time.sleep(0.05)
-
-
 @dataclass
 class CgroupGroup:
     """A group of cgroup v1's memory controller or of cgroup v2, made by `MemoryLimits.group`."""
@@ -151,25 +114,25 @@ class CgroupGroup:
         (self.path / "cgroup.procs").write_text(str(pid), encoding="ascii")
 
     def check(self) -> None:
-        text = _read(self.limit_file).strip()
+        text = read_text(self.limit_file).strip()
         if text.isdigit():
             self.limit = int(text)
         if self.version == 2 and not (self.path / "memory.peak").exists():  # kernels before 5.19
-            current = _read(self.path / "memory.current").strip()
+            current = read_text(self.path / "memory.current").strip()
             self._peak_seen = max(self._peak_seen, int(current or 0))
 
     def oom_kills(self) -> int:
         if self.version == 2:
-            return _counter(_read(self.path / "memory.events"), "oom_kill")
-        return _counter(_read(self.path / "memory.oom_control"), "oom_kill")
+            return counter(read_text(self.path / "memory.events"), "oom_kill")
+        return counter(read_text(self.path / "memory.oom_control"), "oom_kill")
 
     def peak(self) -> int:
         name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
-        text = _read(self.path / name).strip()
+        text = read_text(self.path / name).strip()
         return max(int(text) if text.isdigit() else 0, self._peak_seen)
 
     def close(self) -> None:
-        _remove(self.path, self.path / "cgroup.procs")
+        remove_group(self.path, self.path / "cgroup.procs")
 
 
 @dataclass
@@ -210,7 +173,7 @@ class WatchdogGroup:
         import psutil
 
         if self.folder is not None:
-            text = _read(self.limit_file).strip()
+            text = read_text(self.limit_file).strip()
             if text.isdigit():
                 self.limit = int(text)
         sizes: list[tuple[int, int]] = []
@@ -240,36 +203,6 @@ class WatchdogGroup:
         if self.folder is not None:
             with contextlib.suppress(OSError):
                 self.limit_file.unlink()
-
-
-def _own_group(version: int, controller: str = "memory") -> str | None:
-    """This process's group path in the hierarchy of `controller` (v1) or the unified one (v2)."""
-    for line in _read(Path("/proc/self/cgroup")).splitlines():
-        number, controllers, path = [*line.split(":", 2), "", ""][:3]
-        if version == 2 and number == "0" and controllers == "":
-            return path
-        if version == 1 and controller in controllers.split(","):
-            return path
-    return None
-
-
-def _mount_of(kind: str, option: str | None = None) -> Path | None:
-    """Where a cgroup file system of `kind` (cgroup, cgroup2) is mounted, with `option` among its options."""
-    for line in _read(Path("/proc/self/mounts")).splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[2] == kind and (option is None or option in parts[3].split(",")):
-            return Path(parts[1])
-    return None
-
-
-def _writable_dir(parent: Path, name: str) -> Path | None:
-    """`parent/name`, made if need be; None where it cannot be."""
-    path = parent / name
-    try:
-        path.mkdir(exist_ok=True)
-    except OSError:
-        return None
-    return path
 
 
 @dataclass
@@ -342,11 +275,11 @@ class MemoryLimits:
 
 
 def _cgroup_v1() -> MemoryLimits | None:
-    mount = _mount_of("cgroup", "memory")
-    own = _own_group(1)
+    mount = mount_of("cgroup", "memory")
+    own = own_group(1)
     if mount is None or own is None:
         return None
-    base = _writable_dir(mount / own.lstrip("/"), f"{GROUP_PREFIX}groups-{os.getpid()}")
+    base = writable_dir(mount / own.lstrip("/"), f"{GROUP_PREFIX}groups-{os.getpid()}")
     if base is None:
         return None
     return MemoryLimits(LimitMode.CGROUP_V1, f"cgroup v1's memory controller, groups under {base}", base)
@@ -355,19 +288,19 @@ def _cgroup_v1() -> MemoryLimits | None:
 def _cgroup_v2() -> MemoryLimits | None:
     """A delegated v2 subtree: this process moves into a leaf of its own group, so that the group may
     hand the memory controller to its children (v2 keeps processes out of inner groups)."""
-    mount = _mount_of("cgroup2")
-    own = _own_group(2)
+    mount = mount_of("cgroup2")
+    own = own_group(2)
     if mount is None or own is None:
         return None
     group = mount / own.lstrip("/")
-    if "memory" not in _read(group / "cgroup.controllers").split():
+    if "memory" not in read_text(group / "cgroup.controllers").split():
         return None
     try:
         control = group / "cgroup.subtree_control"
-        if "memory" not in _read(control).split():
+        if "memory" not in read_text(control).split():
             leaf = group / f"{GROUP_PREFIX}self"
             leaf.mkdir(exist_ok=True)
-            for pid in _read(group / "cgroup.procs").split():
+            for pid in read_text(group / "cgroup.procs").split():
                 (leaf / "cgroup.procs").write_text(pid, encoding="ascii")
             control.write_text("+memory", encoding="ascii")
     except OSError:

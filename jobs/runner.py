@@ -33,8 +33,8 @@ from jobs.batch.predictors import BundlePredictors, JobPredictors
 from jobs.batch.publish import completion_sender
 from jobs.batch.steps import LOST_DELIVERY_ALLOWANCE, BatchRun, JobLogs, batch_id_of, batch_pipeline
 from jobs.batch.time_limit import BatchWatchdog
+from jobs.nodes.compute_cap import ComputeCap
 from jobs.nodes.loop_answers import NODE_LOOP, LoopAnswers
-from jobs.nodes.memory_cap import MemoryCap
 from jobs.services import Services
 from jobs.transport.delivery import Delivery
 from predictors_runtime.environments import HostEnvironments
@@ -80,7 +80,7 @@ class WorkerRuntime:
             ledger=services.store, records=services.store, nodes=services.nodes, placement=services.placement,
             predictors=self.predictors, watchdog=self.watchdog, figures=figures, logs=logs,
             send_completion=send_completion, local_roots=settings.local_input_roots, answers=self.answers,
-            memory_cap=MemoryCap.from_env(),
+            compute_cap=ComputeCap.from_env(),
         )
         self.completion = JobCompletion(services.store, services.nodes, services.placement, self.predictors,
                                         settings.local_input_roots)

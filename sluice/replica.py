@@ -40,9 +40,10 @@ import redis
 
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi, RedisApiRegistry
+from foundation.cpu_limits import CpuGroup, CpuLimits
 from foundation.environment_states import RedisEnvironmentStates
 from foundation.errors import ApiNotFound, ConfigError, NotReady, SluiceError
-from foundation.hosts import mem_bytes
+from foundation.hosts import cpu_millis, mem_bytes
 from foundation.memory_limits import LimitMode, MemoryGroup, MemoryLimits, human_bytes, replica_limit
 from foundation.proxy_registry import RedisProxyRegistry, unrouted
 from foundation.redis_clients import heartbeat_client
@@ -174,6 +175,7 @@ class Generation:
     # Its memory limit (foundation/memory_limits.py; None: its API sets no compute.mem, or limits are off),
     # the kills counted so far, and the last one: when, and what it said.
     memory: MemoryGroup | None = None
+    cpu: CpuGroup | None = None       # its CPU weight (foundation/cpu_limits.py; None: no cpu controller)
     oom_kills: int = 0
     last_oom_at: float = 0.0
     last_oom: str = ""
@@ -227,7 +229,7 @@ class ReplicaLauncher:
         unrouted: Unrouted | None = None, spawn: Callable[..., subprocess.Popen[bytes]] = spawn_gunicorn,
         registry: ApiRegistry | None = None, directory: ReplicaDirectory | None = None,
         placement_host: str = "", environments: HostEnvironments | None = None,
-        memory_limits: MemoryLimits | None = None,
+        memory_limits: MemoryLimits | None = None, cpu_limits: CpuLimits | None = None,
     ) -> None:
         """`registry` and `directory` default to Redis's through `redis_client`; a fast test hands in
         `foundation.memory`'s fakes and its own `unrouted` (its client is then never used)."""
@@ -248,6 +250,7 @@ class ReplicaLauncher:
         self._spawn = spawn
         self._environments = environments or HostEnvironments(self._state_root / "environments")
         self._memory_limits = memory_limits or MemoryLimits(LimitMode.OFF, "not asked for")
+        self._cpu_limits = cpu_limits or CpuLimits("not asked for")
         self.serving: Generation | None = None
         self.incoming: Generation | None = None
         self.retiring: list[Generation] = []
@@ -313,6 +316,7 @@ class ReplicaLauncher:
                 gen.process.wait()  # type: ignore[union-attr]
             self._forget(gen)
         self._memory_limits.close()
+        self._cpu_limits.close()
 
     # -- the registry ------------------------------------------------------------------------
     def _lookup(self, now: float) -> DeployedApi | Literal[False] | None:
@@ -412,6 +416,7 @@ class ReplicaLauncher:
         # predictor's namespace moves into the project folder when it is built (namespace.py).
         gen.process = self._spawn(gen.argv, gen.env, gen.state_dir)
         self._limit_memory(gen)
+        self._share_cpu(gen)
         gen.has_been_ready = False
         gen.started_at = now
         gen.message = "starting"  # `failing` stays as it was: a server that keeps exiting is still failing
@@ -431,6 +436,20 @@ class ReplicaLauncher:
         except OSError as e:  # the group cannot be made or joined: the replica serves, unlimited, and says so
             log.error("%s: its memory limit could not be set (%s); it runs without one", gen.replica_id, e)
             gen.memory = None
+
+    def _share_cpu(self, gen: Generation) -> None:
+        """Put the generation's new process tree in its CPU group: its API's compute.cpu as its weight."""
+        if gen.process is None:
+            return
+        try:
+            if gen.cpu is None:
+                gen.cpu = self._cpu_limits.group(gen.replica_id,
+                                                 cpu_millis(ApiConfig.from_dict(gen.api.spec).compute.cpu))
+            if gen.cpu is not None:
+                gen.cpu.join(gen.process.pid)
+        except OSError as e:  # it serves, with the host's default share, and says so
+            log.error("%s: its cpu share could not be set (%s); it runs with the default one", gen.replica_id, e)
+            gen.cpu = None
 
     def _watch_memory(self, gen: Generation, now: float) -> None:
         """Enforce a watched limit, and notice a process of the tree stopped for memory."""
@@ -519,6 +538,8 @@ class ReplicaLauncher:
             signal_group(gen.process, signal.SIGKILL)  # workers left behind by a dead arbiter
         if gen.memory is not None:
             gen.memory.close()
+        if gen.cpu is not None:
+            gen.cpu.close()
         self._bundles.release(gen.api.bundle)  # the cache may evict it once nothing else uses it
         for build in (gen.environment_used, gen.environment):
             if build is not None:
@@ -573,14 +594,14 @@ def serve(
         settings.storage, settings.cache_dir, cache_bytes=settings.bundle_cache_bytes,
         limits=BundleLimits(settings.max_unpacked_bundle_bytes, settings.max_bundle_files),
     )
-    memory_limits = MemoryLimits.from_env(env)
-    log.info("memory limits of %s's replica: %s", api_name, memory_limits.reason)
+    memory_limits, cpu_limits = MemoryLimits.from_env(env), CpuLimits.from_env(env)
+    log.info("memory limits of %s's replica: %s; cpu: %s", api_name, memory_limits.reason, cpu_limits.reason)
     launcher = ReplicaLauncher(
         api_name, redis_client=client, bundles=bundles,
         state_root=state_dir or Path(settings.cache_dir).expanduser() / "replicas", port=port, host=host,
         advertise=advertise, api_url=api_url, base_env=env, placement_host=placement_host,
         environments=HostEnvironments.under(settings.cache_dir, events=RedisEnvironmentStates(client)),
-        memory_limits=memory_limits,
+        memory_limits=memory_limits, cpu_limits=cpu_limits,
     )
     signals = 0
 

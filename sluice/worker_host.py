@@ -33,6 +33,7 @@ from typing import Protocol
 
 import redis
 
+from foundation.cpu_limits import WEIGHT_FILE_VARIABLE, CpuGroup, CpuLimits
 from foundation.errors import SluiceError
 from foundation.hosts import HostDirectory, HostRecord, Resources, memory_found
 from foundation.memory_limits import LIMIT_FILE_VARIABLE, LimitMode, MemoryGroup, MemoryLimits, human_bytes
@@ -127,13 +128,16 @@ class WorkerHost:
 
     def __init__(self, config: AgentConfig, spawn: Spawn, hosts: HostDirectory, worker_hosts: WorkerHosts,
                  nodes: NodeRegistry, node_host: str | None = None, cost: PodDeletionCost | None = None,
-                 memory: MemoryLimits | None = None, records: JobRecords | None = None) -> None:
+                 memory: MemoryLimits | None = None, records: JobRecords | None = None,
+                 cpu: CpuLimits | None = None) -> None:
         """`memory` holds each node to the `compute.mem` of the job it runs (foundation/memory_limits.py);
         `records` is where a job whose node was stopped for memory ends `status_worker_oom`."""
         self.config = config
         self._memory = memory or MemoryLimits(LimitMode.OFF, "not asked for")
+        self._cpu = cpu or CpuLimits("not asked for")
         self._records = records
         self._groups: dict[str, MemoryGroup] = {}
+        self._cpu_groups: dict[str, CpuGroup] = {}
         self._oom_seen: dict[str, int] = {}
         self._cost = cost
         self._spawn = spawn
@@ -154,15 +158,32 @@ class WorkerHost:
         return f"{self.config.host_id}-{k}@{self._node_host}"
 
     def _start(self, name: str) -> None:
-        group = self._group_of(name)
+        group, cpu = self._group_of(name), self._cpu_group_of(name)
         extra = {LIMIT_FILE_VARIABLE: str(group.limit_file)} if group is not None else {}
+        if cpu is not None:
+            extra[WEIGHT_FILE_VARIABLE] = str(cpu.weight_file)
         process = self.running[name] = self._spawn(name, extra)
         self._idle_since.pop(name, None)
-        if group is not None:
+        for joined, what in ((group, "memory limit"), (cpu, "cpu share")):
+            if joined is None:
+                continue
             try:
-                group.join(process.pid)
-            except OSError as e:  # it runs, without a limit, and says so
-                log.error("node %s could not be given its memory limit (%s); it runs without one", name, e)
+                joined.join(process.pid)
+            except OSError as e:  # it runs, without it, and says so
+                log.error("node %s could not be given its %s (%s); it runs without one", name, what, e)
+
+    def _cpu_group_of(self, name: str) -> CpuGroup | None:
+        """The node's CPU group, kept across its restarts: 1 cpu's weight until the node writes its job's."""
+        if name not in self._cpu_groups:
+            try:
+                group = self._cpu.group(f"node-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}", 1000)
+            except OSError as e:
+                log.error("node %s gets no cpu group (%s); it runs with the default share", name, e)
+                return None
+            if group is None:
+                return None
+            self._cpu_groups[name] = group
+        return self._cpu_groups[name]
 
     def _group_of(self, name: str) -> MemoryGroup | None:
         """The node's memory group, made at its first start and kept across its restarts: at first the
@@ -272,6 +293,9 @@ class WorkerHost:
         self._oom_seen.pop(name, None)
         if group is not None:
             group.close()
+        cpu = self._cpu_groups.pop(name, None)
+        if cpu is not None:
+            cpu.close()
 
     def announce(self, now: float) -> None:
         """The host's record (what it offers) and its report (what it runs, starting ones included)."""
@@ -299,9 +323,10 @@ class WorkerHost:
                 process.wait()
         self.running.clear()
         self.stopping.clear()
-        for name in list(self._groups):
+        for name in {*self._groups, *self._cpu_groups}:
             self._forget_group(name)
         self._memory.close()
+        self._cpu.close()
         with contextlib.suppress(redis.RedisError):
             self._hosts.remove(self.config.host_id)
             self._worker_hosts.remove(self.config.host_id)
@@ -349,11 +374,12 @@ def run_agent(config: AgentConfig, env: Mapping[str, str] | None = None, step_s:
     settings = Settings.from_env(env)
     client = heartbeat_client(settings)  # short timeouts, no retries: the next step is the retry
     memory = MemoryLimits.from_env(env, watch_folder=Path(settings.cache_dir).expanduser() / "memory-limits")
-    log.info("worker host %s: memory limits: %s", config.host_id, memory.reason)
+    cpu = CpuLimits.from_env(env)
+    log.info("worker host %s: memory limits: %s; cpu: %s", config.host_id, memory.reason, cpu.reason)
     store = JobStore(client, settings.job_ttl_s)
     agent = WorkerHost(config, celery_node(config.queues, env), RedisHostDirectory(client), RedisWorkerHosts(client),
                        Nodes(client, settings.node_ttl_s), cost=pod_deletion_cost.in_pod(env), memory=memory,
-                       records=store)
+                       records=store, cpu=cpu)
     upkeep = EnvironmentUpkeep(
         HostEnvironments.under(settings.cache_dir, events=RedisEnvironmentStates(client)), RedisApiRegistry(client),
         store, grace_s=settings.environment_grace_s,

@@ -49,7 +49,7 @@ from jobs.batch.outputs import write_part
 from jobs.batch.predictors import JobPredictor, JobPredictors
 from jobs.batch.publish import SendCompletion
 from jobs.batch.time_limit import BatchWatchdog, timed_out_message
-from jobs.nodes.memory_cap import MemoryCap
+from jobs.nodes.compute_cap import ComputeCap
 from jobs.nodes.registry import NodeRegistry
 from jobs.placement.batch import JobPlacement
 from jobs.store import BatchLedger, JobRecords, Recorded
@@ -278,18 +278,18 @@ class BuildPredictor:
 
     def __init__(
         self, predictors: JobPredictors, watchdog: BatchWatchdog, records: JobRecords, placement: JobPlacement,
-        memory_cap: MemoryCap | None = None,
+        compute_cap: ComputeCap | None = None,
     ) -> None:
         self.predictors = predictors
         self.watchdog = watchdog
         self.records = records
         self.placement = placement
-        self.memory_cap = memory_cap
+        self.compute_cap = compute_cap
 
     def __call__(self, run: BatchRun, call_next: Next) -> None:
         job = _job_of(run)
-        if self.memory_cap is not None:  # the node's limit is this job's before its predictor grows
-            self.memory_cap.require((job.api_spec.get("compute") or {}).get("mem"))
+        if self.compute_cap is not None:  # the node's limit and weight are this job's before its predictor runs
+            self.compute_cap.require_compute(job.api_spec.get("compute"))
         try:
             with self.watchdog.while_active(job, run.index):
                 run.predictor = self.predictors.predictor_for(job, run.delivery.node if run.delivery else None)
@@ -406,16 +406,16 @@ def batch_pipeline(
     *, ledger: BatchLedger, records: JobRecords, nodes: NodeRegistry, placement: JobPlacement,
     predictors: JobPredictors, watchdog: BatchWatchdog, figures: FigureSink, logs: JobLogs,
     send_completion: SendCompletion, local_roots: tuple[str, ...], answers: LaterAnswers,
-    memory_cap: MemoryCap | None = None,
+    compute_cap: ComputeCap | None = None,
 ) -> Next:
     """The steps a batch goes through in this process, outermost first, each given what it uses;
-    `answers` may hold the answers of batch records until they arrive; `memory_cap` is the node's
-    memory limit, set for each batch's job."""
+    `answers` may hold the answers of batch records until they arrive; `compute_cap` is the node's
+    memory limit and CPU weight, set for each batch's job."""
     read_input = ReadInput(local_roots)
     return chain([
         Labels(logs), OpenDelivery(nodes), Figures(figures),
         Record(ledger, send_completion, answers),
         Begin(ledger, predictors, meanwhile=read_input.read),
-        BuildPredictor(predictors, watchdog, records, placement, memory_cap),
+        BuildPredictor(predictors, watchdog, records, placement, compute_cap),
         read_input, TimeLimit(), Retries(watchdog), Outputs(ledger, local_roots), predict,
     ])

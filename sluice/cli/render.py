@@ -77,10 +77,15 @@ def job_duration(job: dict[str, Any], now: float) -> float | None:
     return end - start
 
 
+# The statuses whose short word needs its meaning beside it.
+_MEANINGS = {"worker_oom": "worker_oom: out of memory"}
+
+
 def status_word(status: str) -> str:
-    """A job status as every human-readable line spells it: `succeeded` for `status_succeeded`
-    (JSON output keeps Cortex's spelling)."""
-    return status.removeprefix("status_")
+    """A job status as every human-readable line spells it: `succeeded` for `status_succeeded`,
+    `worker_oom: out of memory` (JSON output keeps Cortex's spelling)."""
+    word = status.removeprefix("status_")
+    return _MEANINGS.get(word, word)
 
 
 def progress_cell(job: dict[str, Any]) -> str:

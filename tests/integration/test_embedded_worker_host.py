@@ -114,15 +114,17 @@ def _rss_mib():
 
 def test_a_batch_predictor_past_its_compute_mem_ends_its_job_worker_oom_and_another_job_succeeds(
         agent_stack: Stack, tmp_path: Path, events_file: Path) -> None:
+    from foundation.cpu_limits import CpuLimits
     from foundation.memory_limits import NODE_MARGIN_BYTES
+    from tests.integration.test_memory_limits import cpu_shares_of
 
     client = closing_client(agent_stack.url)
     names = {}
-    for role, grow in (("hungry", 600), ("calm", 0)):
+    for role, grow, cpu in (("hungry", 600, 1), ("calm", 0, "500m")):
         name = names[role] = f"{role}-{uuid.uuid4().hex[:6]}"
         folder = tmp_path / name
         write_project(folder, name, {"grow_mib": grow, "events": str(events_file)}, source=HUNGRY_BATCH_PREDICTOR,
-                      compute={"cpu": 1, "mem": "100Mi"})
+                      compute={"cpu": cpu, "mem": "100Mi"})
         client.deploy(folder / "cortex.yaml")
 
     hungry = client.submit_job(names["hungry"], {"item_list": {"items": [1, 2], "batch_size": 1}})
@@ -140,4 +142,8 @@ def test_a_batch_predictor_past_its_compute_mem_ends_its_job_worker_oom_and_anot
     assert client.wait_job(names["calm"], calm["job_id"], timeout=180)["status"] == "status_succeeded"
     rows = [json.loads(line) for line in events_file.read_text().splitlines()]
     assert len(rows) == 3 and max(row["rss_mib"] for row in rows) * 1024 * 1024 < NODE_MARGIN_BYTES, rows
+    # The node ran the calm job's batches with its compute.cpu as its weight (where cgroup v1's cpu
+    # controller is writable, as on these hosts).
+    if CpuLimits.from_env({}).version == 1:
+        assert {cpu_shares_of(row["pid"]) for row in rows} == {512}
     assert requests.get(f"{agent_stack.url}/healthz", timeout=10).status_code == 200

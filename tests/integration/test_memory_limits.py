@@ -20,6 +20,8 @@ import requests
 import yaml
 
 from foundation.api_registry import DeployedApi
+from foundation.cgroup_files import mount_of
+from foundation.cpu_limits import CpuLimits
 from foundation.memory_limits import ARBITER_BYTES, OWN_MARGIN_BYTES, LimitMode, MemoryLimits
 from predictors_runtime.config import ApiConfig
 from sluice.embedded import free_port
@@ -88,6 +90,33 @@ def test_the_watchdog_stops_the_largest_process_of_a_tree_past_its_limit_and_not
         group.close()
 
 
+def test_compute_cpu_is_written_as_the_groups_weight_and_with_a_quota_as_its_cap_too():
+    shares = CpuLimits.from_env({})
+    if shares.version == 0:
+        pytest.skip(f"no writable cpu controller here: {shares.reason}")
+    quota = CpuLimits.from_env({"SLUICE_CPU_LIMITS": "quota"})
+    busy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    one, three = shares.group("one", 1000), quota.group("three", 3000)
+    try:
+        assert one is not None and three is not None
+        one.join(busy.pid)
+        assert int(one.weight_file.read_text()) == (100 if shares.version == 2 else 1024)
+        assert int(three.weight_file.read_text()) == (300 if quota.version == 2 else 3072)
+        cap = (three.path / "cpu.max").read_text().split()[0] if quota.version == 2 else \
+            (three.path / "cpu.cfs_quota_us").read_text().strip()
+        assert int(cap) == 300_000  # 3 cpus of each 100 ms period
+        assert str(one.path).split("/sys/fs/cgroup/", 1)[-1].split("/", 1)[-1] in Path(
+            f"/proc/{busy.pid}/cgroup").read_text()
+    finally:
+        busy.kill()
+        busy.wait()
+        for group in (one, three):
+            if group is not None:
+                group.close()
+        shares.close()
+        quota.close()
+
+
 def test_an_unknown_mode_is_refused_naming_the_setting():
     with pytest.raises(Exception, match="SLUICE_MEMORY_LIMITS must be auto, cgroup, watchdog or off"):
         MemoryLimits.from_env({"SLUICE_MEMORY_LIMITS": "strict"})
@@ -149,20 +178,24 @@ def test_a_replica_past_its_compute_mem_is_stopped_alone_and_comes_back(realtime
     from sluice.client import Client
 
     client = Client(realtime_stack.url, timeout=60)
-    names = ["hungry", "calm"]
-    for name in names:
+    names = {"hungry": "100m", "calm": "400m"}  # with their compute.cpu
+    for name, cpu in names.items():
         folder = tmp_path / name
         folder.mkdir()
         (folder / "predictor.py").write_text(HUNGRY_PREDICTOR)
         (folder / "cortex.yaml").write_text(yaml.safe_dump([{
             "name": name, "kind": "RealtimeAPI", "predictor": {"path": "predictor.py"},
-            "compute": {"cpu": "100m", "mem": "100Mi"}}]))
+            "compute": {"cpu": cpu, "mem": "100Mi"}}]))
         client.deploy(folder / "cortex.yaml")
     try:
         for name in names:
             client.wait_ready(name, timeout=120)
         calm_pid = client.predict("calm", {"grow_mib": 0})["pid"]
         hungry_pid = client.predict("hungry", {"grow_mib": 20})["pid"]
+        # Each replica's processes have its compute.cpu as their weight, where a cpu controller is writable.
+        if CpuLimits.from_env({}).version == 1:
+            assert {name: cpu_shares_of(pid) for name, pid in (("hungry", hungry_pid), ("calm", calm_pid))} == {
+                "hungry": 102, "calm": 409}
 
         held = requests.post(f"{realtime_stack.url}/hungry", json={"grow_mib": 400}, timeout=60)
         assert held.status_code == 502 and held.json()["kind"] == "bad_gateway"
@@ -181,6 +214,17 @@ def test_a_replica_past_its_compute_mem_is_stopped_alone_and_comes_back(realtime
     finally:
         for name in names:
             client.delete_api(name)
+
+
+def cpu_shares_of(pid: int) -> int:
+    """The cpu.shares of the cgroup v1 cpu group process `pid` is in."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            mount = mount_of("cgroup", "cpu")
+            assert mount is not None
+            return int((mount / path.lstrip("/") / "cpu.shares").read_text())
+    raise AssertionError(f"process {pid} is in no cpu group")
 
 
 def _answers(url: str, name: str) -> bool:

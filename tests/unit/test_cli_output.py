@@ -141,3 +141,10 @@ def test_a_server_message_in_a_table_is_printed_as_it_is_brackets_and_all(capsys
     print_table(None, ["batch", "error"], [["3", message]])  # rich markup would eat [...], or raise on [/bold]
 
     assert message in capsys.readouterr().out
+
+
+def test_a_job_ended_out_of_memory_is_said_in_words_beside_cortexs_status():
+    from sluice.cli.render import status_word
+
+    assert status_word("status_worker_oom") == "worker_oom: out of memory"
+    assert status_word("status_succeeded") == "succeeded"

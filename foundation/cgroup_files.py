@@ -1,0 +1,80 @@
+"""Reading and writing the files of the host's control groups (cgroup v1 and v2), for the memory
+and CPU limits of Sluice's process trees (`memory_limits.py`, `cpu_limits.py`)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="ascii")
+    except OSError:
+        return ""
+
+
+def counter(text: str, name: str) -> int:
+    match = re.search(rf"^{re.escape(name)} (\d+)$", text, re.MULTILINE)
+    return int(match.group(1)) if match else 0
+
+
+def kill_all(procs_file: Path) -> None:
+    for line in read_text(procs_file).split():
+        with contextlib.suppress(ProcessLookupError, ValueError, PermissionError):
+            os.kill(int(line), signal.SIGKILL)
+
+
+def remove_group(path: Path, procs_file: Path) -> None:
+    """rmdir the group once its processes are gone (a killed process leaves it a moment later)."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        kill_all(procs_file)
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                log.warning("memory group %s could not be removed: %s", path, e)
+                return
+            time.sleep(0.05)
+
+
+def own_group(version: int, controller: str = "memory") -> str | None:
+    """This process's group path in the hierarchy of `controller` (v1) or the unified one (v2)."""
+    for line in read_text(Path("/proc/self/cgroup")).splitlines():
+        number, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if version == 2 and number == "0" and controllers == "":
+            return path
+        if version == 1 and controller in controllers.split(","):
+            return path
+    return None
+
+
+def mount_of(kind: str, option: str | None = None) -> Path | None:
+    """Where a cgroup file system of `kind` (cgroup, cgroup2) is mounted, with `option` among its options."""
+    for line in read_text(Path("/proc/self/mounts")).splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == kind and (option is None or option in parts[3].split(",")):
+            return Path(parts[1])
+    return None
+
+
+def writable_dir(parent: Path, name: str) -> Path | None:
+    """`parent/name`, made if need be; None where it cannot be."""
+    path = parent / name
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return path
