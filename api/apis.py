@@ -311,7 +311,7 @@ def replicas_of(api: DeployedApi, now: float) -> list[dict[str, Any]]:
         {
             "id": r.replica_id, "address": r.address, "ready": r.ready, "draining": r.draining,
             "bundle": r.bundle, "message": r.message, "failing": r.failing,
-            "last_oom_at": r.last_oom_at or None, "last_oom": r.last_oom or None,
+            "last_oom_at": r.last_oom_at or None, "last_oom": r.last_oom or None, "devices": r.devices or None,
         }
         for r in replica_directory().live(now, api.name)
     ]

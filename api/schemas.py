@@ -233,6 +233,8 @@ class Replica(Body):
                                       "(past its API's compute.mem); null if never")
     last_oom: str | None = Field(default=None, description="what its launcher said of that stop: the limit and the "
                                  "peak")
+    devices: str | None = Field(default=None, description="the GPUs its processes see (CUDA_VISIBLE_DEVICES), "
+                                "its own on its host; null when it has none")
 
 
 class AsyncRequestCounts(Body):

@@ -58,6 +58,8 @@ class ReplicaRecord:
     # its launcher said of it (the limit and the peak).
     last_oom_at: float = 0.0
     last_oom: str = ""
+    # The GPUs its processes see (CUDA_VISIBLE_DEVICES, handed out by its host: foundation/devices.py).
+    devices: str = ""
 
     @property
     def address(self) -> str:

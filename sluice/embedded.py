@@ -29,6 +29,7 @@ import requests
 
 from foundation import keys
 from foundation.api_registry import RedisApiRegistry
+from foundation.devices import DeviceBook, host_gpus
 from foundation.errors import NotReady
 from foundation.hosts import RedisHostDirectory, Resources, machine_resources
 from foundation.processes import die_with_parent, stop_trees
@@ -189,14 +190,16 @@ class Stack:
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
-    def _popen(self, argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    def _popen(self, argv: list[str], log_path: Path,
+               extra: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             # Each part ends with this process, however it ends (a SIGKILL, the OOM killer): the
             # kernel sends it SIGTERM. Started from the thread that lives as long as the stack (the
             # caller's, or the supervisor's), as the parent-death signal follows the starting thread.
             return subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=self._child_env(), cwd=self.data_dir,
+                argv, stdout=log, stderr=subprocess.STDOUT, env={**self._child_env(), **(extra or {})},
+                cwd=self.data_dir,
                 start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
             )
 
@@ -424,14 +427,15 @@ class Stack:
         if self._died(child):
             raise self._exited("the proxy", child)
 
-    def _spawn_launcher(self, api_name: str, port: int) -> subprocess.Popen[bytes]:
-        """`sluice serve` for one replica of an API; it binds ports `port` and `port + 1` on loopback."""
+    def _spawn_launcher(self, api_name: str, port: int, devices: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        """`sluice serve` for one replica of an API; it binds ports `port` and `port + 1` on loopback, and
+        sees only its own GPUs (`devices`)."""
         assert self.data_dir is not None
         return self._popen([
             sys.executable, "-m", "sluice.cli", "serve", api_name, "--port", str(port), "--host", "127.0.0.1",
             "--api-url", self.url, "--state-dir", str(self.data_dir / "replicas"),
             *(["--placement-host", self.host.host_id] if self.host is not None else []),
-        ], self.data_dir / "logs" / f"replica-{api_name}.log")
+        ], self.data_dir / "logs" / f"replica-{api_name}.log", devices)
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> Stack:
@@ -466,8 +470,10 @@ class Stack:
                                       host_id=f"{socket.gethostname()}:{self.port}", address="127.0.0.1",
                                       offers=self.offers or machine_resources(), hardware=self.hardware,
                                       every_s=host_heartbeat_s(Settings.from_env(self._child_env()).host_ttl_s))
+                offered = self.offers or machine_resources()
                 self.replicas = ReplicaManager(RedisApiRegistry(client), self._spawn_launcher,
-                                               select=on_hardware(self.hardware), assigned=self.host.assigned)
+                                               select=on_hardware(self.hardware), assigned=self.host.assigned,
+                                               devices=DeviceBook(gpus=host_gpus(offered.gpu, self._child_env())))
                 self.host.heartbeat(time.time())
                 self.replicas.step(time.time())
         except BaseException:

@@ -215,6 +215,7 @@ class Generation:
             failing=not ready and bool(self.markers.failure() or self.failing),
             socket=self.unix_socket, host_id=host_identity() if self.unix_socket else "",
             placement_host=placement_host, last_oom_at=self.last_oom_at, last_oom=self.last_oom,
+            devices=self.env.get("CUDA_VISIBLE_DEVICES", ""),
         )
 
 

@@ -31,6 +31,7 @@ import redis
 
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi, RedisApiRegistry
+from foundation.devices import DeviceBook, host_gpus
 from foundation.hosts import HostDirectory, HostRecord, RedisHostDirectory, Resources
 from foundation.redis_clients import heartbeat_client
 from foundation.replica_placement import RedisReplicaAssignments, ReplicaAssignments, on_host
@@ -44,13 +45,23 @@ log = logging.getLogger("sluice.replicas")
 # A launcher that exits within this many seconds of its start is started again after a back-off.
 QUICK_EXIT_S = 10.0
 
-SpawnLauncher = Callable[[str, int], subprocess.Popen[bytes]]
+SpawnLauncher = Callable[[str, int, Mapping[str, str]], subprocess.Popen[bytes]]
+"""Start the launcher of an API's replica on a slot's port, with these variables added (its devices)."""
 SelectApi = Callable[[DeployedApi], bool]
 
 HARDWARE = ("cpu", "gpu")
 STEP_S = 0.5
 # A stopping launcher drains (up to DRAIN_CAP_S), then its gunicorn finishes its requests.
 STOP_GRACE_S = DRAIN_CAP_S + MIN_GRACEFUL_S + KILL_AFTER_GRACE_S
+
+
+def gpus_of(api: DeployedApi) -> int:
+    """An API's `compute.gpu` (0 when its spec cannot say)."""
+    compute = api.spec.get("compute") if isinstance(api.spec, dict) else None
+    try:
+        return int((compute or {}).get("gpu") or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def on_hardware(hardware: str | None) -> SelectApi:
@@ -124,9 +135,14 @@ class ReplicaManager:
     def __init__(
         self, registry: ApiRegistry, spawn: SpawnLauncher,
         allocate_port: Callable[[set[int]], int] = free_port_pair, select: SelectApi | None = None,
-        assigned: Assigned | None = None,
+        assigned: Assigned | None = None, devices: DeviceBook | None = None,
     ) -> None:
+        """`devices`: the host's GPUs, each handed to one replica placed with `compute.gpu` (None: no
+        devices are handed out, as where a test stands in for the launchers)."""
         self._registry = registry
+        self.devices = devices
+        self._gpus_of: dict[str, int] = {}  # api -> its compute.gpu, as last read
+        self._waiting_for_devices: set[tuple[str, int]] = set()
         self._spawn = spawn
         self._allocate = allocate_port
         self._select = select or on_hardware(None)
@@ -148,6 +164,7 @@ class ReplicaManager:
             log.warning("cannot read the API registry: %s", e)
             return None
         served = {api.name for api in apis if self._select(api)}
+        self._gpus_of = {api.name: gpus_of(api) for api in apis}
         return served, {api.name for api in apis} - served
 
     def _wanted(self, deployed: set[str]) -> dict[str, int] | None:
@@ -186,6 +203,8 @@ class ReplicaManager:
                 log.warning("the launcher of %s exited with status %s; starting it again", launcher.api, code)
 
     def _drop_slot(self, api: str, port: int) -> None:
+        if self.devices is not None:
+            self.devices.give_back((api, port))
         ports = self._slots.get(api, [])
         if port in ports:
             ports.remove(port)
@@ -234,8 +253,20 @@ class ReplicaManager:
         start_at, failures, restarts = self._due.get((api, port), (0.0, 0, 0))
         if now < start_at:
             return
+        gpus = self._gpus_of.get(api, 0)
+        book = self.devices
+        devices = {} if book is None else book.take((api, port), gpus=gpus)  # kept by the slot across restarts
+        if devices is None:
+            assert book is not None
+            if (api, port) not in self._waiting_for_devices:
+                self._waiting_for_devices.add((api, port))
+                free, _ = book.free()
+                log.warning("a replica of %s waits for %d free GPU(s) of this host (free: %s)", api, gpus,
+                            ", ".join(free) or "none")
+            return
+        self._waiting_for_devices.discard((api, port))
         try:
-            process = self._spawn(api, port)
+            process = self._spawn(api, port, devices)
         except OSError as e:
             log.error("cannot start the launcher of %s: %s", api, e)
             self._due[(api, port)] = (now + 5.0, failures, restarts)
@@ -245,6 +276,8 @@ class ReplicaManager:
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM every launcher (each drains and stops its replica), then kill what is left."""
+        if self.devices is not None:
+            self.devices.held.clear()
         for launcher in self.launchers.values():
             if launcher.process.poll() is None:
                 launcher.process.send_signal(signal.SIGTERM)
@@ -370,11 +403,13 @@ def serve_all(
                       every_s=host_heartbeat_s(settings.host_ttl_s), pool=pool)
     cost = pod_deletion_cost.in_pod(env)
 
-    def spawn(api_name: str, port: int) -> subprocess.Popen[bytes]:
+    def spawn(api_name: str, port: int, devices: Mapping[str, str]) -> subprocess.Popen[bytes]:
         argv = launcher_argv(api_name, port, host=host, advertise=address, api_url=api_url, state_dir=state_root,
                              placement_host=agent.host_id)
-        return spawn_gunicorn(argv, env, Path.cwd())  # any command: own session, dies with us
-    manager = ReplicaManager(RedisApiRegistry(client), spawn, select=select, assigned=agent.assigned)
+        return spawn_gunicorn(argv, {**env, **devices}, Path.cwd())  # any command: own session, dies with us
+    devices = DeviceBook(gpus=host_gpus((offers if offers is not None else machine_resources()).gpu, env))
+    manager = ReplicaManager(RedisApiRegistry(client), spawn, select=select, assigned=agent.assigned,
+                             devices=devices)
     upkeep = EnvironmentUpkeep(HostEnvironments.under(settings.cache_dir), RedisApiRegistry(client),
                                JobStore(client, settings.job_ttl_s), grace_s=settings.environment_grace_s)
     stopping = threading.Event()

@@ -249,7 +249,8 @@ def _show_realtime(client: Client, api: dict[str, Any], output: str, now: float)
     for replica in api.get("replicas", []):
         state = "draining" if replica["draining"] else "ready" if replica["ready"] else "starting"
         note = f"  {one_line(replica['message'])}" if replica.get("message") else ""
-        click.echo(f"  {replica['id']}  {replica['address']}  {state}  bundle {replica['bundle'][:12]}{note}")
+        gpus = f"  gpu {replica['devices']}" if replica.get("devices") else ""
+        click.echo(f"  {replica['id']}  {replica['address']}  {state}{gpus}  bundle {replica['bundle'][:12]}{note}")
         if replica.get("last_oom_at"):
             click.echo(f"    out of memory {ago(replica['last_oom_at'], now)}: {replica['last_oom']}")
     models = readiness.get("models")

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from foundation.api_registry import ApiRegistry, RedisApiRegistry
+from foundation.devices import DeviceBook, host_gpus
 from foundation.hosts import HOST_TTL_S, RedisHostDirectory, Resources
 from foundation.replica_placement import PlacedReplicas, RedisReplicaAssignments, on_host
 from foundation.replica_scale import RedisScaleBook
@@ -31,14 +32,17 @@ pytestmark = pytest.mark.integration
 
 
 class Launchers:
-    """Starts a stand-in launcher per API and remembers which it started."""
+    """Starts a stand-in launcher per API and remembers which it started, and with which devices."""
 
     def __init__(self) -> None:
         self.started: list[str] = []
+        self.devices: dict[int, dict[str, str]] = {}  # launcher pid -> the devices it was given
 
-    def spawn(self, name: str, port: int) -> subprocess.Popen:
+    def spawn(self, name: str, port: int, devices: dict[str, str]) -> subprocess.Popen:
         self.started.append(name)
-        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        self.devices[process.pid] = dict(devices)
+        return process
 
 
 @pytest.fixture
@@ -145,3 +149,39 @@ def test_a_replica_host_killed_has_its_replicas_placed_on_the_other_host(redis_s
             if agent.poll() is None:
                 agent.send_signal(signal.SIGTERM)
                 agent.wait(timeout=60)
+
+
+def test_each_gpu_replica_gets_devices_no_other_holds_a_fifth_waits_and_a_freed_one_is_handed_out_again(
+        redis_client):
+    """A host told `--gpu 4` with five `gpu: 1` APIs assigned: four replicas on four GPUs, never two on
+    one, and the fifth once one of them stops."""
+    registry = RedisApiRegistry(redis_client)
+    names = [f"g{i}" for i in range(5)]
+    for name in names:
+        registry.put(_config(name, gpu=1), "aa" * 32)
+    registry.put(_config("on-cpu"), "aa" * 32)
+    assigned = dict.fromkeys([*names, "on-cpu"], 1)
+    launchers = Launchers()
+    manager = ReplicaManager(registry, launchers.spawn, assigned=lambda: dict(assigned),
+                             devices=DeviceBook(gpus=host_gpus(4, {})))
+    try:
+        manager.step(100.0)
+        given = {launcher.api: launchers.devices[launcher.process.pid] for launcher in manager.launchers.values()}
+        gpus = {api: devices["CUDA_VISIBLE_DEVICES"] for api, devices in given.items() if devices}
+        assert sorted(gpus.values()) == ["0", "1", "2", "3"] and len(gpus) == 4
+        assert all(given[api]["NVIDIA_VISIBLE_DEVICES"] == gpu for api, gpu in gpus.items())
+        assert given["on-cpu"] == {}  # a CPU replica is given no device
+        [waiting] = set(names) - set(gpus)
+        assert not manager.running(waiting)
+
+        stopped = sorted(gpus)[0]
+        assigned[stopped] = 0
+        manager.step(101.0)
+        [launcher] = [launcher for launcher in manager.launchers.values() if launcher.api == stopped]
+        assert launcher.process.wait(timeout=30) == -signal.SIGTERM
+        manager.step(102.0)
+        manager.step(103.0)
+        [late] = manager.running(waiting)
+        assert launchers.devices[late.process.pid]["CUDA_VISIBLE_DEVICES"] == gpus[stopped]
+    finally:
+        manager.stop(grace=5)

@@ -19,6 +19,7 @@ import pytest
 
 from foundation.api_registry import RedisApiRegistry
 from foundation.replica_directory import RedisReplicaDirectory
+from predictors_runtime.config import ApiConfig
 from sluice.replica import ReplicaLauncher, deployment_identity
 from sluice.replica_manager import ReplicaManager
 from tests.unit.test_replica_launcher import _config
@@ -81,7 +82,8 @@ def launcher_for(redis_client, tmp_path: Path, spawned):
         proxy = Proxy()
         launcher = ReplicaLauncher(
             name, redis_client=redis_client, bundles=FolderBundles(tmp_path / "bundles"),  # type: ignore[arg-type]
-            state_root=tmp_path / "state", port=9100, base_env={"PATH": os.environ["PATH"]},
+            state_root=tmp_path / "state", port=9100,
+            base_env={"PATH": os.environ["PATH"], **kwargs.pop("more_env", {})},
             unrouted=proxy.unrouted, spawn=spawn, **kwargs,
         )
         made.append(launcher)
@@ -122,6 +124,19 @@ def test_a_replica_is_announced_not_ready_until_every_process_has_built(redis_cl
     _mark_ready(gen)
     launcher.step(100.5)
     assert _records(redis_client)[gen.replica_id].ready
+
+
+def test_a_replica_given_a_gpu_by_its_host_runs_its_processes_on_it_and_says_which(redis_client, launcher_for,
+                                                                                    spawned):
+    RedisApiRegistry(redis_client).put(ApiConfig.from_dict({
+        "name": "echo", "kind": "RealtimeAPI", "predictor": {"path": "predictor.py"}, "compute": {"gpu": 1}}),
+        "aa" * 32)
+    launcher, _ = launcher_for(more_env={"CUDA_VISIBLE_DEVICES": "2", "NVIDIA_VISIBLE_DEVICES": "2"})
+    launcher.start(100.0)
+    launcher.step(100.0)
+    (_argv, env, _cwd, _process), = spawned
+    assert env["CUDA_VISIBLE_DEVICES"] == env["NVIDIA_VISIBLE_DEVICES"] == "2"
+    assert _records(redis_client)[launcher.serving.replica_id].devices == "2"
 
 
 def test_a_redeploy_starts_the_new_bundle_on_the_other_port_and_drains_the_old_one_once_ready(
@@ -267,7 +282,7 @@ def test_the_manager_keeps_one_launcher_per_realtime_api_and_lets_deleted_ones_g
     registry.put(_config("jobs", kind="BatchAPI"), "aa" * 32)
     started: list[tuple[str, int]] = []
 
-    def spawn(name: str, port: int) -> subprocess.Popen:
+    def spawn(name: str, port: int, devices: dict[str, str]) -> subprocess.Popen:
         started.append((name, port))
         return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
 

@@ -180,8 +180,8 @@ def test_a_realtime_api_lists_its_replicas(document):
     api = _resolve(document, answer["content"]["application/json"]["schema"])
     replicas = next(o for o in api["properties"]["replicas"]["anyOf"] if o.get("type") == "array")
     replica = _resolve(document, replicas["items"])
-    assert {"id", "address", "ready", "draining", "bundle", "message", "failing", "last_oom_at", "last_oom"} == set(
-        replica["properties"])
+    assert {"id", "address", "ready", "draining", "bundle", "message", "failing", "last_oom_at", "last_oom",
+            "devices"} == set(replica["properties"])
 
 
 # -- what the handlers answer fits the document -------------------------------------------------
