@@ -24,11 +24,13 @@ thread (log lines reach the API's log stream from a background thread, `foundati
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import json
 import logging
 import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -46,6 +48,7 @@ from foundation.errors import ConfigError, SluiceError
 from foundation.figures import REALTIME_BATCH_SIZE, RealtimeFigures, Recorder
 from foundation.json_logs import configure_json_logging, labelled
 from foundation.log_streams import LogStreams, install_api_log_handler
+from foundation.memory_guard import GuardTripped, MemoryGuard
 from foundation.printed_lines import print_to_log
 from foundation.replica_directory import ReadinessMarkers
 from foundation.settings import Settings
@@ -259,6 +262,16 @@ class _Replica:
         return response
 
 
+def _leave_for_memory(guard: MemoryGuard, replica: _Replica, request_id: str) -> Response:
+    """The answer of a request whose predictor grew past its API's compute.mem; once it is sent the
+    process leaves (its server starts another, holding nothing), and its launcher is told why."""
+    with contextlib.suppress(OSError):
+        replica.markers.note_out_of_memory(guard.tripped)
+    response = _failure(guard.error(), request_id)
+    response.call_on_close(lambda: os.kill(os.getpid(), signal.SIGTERM))
+    return response
+
+
 def _failure(e: Exception, request_id: str) -> Response:
     """The answer for an exception out of predict (or out of turning its result into a response)."""
     if isinstance(e, BatchFailed):  # logged once by the thread that ran the batch
@@ -301,6 +314,7 @@ def create_replica_app(  # noqa: C901 - the app factory: each route is a closure
     process_figures.install(recorder)
     meter = RealtimeFigures(recorder, api.name)
     replica = _Replica(settings, api, build or build_from_project)
+    guard = MemoryGuard.from_env() if configure_logging else None  # a replica its launcher put in a memory group
     app = Flask("sluice-replica")
     app.config["MAX_FORM_MEMORY_SIZE"] = None  # a form's text fields may be as large as the body
     app.extensions["sluice.replica"] = replica
@@ -348,7 +362,15 @@ def create_replica_app(  # noqa: C901 - the app factory: each route is a closure
                     args.query_params = dict(request.args.items(multi=True)) if environ.get("QUERY_STRING") else {}
                 if predictor.wants_headers:
                     args.headers = request.headers
-                result = predictor.predict(args)
+                if guard is None:
+                    result = predictor.predict(args)
+                else:
+                    try:
+                        with guard.predicting():
+                            result = predictor.predict(args)
+                    except GuardTripped:  # past its compute.mem: this request ends, and the process leaves
+                        close_payload(args.payload)
+                        return _leave_for_memory(guard, replica, request_id)
                 response = to_response(result)
             except HTTPException:  # e.g. a form over the size limits: answered by the handler below
                 close_payload(args.payload)

@@ -111,6 +111,14 @@ class RequestTimeout(SluiceError):
     kind = "request_timeout"
 
 
+class OutOfMemory(SluiceError):
+    """A request's predictor grew past its API's `compute.mem`: the request ends, and so does the
+    process that ran it (foundation/memory_guard.py)."""
+
+    http_status = 507
+    kind = "out_of_memory"
+
+
 class StorageError(SluiceError):
     """A storage backend failed in a way that is not the user's input."""
 

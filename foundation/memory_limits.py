@@ -76,6 +76,11 @@ class MemoryGroup(Protocol):
         does, for the job whose batch it runs)."""
         ...
 
+    @property
+    def usage_file(self) -> Path | None:
+        """The file the kernel keeps the group's usage in, for the tree's own guard; None when watched."""
+        ...
+
     def join(self, pid: int) -> None:
         """Put the tree's first process (and so every process it starts afterwards) in the group."""
         ...
@@ -109,6 +114,10 @@ class CgroupGroup:
     @property
     def limit_file(self) -> Path:
         return self.path / ("memory.max" if self.version == 2 else "memory.limit_in_bytes")
+
+    @property
+    def usage_file(self) -> Path | None:
+        return self.path / ("memory.current" if self.version == 2 else "memory.usage_in_bytes")
 
     def join(self, pid: int) -> None:
         (self.path / "cgroup.procs").write_text(str(pid), encoding="ascii")
@@ -152,6 +161,10 @@ class WatchdogGroup:
     def limit_file(self) -> Path:
         assert self.folder is not None, "a watched group made by MemoryLimits.group has a folder"
         return self.folder / f"{GROUP_PREFIX}{self.name}.limit"
+
+    @property
+    def usage_file(self) -> Path | None:
+        return None
 
     def join(self, pid: int) -> None:
         if pid <= 1:  # never the whole machine's tree

@@ -15,8 +15,10 @@ gives them a temporary folder, so they have no fake.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -172,6 +174,21 @@ class ReadinessMarkers:
 
     def mark_failed(self, message: str, pid: int | None = None) -> None:
         self._write(f"failed-{pid or os.getpid()}", message)
+
+    def note_out_of_memory(self, message: str, pid: int | None = None) -> None:
+        """A process of the replica is leaving for memory (its memory guard acted): its launcher records it."""
+        self._write(f"oom-{pid or os.getpid()}-{time.time_ns()}", message)
+
+    def take_out_of_memory_notes(self) -> list[str]:
+        """The notes of processes that left for memory since the last call, oldest first (each read once)."""
+        if not self.folder.is_dir():
+            return []
+        said = []
+        for path in sorted(self.folder.glob("oom-*"), key=lambda p: p.name.rsplit("-", 1)[-1]):
+            with contextlib.suppress(OSError):
+                said.append(path.read_text(encoding="utf-8"))
+                path.unlink()
+        return said
 
     def _write(self, name: str, text: str) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)

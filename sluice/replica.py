@@ -44,7 +44,15 @@ from foundation.cpu_limits import CpuGroup, CpuLimits
 from foundation.environment_states import RedisEnvironmentStates
 from foundation.errors import ApiNotFound, ConfigError, NotReady, SluiceError
 from foundation.hosts import cpu_millis, mem_bytes
-from foundation.memory_limits import LimitMode, MemoryGroup, MemoryLimits, human_bytes, replica_limit
+from foundation.memory_guard import USAGE_FILE_VARIABLE
+from foundation.memory_limits import (
+    LIMIT_FILE_VARIABLE,
+    LimitMode,
+    MemoryGroup,
+    MemoryLimits,
+    human_bytes,
+    replica_limit,
+)
 from foundation.proxy_registry import RedisProxyRegistry, unrouted
 from foundation.redis_clients import heartbeat_client
 from foundation.replica_directory import ReadinessMarkers, RedisReplicaDirectory, ReplicaDirectory, ReplicaRecord
@@ -415,6 +423,7 @@ class ReplicaLauncher:
         # Started in its state folder, not the project: `python -m gunicorn` puts its working folder
         # first on sys.path, where a project's own `api.py` would be imported for Sluice's `api`. The
         # predictor's namespace moves into the project folder when it is built (namespace.py).
+        self._prepare_memory_group(gen)
         gen.process = self._spawn(gen.argv, gen.env, gen.state_dir)
         self._limit_memory(gen)
         self._share_cpu(gen)
@@ -422,16 +431,28 @@ class ReplicaLauncher:
         gen.started_at = now
         gen.message = "starting"  # `failing` stays as it was: a server that keeps exiting is still failing
 
-    def _limit_memory(self, gen: Generation) -> None:
-        """Put the generation's new process tree in its memory group (made at its first start): its
-        API's compute.mem, plus Sluice's own part of each of its processes."""
+    def _prepare_memory_group(self, gen: Generation) -> None:
+        """Make the generation's memory group at its first start (its API's compute.mem, plus Sluice's
+        own part of each of its processes), and tell its processes where its usage is read, for their
+        guard (foundation/memory_guard.py)."""
         config = ApiConfig.from_dict(gen.api.spec)
-        if config.compute.mem is None or gen.process is None:
+        if config.compute.mem is None or gen.memory is not None:
             return
         try:
-            if gen.memory is None:
-                limit = replica_limit(mem_bytes(config.compute.mem), config.predictor.processes_per_replica)
-                gen.memory = self._memory_limits.group(gen.replica_id, limit)
+            limit = replica_limit(mem_bytes(config.compute.mem), config.predictor.processes_per_replica)
+            gen.memory = self._memory_limits.group(gen.replica_id, limit)
+        except OSError as e:
+            log.error("%s: its memory limit could not be set (%s); it runs without one", gen.replica_id, e)
+            return
+        usage = gen.memory.usage_file if gen.memory is not None else None
+        if gen.memory is not None and usage is not None:
+            gen.env.update({USAGE_FILE_VARIABLE: str(usage), LIMIT_FILE_VARIABLE: str(gen.memory.limit_file)})
+
+    def _limit_memory(self, gen: Generation) -> None:
+        """Put the generation's new process tree in its memory group."""
+        if gen.process is None:
+            return
+        try:
             if gen.memory is not None:
                 gen.memory.join(gen.process.pid)
         except OSError as e:  # the group cannot be made or joined: the replica serves, unlimited, and says so
@@ -453,11 +474,15 @@ class ReplicaLauncher:
             gen.cpu = None
 
     def _watch_memory(self, gen: Generation, now: float) -> None:
-        """Enforce a watched limit, and notice a process of the tree stopped for memory."""
+        """Enforce a watched limit, and notice a process of the tree stopped for memory: by the kernel
+        (or the watchdog), or leaving on its own guard's word (foundation/memory_guard.py)."""
         group = gen.memory
         if group is None:
             return
         group.check()
+        for note in gen.markers.take_out_of_memory_notes():
+            gen.last_oom_at, gen.last_oom = now, note
+            log.error("%s: %s", gen.replica_id, note, extra={"api": gen.api.name})
         kills = group.oom_kills()
         if kills <= gen.oom_kills:
             return
