@@ -1,23 +1,28 @@
-"""This host's accelerators, each handed to one process tree at a time: a GPU to the replica placed
-with `compute.gpu`, so that four `gpu: 1` replicas on a four-GPU host run on four GPUs rather than
-all on GPU 0.
+"""This host's accelerators, each held by one process tree at a time: a GPU to the replica placed with
+`compute.gpu`, or to a worker node of a GPU worker host, so that four `gpu: 1` replicas (or nodes)
+on a four-GPU host run on four GPUs rather than all on GPU 0.
 
 A tree is told which devices are its own the way every framework reads it: `CUDA_VISIBLE_DEVICES`
-(and `NVIDIA_VISIBLE_DEVICES`, for a container runtime) for GPUs, `NEURON_RT_VISIBLE_CORES` for
-Inferentia's Neuron cores. The host's devices are the ones its own process may use: those its
-`CUDA_VISIBLE_DEVICES` lists when it is set, else indices 0..N-1 of the N it offers (`--gpu N`).
-The book lives in the one process that starts the trees of a host (the replica host's manager), so
-placement's count and the devices handed out never disagree there: a tree that cannot have its
-devices now is not started until they are free.
+(and `NVIDIA_VISIBLE_DEVICES`, for a container runtime) for GPUs. The host's GPUs are those its
+own `CUDA_VISIBLE_DEVICES` lists when it is set, else indices 0..N-1 of the N it offers (`--gpu N`).
+
+Every process of a host that hands GPUs out (a replica host's manager, a worker host's agent, both
+under `sluice up`) claims them in one folder of the host (`HostDevices`): a claim is a file per
+device, made with O_EXCL and naming its holder's process and tag, so two processes never hand out
+one device, and a claim whose process has died is taken back. A tree that cannot have its devices
+now is not started until they are free.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
-from dataclasses import dataclass, field
+import contextlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
-NEURON_VARIABLE = "NEURON_RT_VISIBLE_CORES"
+DEVICES_FOLDER_VARIABLE = "SLUICE_DEVICES_DIR"
 
 
 def host_gpus(count: int, env: Mapping[str, str]) -> tuple[str, ...]:
@@ -28,43 +33,101 @@ def host_gpus(count: int, env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(str(i) for i in range(count))
 
 
+def devices_folder(env: Mapping[str, str], cache_dir: str | Path) -> Path:
+    """Where this host's claims are kept: one folder for every Sluice process of the host."""
+    given = env.get(DEVICES_FOLDER_VARIABLE)
+    return Path(given) if given else Path(cache_dir).expanduser() / "devices"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @dataclass
-class DeviceBook:
-    """Which tree holds which of the host's GPUs and Neuron cores."""
+class HostDevices:
+    """The host's GPUs and their claims, in `folder`, for holders that are processes of this host."""
 
-    gpus: tuple[str, ...] = ()
-    cores: tuple[str, ...] = ()
-    held: dict[Hashable, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
+    folder: Path
+    gpus: tuple[str, ...]
+    pid: int = 0                  # the claiming process (default: this one)
 
-    def free(self) -> tuple[list[str], list[str]]:
-        """The GPUs and Neuron cores no tree holds, in the host's order."""
-        taken_gpus = {d for gpus, _ in self.held.values() for d in gpus}
-        taken_cores = {c for _, cores in self.held.values() for c in cores}
-        return [d for d in self.gpus if d not in taken_gpus], [c for c in self.cores if c not in taken_cores]
+    def __post_init__(self) -> None:
+        self.pid = self.pid or os.getpid()
 
-    def take(self, owner: Hashable, gpus: int = 0, cores: int = 0) -> dict[str, str] | None:
-        """`gpus` GPUs and `cores` Neuron cores for `owner` (the ones it holds already, if it does), as
-        the variables its processes read; None when not that many are free now."""
-        if owner in self.held:
-            return visible(*self.held[owner])
-        free_gpus, free_cores = self.free()
-        if gpus > len(free_gpus) or cores > len(free_cores):
+    def _claim_file(self, device: str) -> Path:
+        return self.folder / f"gpu-{device}.claim"
+
+    def holder(self, device: str) -> tuple[int, str] | None:
+        """(pid, tag) of the live claim on `device`, None when it is free (a dead holder's claim is removed)."""
+        path = self._claim_file(device)
+        try:
+            pid_text, _, tag = path.read_text(encoding="utf-8").partition(" ")
+            pid = int(pid_text)
+        except (OSError, ValueError):
             return None
-        mine = (tuple(free_gpus[:gpus]), tuple(free_cores[:cores]))
-        if gpus or cores:
-            self.held[owner] = mine
-        return visible(*mine)
+        if _alive(pid):
+            return pid, tag
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
 
-    def give_back(self, owner: Hashable) -> None:
-        self.held.pop(owner, None)
+    def held(self) -> dict[str, tuple[int, str]]:
+        """Device -> its holder, for every device claimed now."""
+        return {device: found for device in self.gpus if (found := self.holder(device)) is not None}
+
+    def mine(self, tag: str) -> tuple[str, ...]:
+        return tuple(d for d, (pid, held_tag) in self.held().items() if pid == self.pid and held_tag == tag)
+
+    def free(self) -> list[str]:
+        held = self.held()
+        return [d for d in self.gpus if d not in held]
+
+    def claim(self, tag: str, count: int) -> tuple[str, ...] | None:
+        """`count` GPUs for the holder `tag` of this process (those it holds already, if it does); None
+        when not that many are free now (nothing is claimed then)."""
+        if count <= 0:
+            return ()
+        held = self.mine(tag)
+        if len(held) >= count:
+            return held[:count]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        taken: list[str] = list(held)
+        for device in self.free():
+            if len(taken) == count:
+                break
+            try:
+                fd = os.open(self._claim_file(device), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:  # another process of the host claimed it meanwhile
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(f"{self.pid} {tag}")
+            taken.append(device)
+        if len(taken) < count:
+            self.release(tag)
+            return None
+        return tuple(taken)
+
+    def release(self, tag: str) -> None:
+        """Give back what the holder `tag` of this process holds."""
+        for device in self.mine(tag):
+            with contextlib.suppress(OSError):
+                self._claim_file(device).unlink()
+
+    def release_all(self) -> None:
+        """Give back everything this process holds."""
+        for device, (pid, _) in self.held().items():
+            if pid == self.pid:
+                with contextlib.suppress(OSError):
+                    self._claim_file(device).unlink()
 
 
-def visible(gpus: tuple[str, ...], cores: tuple[str, ...]) -> dict[str, str]:
-    """The variables that show a tree only its own devices (none when it has none: a CPU tree is not
+def visible(gpus: tuple[str, ...]) -> dict[str, str]:
+    """The variables that show a tree only its own GPUs (none when it has none: a CPU tree is not
     told to hide GPUs it would not use anyway)."""
-    env: dict[str, str] = {}
-    if gpus:
-        env.update(dict.fromkeys(GPU_VARIABLES, ",".join(gpus)))
-    if cores:
-        env[NEURON_VARIABLE] = ",".join(cores)
-    return env
+    return dict.fromkeys(GPU_VARIABLES, ",".join(gpus)) if gpus else {}

@@ -29,7 +29,7 @@ import requests
 
 from foundation import keys
 from foundation.api_registry import RedisApiRegistry
-from foundation.devices import DeviceBook, host_gpus
+from foundation.devices import HostDevices, devices_folder, host_gpus
 from foundation.errors import NotReady
 from foundation.hosts import RedisHostDirectory, Resources, machine_resources
 from foundation.processes import die_with_parent, stop_trees
@@ -189,6 +189,11 @@ class Stack:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
+
+    def _devices_folder(self) -> Path:
+        """Where this machine's GPU claims are kept, as its worker host agent finds them too."""
+        env = self._child_env()
+        return devices_folder(env, env["SLUICE_CACHE_DIR"])
 
     def _popen(self, argv: list[str], log_path: Path,
                extra: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -473,7 +478,8 @@ class Stack:
                 offered = self.offers or machine_resources()
                 self.replicas = ReplicaManager(RedisApiRegistry(client), self._spawn_launcher,
                                                select=on_hardware(self.hardware), assigned=self.host.assigned,
-                                               devices=DeviceBook(gpus=host_gpus(offered.gpu, self._child_env())))
+                                               devices=HostDevices(self._devices_folder(),
+                                                                   host_gpus(offered.gpu, self._child_env())))
                 self.host.heartbeat(time.time())
                 self.replicas.step(time.time())
         except BaseException:

@@ -31,7 +31,7 @@ import redis
 
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi, RedisApiRegistry
-from foundation.devices import DeviceBook, host_gpus
+from foundation.devices import HostDevices, devices_folder, host_gpus, visible
 from foundation.hosts import HostDirectory, HostRecord, RedisHostDirectory, Resources
 from foundation.redis_clients import heartbeat_client
 from foundation.replica_placement import RedisReplicaAssignments, ReplicaAssignments, on_host
@@ -135,7 +135,7 @@ class ReplicaManager:
     def __init__(
         self, registry: ApiRegistry, spawn: SpawnLauncher,
         allocate_port: Callable[[set[int]], int] = free_port_pair, select: SelectApi | None = None,
-        assigned: Assigned | None = None, devices: DeviceBook | None = None,
+        assigned: Assigned | None = None, devices: HostDevices | None = None,
     ) -> None:
         """`devices`: the host's GPUs, each handed to one replica placed with `compute.gpu` (None: no
         devices are handed out, as where a test stands in for the launchers)."""
@@ -204,7 +204,7 @@ class ReplicaManager:
 
     def _drop_slot(self, api: str, port: int) -> None:
         if self.devices is not None:
-            self.devices.give_back((api, port))
+            self.devices.release(f"replica {api}:{port}")
         ports = self._slots.get(api, [])
         if port in ports:
             ports.remove(port)
@@ -255,15 +255,15 @@ class ReplicaManager:
             return
         gpus = self._gpus_of.get(api, 0)
         book = self.devices
-        devices = {} if book is None else book.take((api, port), gpus=gpus)  # kept by the slot across restarts
-        if devices is None:
+        claimed = () if book is None else book.claim(f"replica {api}:{port}", gpus)  # kept by the slot across restarts
+        if claimed is None:
             assert book is not None
             if (api, port) not in self._waiting_for_devices:
                 self._waiting_for_devices.add((api, port))
-                free, _ = book.free()
                 log.warning("a replica of %s waits for %d free GPU(s) of this host (free: %s)", api, gpus,
-                            ", ".join(free) or "none")
+                            ", ".join(book.free()) or "none")
             return
+        devices = visible(claimed)
         self._waiting_for_devices.discard((api, port))
         try:
             process = self._spawn(api, port, devices)
@@ -277,7 +277,7 @@ class ReplicaManager:
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM every launcher (each drains and stops its replica), then kill what is left."""
         if self.devices is not None:
-            self.devices.held.clear()
+            self.devices.release_all()
         for launcher in self.launchers.values():
             if launcher.process.poll() is None:
                 launcher.process.send_signal(signal.SIGTERM)
@@ -407,7 +407,8 @@ def serve_all(
         argv = launcher_argv(api_name, port, host=host, advertise=address, api_url=api_url, state_dir=state_root,
                              placement_host=agent.host_id)
         return spawn_gunicorn(argv, {**env, **devices}, Path.cwd())  # any command: own session, dies with us
-    devices = DeviceBook(gpus=host_gpus((offers if offers is not None else machine_resources()).gpu, env))
+    devices = HostDevices(devices_folder(env, settings.cache_dir),
+                          host_gpus((offers if offers is not None else machine_resources()).gpu, env))
     manager = ReplicaManager(RedisApiRegistry(client), spawn, select=select, assigned=agent.assigned,
                              devices=devices)
     upkeep = EnvironmentUpkeep(HostEnvironments.under(settings.cache_dir), RedisApiRegistry(client),

@@ -34,6 +34,7 @@ from typing import Protocol
 import redis
 
 from foundation.cpu_limits import WEIGHT_FILE_VARIABLE, CpuGroup, CpuLimits
+from foundation.devices import HostDevices, devices_folder, host_gpus, visible
 from foundation.errors import SluiceError
 from foundation.hosts import HostDirectory, HostRecord, Resources, memory_found
 from foundation.memory_limits import LIMIT_FILE_VARIABLE, LimitMode, MemoryGroup, MemoryLimits, human_bytes
@@ -97,6 +98,7 @@ class AgentConfig:
     address: str = ""
     pool: str | None = None       # the host pool it belongs to (foundation/host_pools.py)
     stop_grace_s: float = STOP_GRACE_S  # how long a stopping agent waits for its nodes' warm shutdown
+    gpus_per_node: int = 1        # on a GPU host: the GPUs each node holds as its own
 
     def __post_init__(self) -> None:
         if not self.queues:
@@ -105,6 +107,8 @@ class AgentConfig:
             raise BadAgentOption(f"--min-nodes must be 0 or more (got {self.min_nodes})")
         if self.idle_grace_s < 0:
             raise BadAgentOption(f"--idle-grace must be 0 or more seconds (got {self.idle_grace_s})")
+        if self.gpus_per_node < 1:
+            raise BadAgentOption(f"--gpus-per-node must be 1 or more (got {self.gpus_per_node})")
         if self.stop_grace_s <= 0:
             raise BadAgentOption(f"--stop-grace must be above 0 seconds (got {self.stop_grace_s})")
         if self.pool is not None and not _HOST_ID.match(self.pool):
@@ -129,12 +133,16 @@ class WorkerHost:
     def __init__(self, config: AgentConfig, spawn: Spawn, hosts: HostDirectory, worker_hosts: WorkerHosts,
                  nodes: NodeRegistry, node_host: str | None = None, cost: PodDeletionCost | None = None,
                  memory: MemoryLimits | None = None, records: JobRecords | None = None,
-                 cpu: CpuLimits | None = None) -> None:
+                 cpu: CpuLimits | None = None, devices: HostDevices | None = None) -> None:
         """`memory` holds each node to the `compute.mem` of the job it runs (foundation/memory_limits.py);
         `records` is where a job whose node was stopped for memory ends `status_worker_oom`."""
         self.config = config
         self._memory = memory or MemoryLimits(LimitMode.OFF, "not asked for")
         self._cpu = cpu or CpuLimits("not asked for")
+        # A GPU host's GPUs, `gpus_per_node` handed to each node; a host whose nodes serve other queues
+        # too (`sluice up`'s) hands none, or its CPU nodes would hold GPUs.
+        self._devices = devices if devices is not None and config.offers.gpu > 0 and config.hardware == "gpu" else None
+        self._waiting_for_devices = False
         self._records = records
         self._groups: dict[str, MemoryGroup] = {}
         self._cpu_groups: dict[str, CpuGroup] = {}
@@ -157,9 +165,21 @@ class WorkerHost:
             k += 1
         return f"{self.config.host_id}-{k}@{self._node_host}"
 
-    def _start(self, name: str) -> None:
+    def _start(self, name: str) -> bool:
+        """Start node `name` (False: its GPUs are not free yet, and nothing was started)."""
+        gpus: tuple[str, ...] = ()
+        if self._devices is not None:
+            claimed = self._devices.claim(f"node {name}", self.config.gpus_per_node)  # kept across its restarts
+            if claimed is None:
+                if not self._waiting_for_devices:
+                    log.warning("node %s waits for %d free GPU(s) of this host (free: %s)", name,
+                                self.config.gpus_per_node, ", ".join(self._devices.free()) or "none")
+                self._waiting_for_devices = True
+                return False
+            self._waiting_for_devices, gpus = False, claimed
         group, cpu = self._group_of(name), self._cpu_group_of(name)
         extra = {LIMIT_FILE_VARIABLE: str(group.limit_file)} if group is not None else {}
+        extra.update(visible(gpus))
         if cpu is not None:
             extra[WEIGHT_FILE_VARIABLE] = str(cpu.weight_file)
         process = self.running[name] = self._spawn(name, extra)
@@ -171,6 +191,7 @@ class WorkerHost:
                 joined.join(process.pid)
             except OSError as e:  # it runs, without it, and says so
                 log.error("node %s could not be given its %s (%s); it runs without one", name, what, e)
+        return True
 
     def _cpu_group_of(self, name: str) -> CpuGroup | None:
         """The node's CPU group, kept across its restarts: 1 cpu's weight until the node writes its job's."""
@@ -280,8 +301,9 @@ class WorkerHost:
         target = max(self.config.min_nodes, plan.target if plan is not None else 0)
         while len(self.running) < target:
             name = self._next_name()
-            log.info("starting node %s (%d wanted on this host)", name, target, extra={"node": name})
-            self._start(name)
+            if not self._start(name):
+                break
+            log.info("started node %s (%d wanted on this host)", name, target, extra={"node": name})
         if plan is not None:
             self._stop_idle(plan, set(self._nodes.heartbeats()), now)
             if self._cost is not None:
@@ -289,6 +311,9 @@ class WorkerHost:
         self.announce(now)
 
     def _forget_group(self, name: str) -> None:
+        """What node `name` held, given back: it stopped for good."""
+        if self._devices is not None:
+            self._devices.release(f"node {name}")
         group = self._groups.pop(name, None)
         self._oom_seen.pop(name, None)
         if group is not None:
@@ -325,6 +350,8 @@ class WorkerHost:
         self.stopping.clear()
         for name in {*self._groups, *self._cpu_groups}:
             self._forget_group(name)
+        if self._devices is not None:
+            self._devices.release_all()
         self._memory.close()
         self._cpu.close()
         with contextlib.suppress(redis.RedisError):
@@ -379,7 +406,8 @@ def run_agent(config: AgentConfig, env: Mapping[str, str] | None = None, step_s:
     store = JobStore(client, settings.job_ttl_s)
     agent = WorkerHost(config, celery_node(config.queues, env), RedisHostDirectory(client), RedisWorkerHosts(client),
                        Nodes(client, settings.node_ttl_s), cost=pod_deletion_cost.in_pod(env), memory=memory,
-                       records=store, cpu=cpu)
+                       records=store, cpu=cpu,
+                       devices=HostDevices(devices_folder(env, settings.cache_dir), host_gpus(config.offers.gpu, env)))
     upkeep = EnvironmentUpkeep(
         HostEnvironments.under(settings.cache_dir, events=RedisEnvironmentStates(client)), RedisApiRegistry(client),
         store, grace_s=settings.environment_grace_s,

@@ -210,8 +210,10 @@ def replicas(cpu: str | None, mem: str | None, gpu: str | None, only: str | None
               help="The host pool this host belongs to (one of SLUICE_HOST_POOLS, for scaling hosts).")
 @click.option("--stop-grace", default=60.0, show_default=True,
               help="Seconds a stopping agent lets its nodes finish their batches before killing them.")
+@click.option("--gpus-per-node", default=1, show_default=True,
+              help="GPUs each node of a GPU host holds as its own (CUDA_VISIBLE_DEVICES).")
 def workers(queues: str, cpu: str | None, mem: str | None, gpu: int | None, min_nodes: int, idle_grace: float,
-            host_id: str | None, pool: str | None, stop_grace: float) -> None:
+            host_id: str | None, pool: str | None, stop_grace: float, gpus_per_node: int) -> None:
     """Run this host's worker nodes (against SLUICE_REDIS_URL) until SIGTERM or Ctrl-C: at least
     --min-nodes, and more while batch jobs want more `workers` and the host has room (each node takes
     its API's `compute`); idle ones above the minimum stop after --idle-grace."""
@@ -228,7 +230,8 @@ def workers(queues: str, cpu: str | None, mem: str | None, gpu: int | None, min_
                            mem_bytes(mem) if mem is not None else found.mem,
                            gpu if gpu is not None else found.gpu)
         config = AgentConfig(host_id or default_host_id(), tuple(q.strip() for q in queues.split(",") if q.strip()),
-                             offers, min_nodes=min_nodes, idle_grace_s=idle_grace, pool=pool, stop_grace_s=stop_grace)
+                             offers, min_nodes=min_nodes, idle_grace_s=idle_grace, pool=pool, stop_grace_s=stop_grace,
+                             gpus_per_node=gpus_per_node)
     except (BadQuantity, BadAgentOption) as e:
         raise click.BadParameter(str(e)) from e
     configure_json_logging()

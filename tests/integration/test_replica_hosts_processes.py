@@ -18,7 +18,7 @@ import time
 import pytest
 
 from foundation.api_registry import ApiRegistry, RedisApiRegistry
-from foundation.devices import DeviceBook, host_gpus
+from foundation.devices import HostDevices, host_gpus
 from foundation.hosts import HOST_TTL_S, RedisHostDirectory, Resources
 from foundation.replica_placement import PlacedReplicas, RedisReplicaAssignments, on_host
 from foundation.replica_scale import RedisScaleBook
@@ -152,7 +152,7 @@ def test_a_replica_host_killed_has_its_replicas_placed_on_the_other_host(redis_s
 
 
 def test_each_gpu_replica_gets_devices_no_other_holds_a_fifth_waits_and_a_freed_one_is_handed_out_again(
-        redis_client):
+        redis_client, tmp_path):
     """A host told `--gpu 4` with five `gpu: 1` APIs assigned: four replicas on four GPUs, never two on
     one, and the fifth once one of them stops."""
     registry = RedisApiRegistry(redis_client)
@@ -163,7 +163,7 @@ def test_each_gpu_replica_gets_devices_no_other_holds_a_fifth_waits_and_a_freed_
     assigned = dict.fromkeys([*names, "on-cpu"], 1)
     launchers = Launchers()
     manager = ReplicaManager(registry, launchers.spawn, assigned=lambda: dict(assigned),
-                             devices=DeviceBook(gpus=host_gpus(4, {})))
+                             devices=HostDevices(tmp_path / "devices", host_gpus(4, {})))
     try:
         manager.step(100.0)
         given = {launcher.api: launchers.devices[launcher.process.pid] for launcher in manager.launchers.values()}

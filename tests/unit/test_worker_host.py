@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from foundation.devices import HostDevices, host_gpus
 from foundation.hosts import Resources
 from foundation.memory import MemoryHostDirectory
 from jobs.nodes.memory import MemoryNodes, MemoryWorkerHosts
@@ -44,18 +45,22 @@ class FakeNode:
 class Host:
     """An agent over the in-memory directories, with every process it spawned."""
 
-    def __init__(self, min_nodes: int = 1) -> None:
+    def __init__(self, min_nodes: int = 1, gpus: int = 0, devices: HostDevices | None = None) -> None:
         self.hosts, self.worker_hosts = MemoryHostDirectory(), MemoryWorkerHosts()
         self.inflight: dict[str, dict[str, str]] = {}
         self.nodes = MemoryNodes(4.0, inflight=self.inflight)
         self.spawned: list[FakeNode] = []
-        config = AgentConfig("box-workers", ("cpu",), Resources.parse(cpu=4), min_nodes=min_nodes,
+        self.given: dict[str, dict[str, str]] = {}  # node -> the variables it was started with
+        queues = ("gpu",) if gpus else ("cpu",)
+        config = AgentConfig("box-workers", queues, Resources.parse(cpu=4, gpu=gpus), min_nodes=min_nodes,
                              idle_grace_s=GRACE_S)
-        self.agent = WorkerHost(config, self._spawn, self.hosts, self.worker_hosts, self.nodes, node_host="box")
+        self.agent = WorkerHost(config, self._spawn, self.hosts, self.worker_hosts, self.nodes, node_host="box",
+                                devices=devices)
 
     def _spawn(self, name: str, extra: dict[str, str]) -> FakeNode:
         node = FakeNode(name)
         self.spawned.append(node)
+        self.given[name] = dict(extra)
         return node
 
     def plan(self, target: int, busy: tuple[str, ...] = (), at: float = T0) -> None:
@@ -160,9 +165,45 @@ def test_stopping_the_agent_warm_stops_every_node_and_withdraws_the_host() -> No
     assert host.hosts.all() == [] and host.worker_hosts.reports() == {}
 
 
+def test_each_node_of_a_gpu_host_gets_a_gpu_no_other_holds_a_fifth_waits_and_a_freed_one_is_handed_out(
+        tmp_path) -> None:
+    """`sluice workers --queues gpu --gpu 4` asked for five nodes: four on four GPUs, never two on one;
+    the fifth waits until one stops for good, and a replica of the same machine cannot take a GPU a
+    node holds."""
+    devices = HostDevices(tmp_path / "devices", host_gpus(4, {}))
+    host = Host(min_nodes=0, gpus=4, devices=devices)
+    host.plan(5, at=T0)
+    host.agent.step(T0)
+    assert sorted(host.agent.running) == [f"box-workers-{k}@box" for k in range(1, 5)]
+    gpus = {name: host.given[name]["CUDA_VISIBLE_DEVICES"] for name in host.agent.running}
+    assert sorted(gpus.values()) == ["0", "1", "2", "3"]
+    assert all(host.given[name]["NVIDIA_VISIBLE_DEVICES"] == gpu for name, gpu in gpus.items())
+    assert HostDevices(tmp_path / "devices", host_gpus(4, {})).claim("replica iris:9000", 1) is None
+
+    # A node that dies is started again on its own GPU.
+    dead = "box-workers-2@box"
+    host.agent.running[dead].code = -9  # type: ignore[attr-defined]
+    host.agent.step(T0 + 1)
+    assert host.given[dead]["CUDA_VISIBLE_DEVICES"] == gpus[dead] and len(host.agent.running) == 4
+
+    # Fewer wanted: one idle node stops for good after the grace, and its GPU goes to the next one.
+    host.plan(3, at=T0 + 2)
+    host.all_registered(T0 + 2)
+    host.agent.step(T0 + 2)
+    host.plan(3, at=T0 + 3 + GRACE_S)
+    host.agent.step(T0 + 3 + GRACE_S)
+    [(stopped, process)] = host.agent.stopping.items()
+    process.code = 0  # type: ignore[attr-defined]
+    host.plan(5, at=T0 + 4 + GRACE_S)
+    host.agent.step(T0 + 4 + GRACE_S)
+    assert len(host.agent.running) == 4
+    assert host.given[stopped]["CUDA_VISIBLE_DEVICES"] == gpus[stopped]  # started again, on the freed GPU
+    assert sorted(host.given[name]["CUDA_VISIBLE_DEVICES"] for name in host.agent.running) == ["0", "1", "2", "3"]
+
+
 @pytest.mark.parametrize(("options", "named"), [
     ({"queues": ()}, "--queues"), ({"min_nodes": -1}, "--min-nodes"), ({"idle_grace_s": -1.0}, "--idle-grace"),
-    ({"host_id": "a b"}, "--host-id"),
+    ({"host_id": "a b"}, "--host-id"), ({"gpus_per_node": 0}, "--gpus-per-node"),
 ])
 def test_options_that_cannot_work_are_refused_by_name(options: dict[str, object], named: str) -> None:
     arguments: dict[str, object] = {"host_id": "box", "queues": ("cpu",), "offers": Resources(), **options}
