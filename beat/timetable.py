@@ -71,7 +71,8 @@ def maintenance_steps(settings: Settings) -> list[Step]:
         (`jobs/placement/node_plan.py`)."""
         return plan_worker_nodes(
             services.store, services.nodes, RedisHostDirectory(services.redis), services.worker_hosts,
-            RedisApiRegistry(services.redis), services.async_placement.assignments, now, settings.host_ttl_s)
+            RedisApiRegistry(services.redis), services.async_placement.assignments, now, settings.host_ttl_s,
+            replicas=services.realtime_placement.assignments)
 
     scaler = AsyncScaler()  # its samples and recommendations live as long as this process
 

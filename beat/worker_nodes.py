@@ -14,12 +14,14 @@ from collections.abc import Iterable, Mapping
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi
 from foundation.errors import JobNotFound
-from foundation.hosts import HOST_TTL_S, HostDirectory
+from foundation.hosts import HOST_TTL_S, HostDirectory, HostRecord, Resources, shared_room
+from foundation.replica_placement import ReplicaAssignments
 from jobs.batch.job import ACTIVE_STATUSES, BAD_RECORD_ERRORS
 from jobs.nodes.registry import NodeRegistry
 from jobs.nodes.worker_hosts import WorkerHosts
 from jobs.placement.asyncapi import AsyncAssignments, Placed
 from jobs.placement.node_plan import AsyncWant, JobWant, NodePlan, node_compute, plan_nodes
+from jobs.placement.realtime import replica_need
 from jobs.store import JobRecords
 
 log = logging.getLogger(__name__)
@@ -62,23 +64,43 @@ def async_wants(apis: Iterable[DeployedApi], placed: Mapping[str, Placed]) -> li
     return wants
 
 
+def replicas_taking(live: list[HostRecord], registry: ApiRegistry,
+                    replicas: ReplicaAssignments) -> dict[str, Resources]:
+    """What the realtime replicas of a machine take from its worker host (`HostRecord.room`)."""
+    if not any(record.room for record in live):
+        return {}
+    needs = {api.name: replica_need(api) for api in registry.all() if api.kind == ApiKind.REALTIME}
+    on: dict[str, Resources] = {}
+    for api_name, placed in replicas.all().items():
+        need = needs.get(api_name)
+        if need is None:
+            continue
+        for host_id, count in placed.hosts.items():
+            for _ in range(count):
+                on[host_id] = on.get(host_id, Resources()) + need
+    return shared_room(live, WORKERS_ROLE, on)
+
+
 def plan_worker_nodes(
     store: JobRecords, nodes: NodeRegistry, hosts: HostDirectory, worker_hosts: WorkerHosts,
     registry: ApiRegistry, assignments: AsyncAssignments, now: float, host_ttl_s: float = HOST_TTL_S,
+    replicas: ReplicaAssignments | None = None,
 ) -> NodePlan:
     """One step: plan every live worker host's nodes and write the plan (with the jobs' notes) at once.
 
     The nodes placed on an AsyncAPI are busy, as those placed on a job are (a deleted API's too,
     while it drains); a deployed AsyncAPI wants the nodes its scaler decided (`async_wants`)."""
     reports = worker_hosts.reports()
-    live_hosts = [(record, reports[record.host_id]) for record in hosts.live(now, host_ttl_s)
+    live = hosts.live(now, host_ttl_s)
+    live_hosts = [(record, reports[record.host_id]) for record in live
                   if WORKERS_ROLE in record.roles and record.host_id in reports]
     wants = active_wants(store)
     placed = assignments.placed()
     apis = async_wants(registry.all(), placed)
     busy = {n for want in wants for n in want.nodes} | {n for p in placed.values() for n in p.nodes}
     busy |= {n for n in nodes.inflight_nodes() if nodes.inflight(n)}
-    plan = plan_nodes(live_hosts, wants, nodes.live(now), busy, now, apis)
+    taken = replicas_taking(live, registry, replicas) if replicas is not None else {}
+    plan = plan_nodes(live_hosts, wants, nodes.live(now), busy, now, apis, taken)
     worker_hosts.write_plan(plan)
     for host_id, host_plan in plan.hosts.items():
         if host_plan.target > len(reports[host_id].nodes):

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -140,6 +141,9 @@ class HostRecord:
     roles: tuple[str, ...]  # what its agent runs: "replicas", "workers"
     seen: float           # time of the last heartbeat (epoch seconds)
     pool: str | None = None  # the host pool it belongs to (`--pool`; foundation/host_pools.py), if any
+    # Records of one machine that share its room (`sluice up`'s worker host and replica host, or
+    # `--room` given to both): what one's placement takes, the other's cannot ("" for a host alone).
+    room: str = ""
 
     def live(self, now: float, ttl_s: float = HOST_TTL_S) -> bool:
         return now - self.seen <= ttl_s
@@ -154,7 +158,8 @@ class HostRecord:
         offers = d["offers"]
         return cls(str(d["host_id"]), str(d["address"]),
                    Resources(int(offers["cpu_m"]), int(offers["mem"]), int(offers["gpu"])),
-                   d.get("hardware"), tuple(d.get("roles", ())), float(d["seen"]), d.get("pool"))
+                   d.get("hardware"), tuple(d.get("roles", ())), float(d["seen"]), d.get("pool"),
+                   str(d.get("room") or ""))
 
 
 class HostDirectory(Protocol):
@@ -191,3 +196,19 @@ class RedisHostDirectory:
 
     def live(self, now: float, ttl_s: float = HOST_TTL_S) -> list[HostRecord]:
         return [r for r in self.all() if r.live(now, ttl_s)]
+
+
+def shared_room(records: Iterable[HostRecord], role: str, of_role: Mapping[str, Resources]) -> dict[str, Resources]:
+    """For each record of `role`: what the records of the other roles that share its room take
+    (`of_role`: record id -> what is placed on it)."""
+    by_room: dict[str, list[HostRecord]] = {}
+    for record in records:
+        if record.room:
+            by_room.setdefault(record.room, []).append(record)
+    taken: dict[str, Resources] = {}
+    for sharing in by_room.values():
+        others = sum((of_role.get(r.host_id, Resources()) for r in sharing if role not in r.roles), Resources())
+        for record in sharing:
+            if role in record.roles:
+                taken[record.host_id] = others
+    return taken

@@ -85,7 +85,7 @@ class Services:
         """Where each RealtimeAPI's replicas run (`jobs/placement/realtime.py`)."""
         return RealtimePlacement(RedisApiRegistry(self.redis), RedisHostDirectory(self.redis),
                                  RedisScaleBook(self.redis), RedisReplicaAssignments(self.redis),
-                                 self.settings.host_ttl_s)
+                                 self.settings.host_ttl_s, worker_hosts=self.worker_hosts)
 
     @property
     def request_objects(self) -> RequestObjects:

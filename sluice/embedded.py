@@ -360,6 +360,11 @@ class Stack:
         _wait_until(all_registered, timeout, "worker nodes " + ", ".join(child.name for child, _ in started))
 
     @property
+    def room(self) -> str:
+        """The room the stack's worker host and replica host share: one machine, counted once."""
+        return f"{socket.gethostname()}-{self.port}"
+
+    @property
     def worker_host_id(self) -> str:
         """The placement name of the stack's worker host (with `worker_host`)."""
         return f"{socket.gethostname()}-{self.port}-workers"
@@ -371,6 +376,7 @@ class Stack:
             sys.executable, "-m", "sluice.cli", "workers", "--queues", ",".join(self.queues),
             "--min-nodes", str(self.workers), "--idle-grace", str(self.idle_grace_s), "--host-id", self.worker_host_id,
             "--cpu", f"{offers.cpu_m}m", "--mem", str(offers.mem), "--gpu", str(offers.gpu),
+            "--room", self.room,
         ])
 
     def _wait_for_agent_nodes(self, agent: Child, timeout: float = 60) -> None:
@@ -474,7 +480,8 @@ class Stack:
                 self.host = HostAgent(RedisHostDirectory(client), RedisReplicaAssignments(client),
                                       host_id=f"{socket.gethostname()}:{self.port}", address="127.0.0.1",
                                       offers=self.offers or machine_resources(), hardware=self.hardware,
-                                      every_s=host_heartbeat_s(Settings.from_env(self._child_env()).host_ttl_s))
+                                      every_s=host_heartbeat_s(Settings.from_env(self._child_env()).host_ttl_s),
+                                      room=self.room if self.worker_host else "")
                 offered = self.offers or machine_resources()
                 self.replicas = ReplicaManager(RedisApiRegistry(client), self._spawn_launcher,
                                                select=on_hardware(self.hardware), assigned=self.host.assigned,

@@ -316,9 +316,10 @@ class HostAgent:
 
     def __init__(self, directory: HostDirectory, assignments: ReplicaAssignments, *, host_id: str, address: str,
                  offers: Resources, hardware: str | None, every_s: float = HOST_HEARTBEAT_S,
-                 pool: str | None = None) -> None:
+                 pool: str | None = None, room: str = "") -> None:
         self.host_id = host_id
         self._pool = pool
+        self._room = room
         self._directory = directory
         self._assignments = assignments
         self._address = address
@@ -331,7 +332,8 @@ class HostAgent:
         """Announce the host every `every_s` (a Redis error waits for the next turn)."""
         if now - self._announced_at < self._every_s:
             return
-        record = HostRecord(self.host_id, self._address, self._offers, self._hardware, ("replicas",), now, self._pool)
+        record = HostRecord(self.host_id, self._address, self._offers, self._hardware, ("replicas",), now, self._pool,
+                            self._room)
         try:
             self._directory.announce(record)
         except redis.RedisError as e:
@@ -372,7 +374,7 @@ def launcher_argv(
 def serve_all(
     *, hardware: str | None = None, host: str = "127.0.0.1", advertise: str | None = None,
     api_url: str = DEFAULT_API_URL, state_dir: Path | None = None, env: Mapping[str, str] | None = None,
-    offers: Resources | None = None, host_id: str | None = None, pool: str | None = None,
+    offers: Resources | None = None, host_id: str | None = None, pool: str | None = None, room: str = "",
 ) -> int:
     """`sluice replicas`: announces the room this host offers (`offers`, default the machine's) and
     runs the replicas placement assigns it (of one kind of hardware), until SIGTERM/SIGINT, which
@@ -400,7 +402,7 @@ def serve_all(
     agent = HostAgent(RedisHostDirectory(client), RedisReplicaAssignments(client),
                       host_id=host_id or default_host_id(address, hardware), address=address,
                       offers=offers if offers is not None else machine_resources(), hardware=hardware,
-                      every_s=host_heartbeat_s(settings.host_ttl_s), pool=pool)
+                      every_s=host_heartbeat_s(settings.host_ttl_s), pool=pool, room=room)
     cost = pod_deletion_cost.in_pod(env)
 
     def spawn(api_name: str, port: int, devices: Mapping[str, str]) -> subprocess.Popen[bytes]:

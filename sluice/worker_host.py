@@ -99,6 +99,7 @@ class AgentConfig:
     pool: str | None = None       # the host pool it belongs to (foundation/host_pools.py)
     stop_grace_s: float = STOP_GRACE_S  # how long a stopping agent waits for its nodes' warm shutdown
     gpus_per_node: int = 1        # on a GPU host: the GPUs each node holds as its own
+    room: str = ""                # shared with the replica host of the same machine (HostRecord.room)
 
     def __post_init__(self) -> None:
         if not self.queues:
@@ -326,7 +327,7 @@ class WorkerHost:
         """The host's record (what it offers) and its report (what it runs, starting ones included)."""
         config = self.config
         self._hosts.announce(HostRecord(config.host_id, config.address or self._node_host, config.offers,
-                                        config.hardware, (WORKERS_ROLE,), now, config.pool))
+                                        config.hardware, (WORKERS_ROLE,), now, config.pool, config.room))
         self._worker_hosts.report(WorkerHostReport(config.host_id, config.queues, config.min_nodes,
                                                    tuple(sorted(self.running)), now))
 

@@ -69,16 +69,22 @@ class HostPlan:
     busy: tuple[str, ...]
     at: float
     holds: bool = False
+    # What its nodes take of its room (those placed, and those started for a demand): what a replica
+    # host sharing its room cannot have (`HostRecord.room`).
+    takes: Resources = field(default_factory=Resources)
 
     def fresh(self, now: float, ttl_s: float = PLAN_TTL_S) -> bool:
         return now - self.at <= ttl_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "busy": list(self.busy), "at": self.at, "holds": self.holds}
+        return {"target": self.target, "busy": list(self.busy), "at": self.at, "holds": self.holds,
+                "takes": {"cpu_m": self.takes.cpu_m, "mem": self.takes.mem, "gpu": self.takes.gpu}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> HostPlan:
-        return cls(int(d["target"]), tuple(str(n) for n in d["busy"]), float(d["at"]), bool(d.get("holds", False)))
+        takes = d.get("takes") or {}
+        return cls(int(d["target"]), tuple(str(n) for n in d["busy"]), float(d["at"]), bool(d.get("holds", False)),
+                   Resources(int(takes.get("cpu_m", 0)), int(takes.get("mem", 0)), int(takes.get("gpu", 0))))
 
 
 @dataclass(frozen=True)
@@ -176,11 +182,13 @@ class _Host:
     report: WorkerHostReport
     footprints: dict[str, Resources]  # its nodes placed on jobs -> what each takes
     starts: int = 0
+    taken: Resources = field(default_factory=Resources)  # what replicas sharing its room take
+    start_shape: Resources = field(default_factory=Resources)
 
     def room_for(self, shape: Resources) -> int:
         """How many more nodes of `shape` fit, counting its unplaced nodes (and those planned) as `shape`."""
         unplaced = len(self.report.nodes) - len(self.footprints) + self.starts
-        free = self.record.offers - sum(self.footprints.values(), Resources())
+        free = self.record.offers - sum(self.footprints.values(), Resources()) - self.taken
         fits = [(have - unplaced * need) // need
                 for have, need in ((free.cpu_m, shape.cpu_m), (free.mem, shape.mem), (free.gpu, shape.gpu)) if need]
         return max(min(fits), 0) if fits else _UNBOUNDED
@@ -193,9 +201,11 @@ def plan_nodes(
     busy: Set[str],
     now: float,
     apis: Sequence[AsyncWant] = (),
+    taken: Mapping[str, Resources] | None = None,
 ) -> NodePlan:
     """The plan for every worker host, from the live hosts with their agents' reports, the active jobs,
-    the live nodes (name -> hardware queues), the nodes in use (`busy`) and the deployed AsyncAPIs."""
+    the live nodes (name -> hardware queues), the nodes in use (`busy`), the deployed AsyncAPIs, and
+    what replicas take of the hosts whose room they share (`taken`: host id -> room)."""
     placed = [(job.nodes, job.compute) for job in jobs] + [(api.nodes, api.compute) for api in apis]
     footprint: dict[str, Resources] = {}
     for placed_nodes, compute in placed:
@@ -204,7 +214,8 @@ def plan_nodes(
     demands = ([_Demand(job.queue, job.workers, job.compute) for job in jobs]
                + [_Demand(api.queue, api.desired, api.compute) for api in apis])
     views = [
-        _Host(record, report, {n: footprint[n] for n in report.nodes if n in footprint})
+        _Host(record, report, {n: footprint[n] for n in report.nodes if n in footprint},
+              taken=(taken or {}).get(record.host_id, Resources()))
         for record, report in sorted(hosts, key=lambda pair: pair[0].host_id)
     ]
     notes: dict[str, str] = {}
@@ -224,6 +235,7 @@ def plan_nodes(
                 if best is None or best.room_for(shape) == 0:
                     break
                 best.starts += 1
+                best.start_shape = best.start_shape + shape
                 new += 1
             if missing > new:
                 shortfall[queue] = Shortfall(missing - new, shape)
@@ -239,7 +251,8 @@ def plan_nodes(
         starting_for_demand = len(h.report.nodes) > h.report.min_nodes and any(n not in live for n in h.report.nodes)
         plans[h.record.host_id] = HostPlan(
             max(h.report.min_nodes, len(kept) + h.starts), busy_here, now,
-            holds=bool(busy_here) or h.starts > 0 or starting_for_demand)
+            holds=bool(busy_here) or h.starts > 0 or starting_for_demand,
+            takes=sum(h.footprints.values(), Resources()) + h.start_shape)
     return NodePlan(plans, notes, shortfall)
 
 

@@ -27,19 +27,22 @@ out); `RealtimePlacement` reads and writes the records around it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi
-from foundation.hosts import HOST_TTL_S, HostDirectory, HostRecord, Resources
+from foundation.hosts import HOST_TTL_S, HostDirectory, HostRecord, Resources, shared_room
 from foundation.replica_placement import PlacedReplicas, ReplicaAssignments
 from foundation.replica_scale import ScaleBook
+from jobs.nodes.worker_hosts import WorkerHosts
 from jobs.scaling.config import autoscaling_of
 from predictors_runtime.config import ApiConfig
 
 log = logging.getLogger(__name__)
 
 REPLICAS_ROLE = "replicas"
+WORKERS_ROLE = "workers"
 
 
 @dataclass(frozen=True)
@@ -72,12 +75,13 @@ def _pending_reason(want: Want, hosts: list[HostRecord], room: dict[str, Resourc
     return f"no host has {want.need.shortfall(room[roomiest.host_id])} free"
 
 
-def place_replicas(wants: list[Want], hosts: list[HostRecord],
-                   current: dict[str, PlacedReplicas]) -> dict[str, PlacedReplicas]:
+def place_replicas(wants: list[Want], hosts: list[HostRecord], current: dict[str, PlacedReplicas],
+                   taken: Mapping[str, Resources] | None = None) -> dict[str, PlacedReplicas]:
     """The new placement of every wanted API on the live `hosts`, keeping what `current` holds
-    where it still may run (the rules are in the module's docstring)."""
+    where it still may run (the rules are in the module's docstring); `taken` is what worker nodes
+    take of hosts whose room they share (host id -> room)."""
     by_id = {h.host_id: h for h in hosts}
-    room = {h.host_id: h.offers for h in hosts}
+    room = {h.host_id: h.offers - (taken or {}).get(h.host_id, Resources()) for h in hosts}
     counts: dict[str, dict[str, int]] = {}
     ordered = sorted(wants, key=lambda w: w.api)
     for want in ordered:  # first what stays: every API's running replicas before any new one
@@ -121,8 +125,12 @@ class RealtimePlacement:
     """Places every RealtimeAPI's replicas on the live hosts (beat's step, and the API at deploy)."""
 
     def __init__(self, registry: ApiRegistry, hosts: HostDirectory, book: ScaleBook,
-                 assignments: ReplicaAssignments, host_ttl_s: float = HOST_TTL_S) -> None:
+                 assignments: ReplicaAssignments, host_ttl_s: float = HOST_TTL_S,
+                 worker_hosts: WorkerHosts | None = None) -> None:
+        """`worker_hosts`: beat's plans of the worker hosts, whose nodes take room from a replica host
+        sharing a machine with one (`HostRecord.room`)."""
         self._registry = registry
+        self._worker_hosts = worker_hosts
         self._hosts = hosts
         self._host_ttl_s = host_ttl_s  # a host silent this long loses its replicas to the others
         self._book = book
@@ -140,11 +148,24 @@ class RealtimePlacement:
             wants.append(Want(api.name, desired, replica_need(api), "gpu" if api.queue == "gpu" else "cpu"))
         return wants
 
+    def _taken_by_nodes(self, live: list[HostRecord]) -> dict[str, Resources]:
+        """What the worker nodes of a machine take from its replica host, by beat's last plan."""
+        if self._worker_hosts is None or not any(h.room for h in live):
+            return {}
+        nodes_on = {}
+        for record in live:
+            if record.room and WORKERS_ROLE in record.roles:
+                plan = self._worker_hosts.plan_of(record.host_id)
+                if plan is not None:
+                    nodes_on[record.host_id] = plan.takes
+        return shared_room(live, REPLICAS_ROLE, nodes_on)
+
     def reconcile(self, now: float) -> dict[str, PlacedReplicas]:
         """One step: place every RealtimeAPI, forget deleted ones; returns the new placement."""
         current = self.assignments.all()
-        hosts = [h for h in self._hosts.live(now, self._host_ttl_s) if REPLICAS_ROLE in h.roles]
-        placed = place_replicas(self.wants(), hosts, current)
+        live = self._hosts.live(now, self._host_ttl_s)
+        hosts = [h for h in live if REPLICAS_ROLE in h.roles]
+        placed = place_replicas(self.wants(), hosts, current, self._taken_by_nodes(live))
         for name, record in placed.items():
             before = current.get(name)
             if before != record:

@@ -182,8 +182,11 @@ def serve(api: str, port: int, host: str, advertise: str | None, api_url: str, s
               help="Folder for the replicas' state (default: $SLUICE_CACHE_DIR/replicas).")
 @click.option("--pool", envvar="SLUICE_HOST_POOL", default=None,
               help="The host pool this host belongs to (one of SLUICE_HOST_POOLS, for scaling hosts).")
+@click.option("--room", default="",
+              help="A name this host shares with the other Sluice host of the same machine (its worker host, or "
+                   "replica host): placement then counts the machine's room once for both.")
 def replicas(cpu: str | None, mem: str | None, gpu: str | None, only: str | None, host: str, advertise: str | None,
-             host_id: str | None, api_url: str, state_dir: Path | None, pool: str | None) -> None:
+             host_id: str | None, api_url: str, state_dir: Path | None, pool: str | None, room: str) -> None:
     """Offer this host's room to realtime replicas and run those placed on it (several of one API
     when that is where the room is): one `sluice serve` per replica on free ports, until SIGTERM."""
     from foundation.json_logs import configure_json_logging
@@ -194,7 +197,7 @@ def replicas(cpu: str | None, mem: str | None, gpu: str | None, only: str | None
     offers, hardware = host_capacity(cpu, mem, gpu, only)
     configure_json_logging()
     sys.exit(serve_all(hardware=hardware, host=host, advertise=advertise, api_url=api_url, state_dir=state_dir,
-                       offers=offers, host_id=host_id, pool=pool))
+                       offers=offers, host_id=host_id, pool=pool, room=room))
 
 
 @main.command()
@@ -212,8 +215,11 @@ def replicas(cpu: str | None, mem: str | None, gpu: str | None, only: str | None
               help="Seconds a stopping agent lets its nodes finish their batches before killing them.")
 @click.option("--gpus-per-node", default=1, show_default=True,
               help="GPUs each node of a GPU host holds as its own (CUDA_VISIBLE_DEVICES).")
+@click.option("--room", default="",
+              help="A name this host shares with the other Sluice host of the same machine (its worker host, or "
+                   "replica host): placement then counts the machine's room once for both.")
 def workers(queues: str, cpu: str | None, mem: str | None, gpu: int | None, min_nodes: int, idle_grace: float,
-            host_id: str | None, pool: str | None, stop_grace: float, gpus_per_node: int) -> None:
+            host_id: str | None, pool: str | None, stop_grace: float, gpus_per_node: int, room: str) -> None:
     """Run this host's worker nodes (against SLUICE_REDIS_URL) until SIGTERM or Ctrl-C: at least
     --min-nodes, and more while batch jobs want more `workers` and the host has room (each node takes
     its API's `compute`); idle ones above the minimum stop after --idle-grace."""
@@ -231,7 +237,7 @@ def workers(queues: str, cpu: str | None, mem: str | None, gpu: int | None, min_
                            gpu if gpu is not None else found.gpu)
         config = AgentConfig(host_id or default_host_id(), tuple(q.strip() for q in queues.split(",") if q.strip()),
                              offers, min_nodes=min_nodes, idle_grace_s=idle_grace, pool=pool, stop_grace_s=stop_grace,
-                             gpus_per_node=gpus_per_node)
+                             gpus_per_node=gpus_per_node, room=room)
     except (BadQuantity, BadAgentOption) as e:
         raise click.BadParameter(str(e)) from e
     configure_json_logging()

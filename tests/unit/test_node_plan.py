@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from beat.worker_nodes import plan_worker_nodes
-from foundation.hosts import HostRecord, Resources
+from foundation.hosts import HostRecord, Resources, shared_room
 from foundation.memory import MemoryApiRegistry, MemoryHostDirectory
 from jobs.asyncapi.memory import MemoryAsyncAssignments
 from jobs.batch.job import Job
@@ -299,3 +299,28 @@ def test_a_node_started_for_a_job_beyond_the_minimum_holds_its_host_until_it_is_
 
     assert plan.hosts["a"].holds is True
     assert idle_min.hosts["a"].holds is False  # its one node starting is its minimum, for no demand
+
+
+# -- one machine's room, counted once ---------------------------------------------------------------------
+def test_what_replicas_take_of_a_machine_is_not_offered_again_to_its_worker_nodes() -> None:
+    """`sluice up` on 4 cpus: with 3 cpus held by its realtime replicas, a job of `workers: 3` (1 cpu
+    each) gets one node more, not two: the machine is one room."""
+    replicas_take = {"box-workers": Resources.parse(cpu=3)}
+    plan = plan_nodes([host("box-workers", cpu=4, nodes=("n-1",), min_nodes=0)], [job("j1", 3, ("n-1",))],
+                      {"n-1": ["cpu"]}, {"n-1"}, T0, taken=replicas_take)
+    assert plan.hosts["box-workers"].target == 1  # n-1 runs the job; nothing more fits beside the replicas
+    assert plan.notes["j1"] == "running on 1 of 3 workers: no host has room for 2 more nodes of 1 cpu"
+    alone = plan_nodes([host("box-workers", cpu=4, nodes=("n-1",), min_nodes=0)], [job("j1", 3, ("n-1",))],
+                       {"n-1": ["cpu"]}, {"n-1"}, T0)
+    assert alone.hosts["box-workers"].target == 3
+    assert alone.hosts["box-workers"].takes == Resources.parse(cpu=3)  # n-1 and the two started for the job
+
+
+def test_a_machines_room_is_shared_by_its_records_of_one_room_only() -> None:
+    workers = HostRecord("box-workers", "box", Resources.parse(cpu=4), None, ("workers",), T0, room="box")
+    replicas = HostRecord("box:8888", "box", Resources.parse(cpu=4), None, ("replicas",), T0, room="box")
+    other = HostRecord("far:8888", "far", Resources.parse(cpu=4), None, ("replicas",), T0)
+    on = {"box:8888": Resources.parse(cpu=3), "far:8888": Resources.parse(cpu=4)}
+    assert shared_room([workers, replicas, other], "workers", on) == {"box-workers": Resources.parse(cpu=3)}
+    assert shared_room([workers, replicas, other], "replicas", {"box-workers": Resources.parse(cpu=1)}) == {
+        "box:8888": Resources.parse(cpu=1)}

@@ -154,3 +154,27 @@ def test_a_deleted_api_is_forgotten_and_other_kinds_are_not_placed(world):
     world.registry.delete("iris")
     assert world.place() == {}
     assert world.assignments.all() == {}
+
+
+def test_what_a_machines_worker_nodes_take_is_not_offered_again_to_its_replicas():
+    """`sluice up` on 2 cpus with its worker nodes holding 1.5 of them (beat's last plan): one replica
+    of 500m fits beside them, a second is pending, as if the machine had 0.5 cpu for replicas."""
+    from jobs.nodes.memory import MemoryWorkerHosts
+    from jobs.placement.node_plan import HostPlan, NodePlan
+
+    world = World()
+    worker_hosts = MemoryWorkerHosts()
+    world.placement = RealtimePlacement(world.registry, world.hosts, world.book, world.assignments,
+                                        worker_hosts=worker_hosts)
+    world.hosts.announce(HostRecord("box:8888", "127.0.0.1", Resources.parse("2", "8Gi"), None, ("replicas",), T0,
+                                    room="box"))
+    world.hosts.announce(HostRecord("box-workers", "box", Resources.parse("2", "8Gi"), None, ("workers",), T0,
+                                    room="box"))
+    worker_hosts.write_plan(NodePlan({"box-workers": HostPlan(2, (), T0, takes=Resources.parse("1500m"))}))
+    world.deploy("iris", autoscaling={"min_replicas": 2})
+    placed = world.placement.reconcile(T0)["iris"]
+    assert placed.hosts == {"box:8888": 1} and placed.pending == 1
+    assert placed.reason == "no host has 500m cpu free"
+
+    worker_hosts.write_plan(NodePlan({"box-workers": HostPlan(1, (), T0, takes=Resources.parse("500m"))}))
+    assert world.placement.reconcile(T0 + 1)["iris"].hosts == {"box:8888": 2}  # the nodes gave room back
