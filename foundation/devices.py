@@ -4,7 +4,8 @@ on a four-GPU host run on four GPUs rather than all on GPU 0.
 
 A tree is told which devices are its own the way every framework reads it: `CUDA_VISIBLE_DEVICES`
 (and `NVIDIA_VISIBLE_DEVICES`, for a container runtime) for GPUs. The host's GPUs are those its
-own `CUDA_VISIBLE_DEVICES` lists when it is set, else indices 0..N-1 of the N it offers (`--gpu N`).
+own `CUDA_VISIBLE_DEVICES` lists when it is set, else indices 0..N-1 of the N it offers (`--gpu N`);
+Inferentia's Neuron cores (`compute.inf`, `--inf N`) likewise, as `NEURON_RT_VISIBLE_CORES`.
 
 Every process of a host that hands GPUs out (a replica host's manager, a worker host's agent, both
 under `sluice up`) claims them in one folder of the host (`HostDevices`): a claim is a file per
@@ -22,7 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+NEURON_VARIABLE = "NEURON_RT_VISIBLE_CORES"
 DEVICES_FOLDER_VARIABLE = "SLUICE_DEVICES_DIR"
+# The kinds of device a host hands out, by the `compute` field that asks for them.
+GPU, NEURON = "gpu", "neuron"
+
+
+def host_cores(count: int, env: Mapping[str, str]) -> tuple[str, ...]:
+    """The ids of this host's `count` Neuron cores: those its NEURON_RT_VISIBLE_CORES lists, or 0..count-1."""
+    listed = [c.strip() for c in (env.get(NEURON_VARIABLE) or "").split(",") if c.strip()]
+    if listed:
+        return tuple(listed[:count])
+    return tuple(str(i) for i in range(count))
 
 
 def host_gpus(count: int, env: Mapping[str, str]) -> tuple[str, ...]:
@@ -54,14 +66,23 @@ class HostDevices:
     """The host's GPUs and their claims, in `folder`, for holders that are processes of this host."""
 
     folder: Path
-    gpus: tuple[str, ...]
+    gpus: tuple[str, ...]         # the host's devices of this kind (GPUs, or Neuron cores)
     pid: int = 0                  # the claiming process (default: this one)
+    kind: str = GPU
 
     def __post_init__(self) -> None:
         self.pid = self.pid or os.getpid()
 
     def _claim_file(self, device: str) -> Path:
-        return self.folder / f"gpu-{device}.claim"
+        return self.folder / f"{self.kind}-{device}.claim"
+
+    def visible(self, devices: tuple[str, ...]) -> dict[str, str]:
+        """The variables that show a tree only these devices of this kind."""
+        if not devices:
+            return {}
+        if self.kind == NEURON:
+            return {NEURON_VARIABLE: ",".join(devices)}
+        return visible(devices)
 
     def holder(self, device: str) -> tuple[int, str] | None:
         """(pid, tag) of the live claim on `device`, None when it is free (a dead holder's claim is removed)."""

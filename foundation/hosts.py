@@ -68,22 +68,31 @@ def mem_bytes(value: int | str) -> int:
 
 @dataclass(frozen=True)
 class Resources:
-    """An amount of cpu (millicores), memory (bytes) and GPUs: what a host offers, or what one
-    replica or node takes."""
+    """An amount of cpu (millicores), memory (bytes), GPUs and Inferentia's Neuron cores (`inf`): what
+    a host offers, or what one replica or node takes."""
 
     cpu_m: int = 0
     mem: int = 0
     gpu: int = 0
+    inf: int = 0
 
     def __add__(self, other: Resources) -> Resources:
-        return Resources(self.cpu_m + other.cpu_m, self.mem + other.mem, self.gpu + other.gpu)
+        return Resources(self.cpu_m + other.cpu_m, self.mem + other.mem, self.gpu + other.gpu, self.inf + other.inf)
 
     def __sub__(self, other: Resources) -> Resources:
-        return Resources(self.cpu_m - other.cpu_m, self.mem - other.mem, self.gpu - other.gpu)
+        return Resources(self.cpu_m - other.cpu_m, self.mem - other.mem, self.gpu - other.gpu, self.inf - other.inf)
 
     def fits_in(self, room: Resources) -> bool:
         """Whether this much can be taken from `room`."""
-        return self.cpu_m <= room.cpu_m and self.mem <= room.mem and self.gpu <= room.gpu
+        return (self.cpu_m <= room.cpu_m and self.mem <= room.mem and self.gpu <= room.gpu
+                and self.inf <= room.inf)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"cpu_m": self.cpu_m, "mem": self.mem, "gpu": self.gpu, "inf": self.inf}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Resources:
+        return cls(int(d.get("cpu_m", 0)), int(d.get("mem", 0)), int(d.get("gpu", 0)), int(d.get("inf", 0)))
 
     def shortfall(self, room: Resources) -> str:
         """What `room` lacks to hold this much, as a user reads it ("1 gpu", "500m cpu"); empty
@@ -91,6 +100,8 @@ class Resources:
         missing = []
         if self.gpu > room.gpu:
             missing.append(f"{self.gpu} gpu")
+        if self.inf > room.inf:
+            missing.append(f"{self.inf} inf")
         if self.cpu_m > room.cpu_m:
             missing.append(f"{self.cpu_m}m cpu")
         if self.mem > room.mem:
@@ -98,10 +109,12 @@ class Resources:
         return ", ".join(missing)
 
     @classmethod
-    def parse(cls, cpu: float | int | str = 0, mem: int | str = 0, gpu: int = 0) -> Resources:
+    def parse(cls, cpu: float | int | str = 0, mem: int | str = 0, gpu: int = 0, inf: int = 0) -> Resources:
         if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0:
             raise BadQuantity(f"gpu must be a whole number of GPUs, 0 or more (got {gpu!r})")
-        return cls(cpu_millis(cpu), mem_bytes(mem), gpu)
+        if isinstance(inf, bool) or not isinstance(inf, int) or inf < 0:
+            raise BadQuantity(f"inf must be a whole number of Neuron cores, 0 or more (got {inf!r})")
+        return cls(cpu_millis(cpu), mem_bytes(mem), gpu, inf)
 
 
 def gpus_found() -> int:
@@ -156,8 +169,7 @@ class HostRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HostRecord:
         offers = d["offers"]
-        return cls(str(d["host_id"]), str(d["address"]),
-                   Resources(int(offers["cpu_m"]), int(offers["mem"]), int(offers["gpu"])),
+        return cls(str(d["host_id"]), str(d["address"]), Resources.from_dict(offers),
                    d.get("hardware"), tuple(d.get("roles", ())), float(d["seen"]), d.get("pool"),
                    str(d.get("room") or ""))
 

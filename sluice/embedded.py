@@ -29,7 +29,7 @@ import requests
 
 from foundation import keys
 from foundation.api_registry import RedisApiRegistry
-from foundation.devices import HostDevices, devices_folder, host_gpus
+from foundation.devices import NEURON, HostDevices, devices_folder, host_cores, host_gpus
 from foundation.errors import NotReady
 from foundation.hosts import RedisHostDirectory, Resources, machine_resources
 from foundation.processes import die_with_parent, stop_trees
@@ -375,7 +375,7 @@ class Stack:
         return self._spawn("workers", [
             sys.executable, "-m", "sluice.cli", "workers", "--queues", ",".join(self.queues),
             "--min-nodes", str(self.workers), "--idle-grace", str(self.idle_grace_s), "--host-id", self.worker_host_id,
-            "--cpu", f"{offers.cpu_m}m", "--mem", str(offers.mem), "--gpu", str(offers.gpu),
+            "--cpu", f"{offers.cpu_m}m", "--mem", str(offers.mem), "--gpu", str(offers.gpu), "--inf", str(offers.inf),
             "--room", self.room,
         ])
 
@@ -486,7 +486,10 @@ class Stack:
                 self.replicas = ReplicaManager(RedisApiRegistry(client), self._spawn_launcher,
                                                select=on_hardware(self.hardware), assigned=self.host.assigned,
                                                devices=HostDevices(self._devices_folder(),
-                                                                   host_gpus(offered.gpu, self._child_env())))
+                                                                   host_gpus(offered.gpu, self._child_env())),
+                                               cores=HostDevices(self._devices_folder(),
+                                                                 host_cores(offered.inf, self._child_env()),
+                                                                 kind=NEURON))
                 self.host.heartbeat(time.time())
                 self.replicas.step(time.time())
         except BaseException:

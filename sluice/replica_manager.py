@@ -31,7 +31,7 @@ import redis
 
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import ApiRegistry, DeployedApi, RedisApiRegistry
-from foundation.devices import HostDevices, devices_folder, host_gpus, visible
+from foundation.devices import NEURON, HostDevices, devices_folder, host_cores, host_gpus
 from foundation.hosts import HostDirectory, HostRecord, RedisHostDirectory, Resources
 from foundation.redis_clients import heartbeat_client
 from foundation.replica_placement import RedisReplicaAssignments, ReplicaAssignments, on_host
@@ -55,11 +55,11 @@ STEP_S = 0.5
 STOP_GRACE_S = DRAIN_CAP_S + MIN_GRACEFUL_S + KILL_AFTER_GRACE_S
 
 
-def gpus_of(api: DeployedApi) -> int:
-    """An API's `compute.gpu` (0 when its spec cannot say)."""
+def gpus_of(api: DeployedApi, field: str = "gpu") -> int:
+    """An API's `compute.gpu` (or another count of devices: `inf`), 0 when its spec cannot say."""
     compute = api.spec.get("compute") if isinstance(api.spec, dict) else None
     try:
-        return int((compute or {}).get("gpu") or 0)
+        return int((compute or {}).get(field) or 0)
     except (TypeError, ValueError):
         return 0
 
@@ -136,12 +136,15 @@ class ReplicaManager:
         self, registry: ApiRegistry, spawn: SpawnLauncher,
         allocate_port: Callable[[set[int]], int] = free_port_pair, select: SelectApi | None = None,
         assigned: Assigned | None = None, devices: HostDevices | None = None,
+        cores: HostDevices | None = None,
     ) -> None:
         """`devices`: the host's GPUs, each handed to one replica placed with `compute.gpu` (None: no
         devices are handed out, as where a test stands in for the launchers)."""
         self._registry = registry
         self.devices = devices
+        self.cores = cores                   # the host's Neuron cores, handed out by compute.inf
         self._gpus_of: dict[str, int] = {}  # api -> its compute.gpu, as last read
+        self._cores_of: dict[str, int] = {}  # api -> its compute.inf, as last read
         self._waiting_for_devices: set[tuple[str, int]] = set()
         self._spawn = spawn
         self._allocate = allocate_port
@@ -165,6 +168,7 @@ class ReplicaManager:
             return None
         served = {api.name for api in apis if self._select(api)}
         self._gpus_of = {api.name: gpus_of(api) for api in apis}
+        self._cores_of = {api.name: gpus_of(api, "inf") for api in apis}
         return served, {api.name for api in apis} - served
 
     def _wanted(self, deployed: set[str]) -> dict[str, int] | None:
@@ -203,8 +207,9 @@ class ReplicaManager:
                 log.warning("the launcher of %s exited with status %s; starting it again", launcher.api, code)
 
     def _drop_slot(self, api: str, port: int) -> None:
-        if self.devices is not None:
-            self.devices.release(f"replica {api}:{port}")
+        for book in (self.devices, self.cores):
+            if book is not None:
+                book.release(f"replica {api}:{port}")
         ports = self._slots.get(api, [])
         if port in ports:
             ports.remove(port)
@@ -253,17 +258,21 @@ class ReplicaManager:
         start_at, failures, restarts = self._due.get((api, port), (0.0, 0, 0))
         if now < start_at:
             return
-        gpus = self._gpus_of.get(api, 0)
-        book = self.devices
-        claimed = () if book is None else book.claim(f"replica {api}:{port}", gpus)  # kept by the slot across restarts
-        if claimed is None:
-            assert book is not None
-            if (api, port) not in self._waiting_for_devices:
-                self._waiting_for_devices.add((api, port))
-                log.warning("a replica of %s waits for %d free GPU(s) of this host (free: %s)", api, gpus,
-                            ", ".join(book.free()) or "none")
-            return
-        devices = visible(claimed)
+        devices: dict[str, str] = {}
+        for book, count, what in ((self.devices, self._gpus_of.get(api, 0), "GPU"),
+                                  (self.cores, self._cores_of.get(api, 0), "Neuron core")):
+            if book is None:
+                continue
+            claimed = book.claim(f"replica {api}:{port}", count)  # kept by the slot across restarts
+            if claimed is None:
+                if (api, port) not in self._waiting_for_devices:
+                    self._waiting_for_devices.add((api, port))
+                    log.warning("a replica of %s waits for %d free %s(s) of this host (free: %s)", api, count, what,
+                                ", ".join(book.free()) or "none")
+                if book is self.cores and self.devices is not None:
+                    self.devices.release(f"replica {api}:{port}")  # not held while it waits for the others
+                return
+            devices.update(book.visible(claimed))
         self._waiting_for_devices.discard((api, port))
         try:
             process = self._spawn(api, port, devices)
@@ -276,8 +285,9 @@ class ReplicaManager:
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM every launcher (each drains and stops its replica), then kill what is left."""
-        if self.devices is not None:
-            self.devices.release_all()
+        for book in (self.devices, self.cores):
+            if book is not None:
+                book.release_all()
         for launcher in self.launchers.values():
             if launcher.process.poll() is None:
                 launcher.process.send_signal(signal.SIGTERM)
@@ -409,10 +419,11 @@ def serve_all(
         argv = launcher_argv(api_name, port, host=host, advertise=address, api_url=api_url, state_dir=state_root,
                              placement_host=agent.host_id)
         return spawn_gunicorn(argv, {**env, **devices}, Path.cwd())  # any command: own session, dies with us
-    devices = HostDevices(devices_folder(env, settings.cache_dir),
-                          host_gpus((offers if offers is not None else machine_resources()).gpu, env))
+    offered = offers if offers is not None else machine_resources()
+    folder = devices_folder(env, settings.cache_dir)
     manager = ReplicaManager(RedisApiRegistry(client), spawn, select=select, assigned=agent.assigned,
-                             devices=devices)
+                             devices=HostDevices(folder, host_gpus(offered.gpu, env)),
+                             cores=HostDevices(folder, host_cores(offered.inf, env), kind=NEURON))
     upkeep = EnvironmentUpkeep(HostEnvironments.under(settings.cache_dir), RedisApiRegistry(client),
                                JobStore(client, settings.job_ttl_s), grace_s=settings.environment_grace_s)
     stopping = threading.Event()

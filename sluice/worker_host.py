@@ -34,7 +34,7 @@ from typing import Protocol
 import redis
 
 from foundation.cpu_limits import WEIGHT_FILE_VARIABLE, CpuGroup, CpuLimits
-from foundation.devices import HostDevices, devices_folder, host_gpus, visible
+from foundation.devices import NEURON, HostDevices, devices_folder, host_cores, host_gpus
 from foundation.errors import SluiceError
 from foundation.hosts import HostDirectory, HostRecord, Resources, memory_found
 from foundation.memory_limits import LIMIT_FILE_VARIABLE, LimitMode, MemoryGroup, MemoryLimits, human_bytes
@@ -99,6 +99,7 @@ class AgentConfig:
     pool: str | None = None       # the host pool it belongs to (foundation/host_pools.py)
     stop_grace_s: float = STOP_GRACE_S  # how long a stopping agent waits for its nodes' warm shutdown
     gpus_per_node: int = 1        # on a GPU host: the GPUs each node holds as its own
+    inf_per_node: int = 1         # on an Inferentia host: the Neuron cores each node holds as its own
     room: str = ""                # shared with the replica host of the same machine (HostRecord.room)
 
     def __post_init__(self) -> None:
@@ -110,6 +111,8 @@ class AgentConfig:
             raise BadAgentOption(f"--idle-grace must be 0 or more seconds (got {self.idle_grace_s})")
         if self.gpus_per_node < 1:
             raise BadAgentOption(f"--gpus-per-node must be 1 or more (got {self.gpus_per_node})")
+        if self.inf_per_node < 1:
+            raise BadAgentOption(f"--inf-per-node must be 1 or more (got {self.inf_per_node})")
         if self.stop_grace_s <= 0:
             raise BadAgentOption(f"--stop-grace must be above 0 seconds (got {self.stop_grace_s})")
         if self.pool is not None and not _HOST_ID.match(self.pool):
@@ -134,7 +137,8 @@ class WorkerHost:
     def __init__(self, config: AgentConfig, spawn: Spawn, hosts: HostDirectory, worker_hosts: WorkerHosts,
                  nodes: NodeRegistry, node_host: str | None = None, cost: PodDeletionCost | None = None,
                  memory: MemoryLimits | None = None, records: JobRecords | None = None,
-                 cpu: CpuLimits | None = None, devices: HostDevices | None = None) -> None:
+                 cpu: CpuLimits | None = None, devices: HostDevices | None = None,
+                 cores: HostDevices | None = None) -> None:
         """`memory` holds each node to the `compute.mem` of the job it runs (foundation/memory_limits.py);
         `records` is where a job whose node was stopped for memory ends `status_worker_oom`."""
         self.config = config
@@ -143,6 +147,7 @@ class WorkerHost:
         # A GPU host's GPUs, `gpus_per_node` handed to each node; a host whose nodes serve other queues
         # too (`sluice up`'s) hands none, or its CPU nodes would hold GPUs.
         self._devices = devices if devices is not None and config.offers.gpu > 0 and config.hardware == "gpu" else None
+        self._cores = cores if cores is not None and config.offers.inf > 0 and config.hardware == "inf" else None
         self._waiting_for_devices = False
         self._records = records
         self._groups: dict[str, MemoryGroup] = {}
@@ -168,19 +173,23 @@ class WorkerHost:
 
     def _start(self, name: str) -> bool:
         """Start node `name` (False: its GPUs are not free yet, and nothing was started)."""
-        gpus: tuple[str, ...] = ()
-        if self._devices is not None:
-            claimed = self._devices.claim(f"node {name}", self.config.gpus_per_node)  # kept across its restarts
+        shown: dict[str, str] = {}
+        for book, count, what in ((self._devices, self.config.gpus_per_node, "GPU"),
+                                  (self._cores, self.config.inf_per_node, "Neuron core")):
+            if book is None:
+                continue
+            claimed = book.claim(f"node {name}", count)  # kept across its restarts
             if claimed is None:
                 if not self._waiting_for_devices:
-                    log.warning("node %s waits for %d free GPU(s) of this host (free: %s)", name,
-                                self.config.gpus_per_node, ", ".join(self._devices.free()) or "none")
+                    log.warning("node %s waits for %d free %s(s) of this host (free: %s)", name, count, what,
+                                ", ".join(book.free()) or "none")
                 self._waiting_for_devices = True
                 return False
-            self._waiting_for_devices, gpus = False, claimed
+            shown.update(book.visible(claimed))
+        self._waiting_for_devices = False
         group, cpu = self._group_of(name), self._cpu_group_of(name)
         extra = {LIMIT_FILE_VARIABLE: str(group.limit_file)} if group is not None else {}
-        extra.update(visible(gpus))
+        extra.update(shown)
         if cpu is not None:
             extra[WEIGHT_FILE_VARIABLE] = str(cpu.weight_file)
         process = self.running[name] = self._spawn(name, extra)
@@ -313,8 +322,9 @@ class WorkerHost:
 
     def _forget_group(self, name: str) -> None:
         """What node `name` held, given back: it stopped for good."""
-        if self._devices is not None:
-            self._devices.release(f"node {name}")
+        for book in (self._devices, self._cores):
+            if book is not None:
+                book.release(f"node {name}")
         group = self._groups.pop(name, None)
         self._oom_seen.pop(name, None)
         if group is not None:
@@ -351,8 +361,9 @@ class WorkerHost:
         self.stopping.clear()
         for name in {*self._groups, *self._cpu_groups}:
             self._forget_group(name)
-        if self._devices is not None:
-            self._devices.release_all()
+        for book in (self._devices, self._cores):
+            if book is not None:
+                book.release_all()
         self._memory.close()
         self._cpu.close()
         with contextlib.suppress(redis.RedisError):
@@ -408,7 +419,9 @@ def run_agent(config: AgentConfig, env: Mapping[str, str] | None = None, step_s:
     agent = WorkerHost(config, celery_node(config.queues, env), RedisHostDirectory(client), RedisWorkerHosts(client),
                        Nodes(client, settings.node_ttl_s), cost=pod_deletion_cost.in_pod(env), memory=memory,
                        records=store, cpu=cpu,
-                       devices=HostDevices(devices_folder(env, settings.cache_dir), host_gpus(config.offers.gpu, env)))
+                       devices=HostDevices(devices_folder(env, settings.cache_dir), host_gpus(config.offers.gpu, env)),
+                       cores=HostDevices(devices_folder(env, settings.cache_dir), host_cores(config.offers.inf, env),
+                                         kind=NEURON))
     upkeep = EnvironmentUpkeep(
         HostEnvironments.under(settings.cache_dir, events=RedisEnvironmentStates(client)), RedisApiRegistry(client),
         store, grace_s=settings.environment_grace_s,

@@ -78,13 +78,12 @@ class HostPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "busy": list(self.busy), "at": self.at, "holds": self.holds,
-                "takes": {"cpu_m": self.takes.cpu_m, "mem": self.takes.mem, "gpu": self.takes.gpu}}
+                "takes": self.takes.to_dict()}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> HostPlan:
-        takes = d.get("takes") or {}
         return cls(int(d["target"]), tuple(str(n) for n in d["busy"]), float(d["at"]), bool(d.get("holds", False)),
-                   Resources(int(takes.get("cpu_m", 0)), int(takes.get("mem", 0)), int(takes.get("gpu", 0))))
+                   Resources.from_dict(d.get("takes") or {}))
 
 
 @dataclass(frozen=True)
@@ -95,11 +94,11 @@ class Shortfall:
     need: Resources
 
     def to_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "cpu_m": self.need.cpu_m, "mem": self.need.mem, "gpu": self.need.gpu}
+        return {"count": self.count, **self.need.to_dict()}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Shortfall:
-        return cls(int(d["count"]), Resources(int(d["cpu_m"]), int(d["mem"]), int(d["gpu"])))
+        return cls(int(d["count"]), Resources.from_dict(d))
 
 
 @dataclass(frozen=True)
@@ -148,7 +147,8 @@ class NodePlan:
 def node_compute(compute: Mapping[str, Any] | None) -> Resources:
     """What one node of an API takes, from its `compute` section (Cortex's default: 1 cpu)."""
     compute = compute or {}
-    return Resources(cpu_millis(compute.get("cpu", 1)), mem_bytes(compute.get("mem") or 0), int(compute.get("gpu", 0)))
+    return Resources(cpu_millis(compute.get("cpu", 1)), mem_bytes(compute.get("mem") or 0), int(compute.get("gpu", 0)),
+                     int(compute.get("inf", 0)))
 
 
 def describe(shape: Resources) -> str:
@@ -159,13 +159,16 @@ def describe(shape: Resources) -> str:
         parts.append(f"{shape.mem / 2**30:g}Gi mem" if shape.mem >= 2**30 else f"{-(-shape.mem // 2**20)}Mi mem")
     if shape.gpu:
         parts.append(f"{shape.gpu} gpu")
+    if shape.inf:
+        parts.append(f"{shape.inf} inf")
     return ", ".join(parts)
 
 
 def _largest(shapes: Iterable[Resources]) -> Resources:
     largest = Resources()
     for s in shapes:
-        largest = Resources(max(largest.cpu_m, s.cpu_m), max(largest.mem, s.mem), max(largest.gpu, s.gpu))
+        largest = Resources(max(largest.cpu_m, s.cpu_m), max(largest.mem, s.mem), max(largest.gpu, s.gpu),
+                            max(largest.inf, s.inf))
     return largest
 
 
@@ -190,7 +193,8 @@ class _Host:
         unplaced = len(self.report.nodes) - len(self.footprints) + self.starts
         free = self.record.offers - sum(self.footprints.values(), Resources()) - self.taken
         fits = [(have - unplaced * need) // need
-                for have, need in ((free.cpu_m, shape.cpu_m), (free.mem, shape.mem), (free.gpu, shape.gpu)) if need]
+                for have, need in ((free.cpu_m, shape.cpu_m), (free.mem, shape.mem), (free.gpu, shape.gpu),
+                                   (free.inf, shape.inf)) if need]
         return max(min(fits), 0) if fits else _UNBOUNDED
 
 

@@ -58,7 +58,7 @@ class Want:
 def replica_need(deployed: DeployedApi) -> Resources:
     """What one replica of the API takes: its `compute` (cpu default 200m as in Cortex, mem 0)."""
     compute = ApiConfig.from_dict(deployed.spec).compute
-    return Resources.parse(cpu=compute.cpu, mem=compute.mem or 0, gpu=compute.gpu)
+    return Resources.parse(cpu=compute.cpu, mem=compute.mem or 0, gpu=compute.gpu, inf=compute.inf)
 
 
 def serves(host: HostRecord, hardware: str) -> bool:
@@ -71,7 +71,8 @@ def _pending_reason(want: Want, hosts: list[HostRecord], room: dict[str, Resourc
     if not eligible:
         limit = "" if not hosts else f" for {want.hardware} APIs"
         return f"no live host offers room to replicas{limit}"
-    roomiest = max(eligible, key=lambda h: (room[h.host_id].gpu, room[h.host_id].cpu_m, room[h.host_id].mem))
+    roomiest = max(eligible, key=lambda h: (room[h.host_id].gpu, room[h.host_id].inf, room[h.host_id].cpu_m,
+                                            room[h.host_id].mem))
     return f"no host has {want.need.shortfall(room[roomiest.host_id])} free"
 
 

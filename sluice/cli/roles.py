@@ -39,6 +39,8 @@ def capacity_options(command: Callable[..., None]) -> Callable[..., None]:
                      help="GPUs this host offers (default: those nvidia-smi lists); alone: --only gpu."),
         click.option("--only", "only", type=click.Choice(["cpu", "gpu"]), default=None,
                      help="Take only the realtime APIs without a GPU (cpu) or with one (gpu)."),
+        click.option("--inf", "inf", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Inferentia Neuron cores this host offers (compute.inf; counted and handed out like GPUs)."),
     ]):
         command = option(command)
     return command
@@ -47,7 +49,8 @@ def capacity_options(command: Callable[..., None]) -> Callable[..., None]:
 ONLY = "only"
 
 
-def host_capacity(cpu: str | None, mem: str | None, gpu: str | None, only: str | None) -> tuple[Resources, str | None]:
+def host_capacity(cpu: str | None, mem: str | None, gpu: str | None, only: str | None,
+                  inf: int = 0) -> tuple[Resources, str | None]:
     """The room a host offers and the hardware it is limited to, from the capacity options."""
     with needs_extra("server", "a host's --cpu, --mem and --gpu"):
         from foundation.hosts import BadQuantity, Resources, cpu_millis, machine_resources, mem_bytes
@@ -61,6 +64,7 @@ def host_capacity(cpu: str | None, mem: str | None, gpu: str | None, only: str |
             found.cpu_m if cpu in (None, ONLY) else cpu_millis(cpu),
             found.mem if mem is None else mem_bytes(mem),
             found.gpu if gpu in (None, ONLY) else _whole_gpus(gpu),
+            inf,
         )
     except BadQuantity as e:
         raise click.BadParameter(str(e)) from e
@@ -88,7 +92,7 @@ def _whole_gpus(text: str) -> int:
               help="Show every process's log lines here as they are written (they are in the logs folder anyway).")
 @capacity_options
 def up(port: int, workers: int, idle_grace: float, data_dir: Path | None, fresh: bool, verbose: bool,
-       cpu: str | None, mem: str | None, gpu: str | None, only: str | None) -> None:
+       cpu: str | None, mem: str | None, gpu: str | None, only: str | None, inf: int) -> None:
     """Start Redis (private, unless SLUICE_REDIS_URL or SLUICE_REDIS_SENTINELS is set), a worker host
     (`sluice workers`), beat, the API, the proxy and the replicas placed on this host; Ctrl-C stops all."""
     import os
@@ -96,7 +100,7 @@ def up(port: int, workers: int, idle_grace: float, data_dir: Path | None, fresh:
     with needs_extra("server", "`sluice up`"):
         from ..embedded import Stack
 
-    offers, hardware = host_capacity(cpu, mem, gpu, only)
+    offers, hardware = host_capacity(cpu, mem, gpu, only, inf)
     home = (data_dir or Path(os.environ.get("SLUICE_HOME") or "~/.sluice")).expanduser()
     stack = Stack(port=port, workers=workers, redis_url=os.environ.get("SLUICE_REDIS_URL") or None,
                   offers=offers, hardware=hardware, worker_host=True, idle_grace_s=idle_grace, data_dir=home,
@@ -185,8 +189,9 @@ def serve(api: str, port: int, host: str, advertise: str | None, api_url: str, s
 @click.option("--room", default="",
               help="A name this host shares with the other Sluice host of the same machine (its worker host, or "
                    "replica host): placement then counts the machine's room once for both.")
-def replicas(cpu: str | None, mem: str | None, gpu: str | None, only: str | None, host: str, advertise: str | None,
-             host_id: str | None, api_url: str, state_dir: Path | None, pool: str | None, room: str) -> None:
+def replicas(cpu: str | None, mem: str | None, gpu: str | None, only: str | None, inf: int, host: str,
+             advertise: str | None, host_id: str | None, api_url: str, state_dir: Path | None, pool: str | None,
+             room: str) -> None:
     """Offer this host's room to realtime replicas and run those placed on it (several of one API
     when that is where the room is): one `sluice serve` per replica on free ports, until SIGTERM."""
     from foundation.json_logs import configure_json_logging
@@ -194,7 +199,7 @@ def replicas(cpu: str | None, mem: str | None, gpu: str | None, only: str | None
     with needs_extra("server", "`sluice replicas`"):
         from ..replica_manager import serve_all
 
-    offers, hardware = host_capacity(cpu, mem, gpu, only)
+    offers, hardware = host_capacity(cpu, mem, gpu, only, inf)
     configure_json_logging()
     sys.exit(serve_all(hardware=hardware, host=host, advertise=advertise, api_url=api_url, state_dir=state_dir,
                        offers=offers, host_id=host_id, pool=pool, room=room))
@@ -205,6 +210,8 @@ def replicas(cpu: str | None, mem: str | None, gpu: str | None, only: str | None
 @click.option("--cpu", default=None, help="CPU this host offers to nodes (2, 0.5, 500m; default: its cores).")
 @click.option("--mem", default=None, help="Memory it offers (16Gi, 2G, bytes; default: the machine's).")
 @click.option("--gpu", default=None, type=int, help="GPUs it offers (default: those nvidia-smi lists).")
+@click.option("--inf", default=0, type=click.IntRange(min=0), show_default=True,
+              help="Inferentia Neuron cores it offers (compute.inf).")
 @click.option("--min-nodes", default=1, show_default=True, help="Nodes kept running however idle.")
 @click.option("--idle-grace", default=60.0, show_default=True,
               help="Seconds a node above --min-nodes stays idle before it is stopped (warm shutdown).")
@@ -215,11 +222,14 @@ def replicas(cpu: str | None, mem: str | None, gpu: str | None, only: str | None
               help="Seconds a stopping agent lets its nodes finish their batches before killing them.")
 @click.option("--gpus-per-node", default=1, show_default=True,
               help="GPUs each node of a GPU host holds as its own (CUDA_VISIBLE_DEVICES).")
+@click.option("--inf-per-node", default=1, show_default=True,
+              help="Neuron cores each node of an Inferentia host holds as its own (NEURON_RT_VISIBLE_CORES).")
 @click.option("--room", default="",
               help="A name this host shares with the other Sluice host of the same machine (its worker host, or "
                    "replica host): placement then counts the machine's room once for both.")
-def workers(queues: str, cpu: str | None, mem: str | None, gpu: int | None, min_nodes: int, idle_grace: float,
-            host_id: str | None, pool: str | None, stop_grace: float, gpus_per_node: int, room: str) -> None:
+def workers(queues: str, cpu: str | None, mem: str | None, gpu: int | None, inf: int, min_nodes: int,
+            idle_grace: float, host_id: str | None, pool: str | None, stop_grace: float, gpus_per_node: int,
+            inf_per_node: int, room: str) -> None:
     """Run this host's worker nodes (against SLUICE_REDIS_URL) until SIGTERM or Ctrl-C: at least
     --min-nodes, and more while batch jobs want more `workers` and the host has room (each node takes
     its API's `compute`); idle ones above the minimum stop after --idle-grace."""
@@ -234,10 +244,10 @@ def workers(queues: str, cpu: str | None, mem: str | None, gpu: int | None, min_
     try:
         offers = Resources(cpu_millis(cpu) if cpu is not None else found.cpu_m,
                            mem_bytes(mem) if mem is not None else found.mem,
-                           gpu if gpu is not None else found.gpu)
+                           gpu if gpu is not None else found.gpu, inf)
         config = AgentConfig(host_id or default_host_id(), tuple(q.strip() for q in queues.split(",") if q.strip()),
                              offers, min_nodes=min_nodes, idle_grace_s=idle_grace, pool=pool, stop_grace_s=stop_grace,
-                             gpus_per_node=gpus_per_node, room=room)
+                             gpus_per_node=gpus_per_node, inf_per_node=inf_per_node, room=room)
     except (BadQuantity, BadAgentOption) as e:
         raise click.BadParameter(str(e)) from e
     configure_json_logging()

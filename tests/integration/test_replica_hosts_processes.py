@@ -18,7 +18,7 @@ import time
 import pytest
 
 from foundation.api_registry import ApiRegistry, RedisApiRegistry
-from foundation.devices import HostDevices, host_gpus
+from foundation.devices import NEURON, HostDevices, host_cores, host_gpus
 from foundation.hosts import HOST_TTL_S, RedisHostDirectory, Resources
 from foundation.replica_placement import PlacedReplicas, RedisReplicaAssignments, on_host
 from foundation.replica_scale import RedisScaleBook
@@ -183,5 +183,22 @@ def test_each_gpu_replica_gets_devices_no_other_holds_a_fifth_waits_and_a_freed_
         manager.step(103.0)
         [late] = manager.running(waiting)
         assert launchers.devices[late.process.pid]["CUDA_VISIBLE_DEVICES"] == gpus[stopped]
+    finally:
+        manager.stop(grace=5)
+
+
+def test_an_inferentia_replica_gets_neuron_cores_of_its_own(redis_client, tmp_path):
+    registry = RedisApiRegistry(redis_client)
+    registry.put(ApiConfig.from_dict({"name": "bert", "kind": "RealtimeAPI", "predictor": {"path": "predictor.py"},
+                                      "compute": {"inf": 2}}), "aa" * 32)
+    launchers = Launchers()
+    folder = tmp_path / "devices"
+    manager = ReplicaManager(registry, launchers.spawn, assigned=lambda: {"bert": 2},
+                             devices=HostDevices(folder, host_gpus(0, {})),
+                             cores=HostDevices(folder, host_cores(3, {}), kind=NEURON))
+    try:
+        manager.step(100.0)
+        [launcher] = manager.running("bert")  # 3 cores: one replica of 2, the second waits
+        assert launchers.devices[launcher.process.pid] == {"NEURON_RT_VISIBLE_CORES": "0,1"}
     finally:
         manager.stop(grace=5)

@@ -324,3 +324,14 @@ def test_a_machines_room_is_shared_by_its_records_of_one_room_only() -> None:
     assert shared_room([workers, replicas, other], "workers", on) == {"box-workers": Resources.parse(cpu=3)}
     assert shared_room([workers, replicas, other], "replicas", {"box-workers": Resources.parse(cpu=1)}) == {
         "box:8888": Resources.parse(cpu=1)}
+
+
+def test_inferentia_cores_are_counted_like_gpus() -> None:
+    """A job of `compute.inf: 2` on an Inferentia host offering 4 cores gets two nodes, not three."""
+    record = HostRecord("inf-host", "inf-host", Resources.parse(cpu=16, mem="64Gi", inf=4), None, ("workers",), T0)
+    report = WorkerHostReport("inf-host", ("inf",), 0, (), T0)
+    two_cores = Resources.parse(cpu=1, inf=2)
+    plan = plan_nodes([(record, report)], [job("j1", 3, (), compute=two_cores, queue="inf")], {}, set(), T0)
+    assert plan.hosts["inf-host"].target == 2
+    assert plan.notes["j1"] == "running on 0 of 3 workers: no host has room for 1 more node of 1 cpu, 2 inf"
+    assert node_compute({"cpu": 1, "inf": 2}) == two_cores

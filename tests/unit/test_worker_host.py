@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from foundation.devices import HostDevices, host_gpus
+from foundation.devices import NEURON, HostDevices, host_cores, host_gpus
 from foundation.hosts import Resources
 from foundation.memory import MemoryHostDirectory
 from jobs.nodes.memory import MemoryNodes, MemoryWorkerHosts
@@ -45,17 +45,18 @@ class FakeNode:
 class Host:
     """An agent over the in-memory directories, with every process it spawned."""
 
-    def __init__(self, min_nodes: int = 1, gpus: int = 0, devices: HostDevices | None = None) -> None:
+    def __init__(self, min_nodes: int = 1, gpus: int = 0, devices: HostDevices | None = None, inf: int = 0,
+                 cores: HostDevices | None = None) -> None:
         self.hosts, self.worker_hosts = MemoryHostDirectory(), MemoryWorkerHosts()
         self.inflight: dict[str, dict[str, str]] = {}
         self.nodes = MemoryNodes(4.0, inflight=self.inflight)
         self.spawned: list[FakeNode] = []
         self.given: dict[str, dict[str, str]] = {}  # node -> the variables it was started with
-        queues = ("gpu",) if gpus else ("cpu",)
-        config = AgentConfig("box-workers", queues, Resources.parse(cpu=4, gpu=gpus), min_nodes=min_nodes,
-                             idle_grace_s=GRACE_S)
+        queues = ("gpu",) if gpus else ("inf",) if inf else ("cpu",)
+        config = AgentConfig("box-workers", queues, Resources.parse(cpu=4, gpu=gpus, inf=inf), min_nodes=min_nodes,
+                             idle_grace_s=GRACE_S, inf_per_node=2)
         self.agent = WorkerHost(config, self._spawn, self.hosts, self.worker_hosts, self.nodes, node_host="box",
-                                devices=devices)
+                                devices=devices, cores=cores)
 
     def _spawn(self, name: str, extra: dict[str, str]) -> FakeNode:
         node = FakeNode(name)
@@ -201,9 +202,21 @@ def test_each_node_of_a_gpu_host_gets_a_gpu_no_other_holds_a_fifth_waits_and_a_f
     assert sorted(host.given[name]["CUDA_VISIBLE_DEVICES"] for name in host.agent.running) == ["0", "1", "2", "3"]
 
 
+def test_each_node_of_an_inferentia_host_gets_neuron_cores_of_its_own(tmp_path) -> None:
+    """`sluice workers --queues inf --inf 4 --inf-per-node 2`: two nodes of two cores each, a third waits."""
+    cores = HostDevices(tmp_path / "devices", host_cores(4, {}), kind=NEURON)
+    host = Host(min_nodes=3, inf=4, cores=cores)
+    host.agent.step(T0)
+    assert sorted(host.given[name]["NEURON_RT_VISIBLE_CORES"] for name in host.agent.running) == ["0,1", "2,3"]
+    assert all("CUDA_VISIBLE_DEVICES" not in host.given[name] for name in host.agent.running)
+    assert len(host.agent.running) == 2
+    assert host.hosts.all()[0].offers.inf == 4  # announced: placement counts them
+
+
 @pytest.mark.parametrize(("options", "named"), [
     ({"queues": ()}, "--queues"), ({"min_nodes": -1}, "--min-nodes"), ({"idle_grace_s": -1.0}, "--idle-grace"),
     ({"host_id": "a b"}, "--host-id"), ({"gpus_per_node": 0}, "--gpus-per-node"),
+    ({"inf_per_node": 0}, "--inf-per-node"),
 ])
 def test_options_that_cannot_work_are_refused_by_name(options: dict[str, object], named: str) -> None:
     arguments: dict[str, object] = {"host_id": "box", "queues": ("cpu",), "offers": Resources(), **options}
