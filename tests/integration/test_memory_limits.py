@@ -213,8 +213,7 @@ def test_a_replica_past_its_compute_mem_is_stopped_alone_and_comes_back(realtime
             assert held.status_code == 502, held.text
         replica = wait_for(lambda: stopped(client, 0.0), 30, "the replica's record to say it was stopped for memory")
         assert replica["last_oom"].startswith("a process was stopped for memory: ")
-        wait_for(lambda: _answers(realtime_stack.url, "hungry"), 120, "the replica to answer again")
-        second_pid = client.predict("hungry", {"grow_mib": 0})["pid"]
+        second_pid = wait_for(lambda: _pid_answering(realtime_stack.url, "hungry"), 120, "the replica to answer again")
         assert second_pid != hungry_pid  # a new process, nothing held
 
         # In one allocation, past the guard's look: the kernel stops the process; the request gets the
@@ -223,8 +222,8 @@ def test_a_replica_past_its_compute_mem_is_stopped_alone_and_comes_back(realtime
         assert cut.status_code == 502 and cut.json()["kind"] == "bad_gateway"
         replica = wait_for(lambda: stopped(client, replica["last_oom_at"]), 30, "the kernel's stop to be recorded")
         assert replica["last_oom"].startswith(f"a process was stopped for memory: over its limit of {limit_mib} MiB")
-        wait_for(lambda: _answers(realtime_stack.url, "hungry"), 120, "the replica to answer again")
-        assert client.predict("hungry", {"grow_mib": 0})["pid"] not in (hungry_pid, second_pid)
+        third_pid = wait_for(lambda: _pid_answering(realtime_stack.url, "hungry"), 120, "the replica to answer again")
+        assert third_pid not in (hungry_pid, second_pid)
         assert client.predict("calm", {"grow_mib": 0})["pid"] == calm_pid      # the other API untouched
         assert requests.get(f"{realtime_stack.url}/healthz", timeout=10).status_code == 200
     finally:
@@ -249,7 +248,8 @@ def cpu_shares_of(pid: int) -> int:
     raise AssertionError(f"process {pid} is in no cpu group")
 
 
-def _answers(url: str, name: str) -> bool:
+def _pid_answering(url: str, name: str) -> int | None:
+    """The pid of the replica process that answered, None while it restarts (a 503 or 502 meanwhile)."""
     answer = requests.post(f"{url}/{name}", json={"grow_mib": 0}, timeout=30)
-    return answer.status_code == 200
+    return int(answer.json()["pid"]) if answer.status_code == 200 else None
 
