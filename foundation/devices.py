@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 NEURON_VARIABLE = "NEURON_RT_VISIBLE_CORES"
 DEVICES_FOLDER_VARIABLE = "SLUICE_DEVICES_DIR"
@@ -49,16 +51,6 @@ def devices_folder(env: Mapping[str, str], cache_dir: str | Path) -> Path:
     """Where this host's claims are kept: one folder for every Sluice process of the host."""
     given = env.get(DEVICES_FOLDER_VARIABLE)
     return Path(given) if given else Path(cache_dir).expanduser() / "devices"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -92,7 +84,7 @@ class HostDevices:
             pid = int(pid_text)
         except (OSError, ValueError):
             return None
-        if _alive(pid):
+        if psutil.pid_exists(pid):
             return pid, tag
         with contextlib.suppress(OSError):
             path.unlink()

@@ -30,8 +30,10 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import redis
 
@@ -52,6 +54,7 @@ from .proxy_rejections import REASONS, TABLE, RejectionTally, parse_table
 from .proxy_splits import SPLIT_TABLE, SplitTally, parse_split_table
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STEP_INTERVAL_S = 0.3
 # A reload the master has not finished within this long is sent again.
@@ -318,14 +321,20 @@ class ProxyController:
             return True
         return now - pending.sent_at >= RELOAD_PATIENCE_S
 
-    def _count_rejections(self, state: HAProxyState) -> None:
-        """Add what haproxy answered itself since the last turn to the figures (sluice/proxy_rejections.py)."""
-        readings: dict[int, dict[str, list[int]]] = {}
+    def _tables(self, state: HAProxyState, table: str, parse: Callable[[str], T]) -> dict[int, T]:
+        """Every haproxy worker's stick table `table`, parsed, by pid (a worker gone meanwhile, or a
+        master busy, is read again next turn)."""
+        readings: dict[int, T] = {}
         for pid in (*state.workers, *state.old_workers):
             try:
-                readings[pid] = parse_table(self.haproxy.command(f"@!{pid} show table {TABLE}"))
-            except OSError:  # gone meanwhile, or the master is busy: read again next turn
+                readings[pid] = parse(self.haproxy.command(f"@!{pid} show table {table}"))
+            except OSError:
                 continue
+        return readings
+
+    def _count_rejections(self, state: HAProxyState) -> None:
+        """Add what haproxy answered itself since the last turn to the figures (sluice/proxy_rejections.py)."""
+        readings = self._tables(state, TABLE, parse_table)
         self._tally.forget_except({*state.workers, *state.old_workers})
         codes = dict(REASONS)
         assert self._figures is not None
@@ -338,12 +347,7 @@ class ProxyController:
         (sluice/proxy_splits.py)."""
         if not self._splits and not self._split_tally.following:
             return
-        readings: dict[int, dict[tuple[str, str], int]] = {}
-        for pid in (*state.workers, *state.old_workers):
-            try:
-                readings[pid] = parse_split_table(self.haproxy.command(f"@!{pid} show table {SPLIT_TABLE}"))
-            except OSError:  # gone meanwhile, or the master is busy: read again next turn
-                continue
+        readings = self._tables(state, SPLIT_TABLE, parse_split_table)
         self._split_tally.forget_except({*state.workers, *state.old_workers})
         shadows = {split.name: split.shadow[0] for split in self._splits if split.shadow is not None}
         assert self._figures is not None
