@@ -43,7 +43,7 @@ from jobs.batch.job import JobStatus
 from jobs.nodes.registry import NodeRegistry
 from jobs.nodes.worker_hosts import WorkerHosts
 from jobs.placement.node_plan import HostPlan, WorkerHostReport
-from jobs.store.protocols import JobRecords
+from jobs.store.protocols import JobStorage
 from jobs.transport.delivery import is_request_entry, parse_inflight_entry
 
 from . import pod_deletion_cost
@@ -136,11 +136,12 @@ class WorkerHost:
 
     def __init__(self, config: AgentConfig, spawn: Spawn, hosts: HostDirectory, worker_hosts: WorkerHosts,
                  nodes: NodeRegistry, node_host: str | None = None, cost: PodDeletionCost | None = None,
-                 memory: MemoryLimits | None = None, records: JobRecords | None = None,
+                 memory: MemoryLimits | None = None, records: JobStorage | None = None,
                  cpu: CpuLimits | None = None, devices: HostDevices | None = None,
                  cores: HostDevices | None = None) -> None:
         """`memory` holds each node to the `compute.mem` of the job it runs (foundation/memory_limits.py);
-        `records` is where a job whose node was stopped for memory ends `status_worker_oom`."""
+        `records` is where the batch a node stopped for memory held is recorded failed, and its job
+        ends `status_worker_oom`."""
         self.config = config
         self._memory = memory or MemoryLimits(LimitMode.OFF, "not asked for")
         self._cpu = cpu or CpuLimits("not asked for")
@@ -258,6 +259,10 @@ class WorkerHost:
         for job_id, indexes in sorted(held.items()):
             batches = ", ".join(str(i) for i in sorted(indexes)) or "its completion"
             message = f"a worker was stopped for memory running batch {batches}: {said}"
+            kept = self._records.kept_payloads(job_id, indexes)
+            for index in sorted(indexes):  # its items kept with it, for retry_failed_of
+                payload, ref = kept.get(index, (None, None))
+                self._records.record_failure(job_id, index, 0.0, f"out of memory: {said}", 1, payload, ref)
             if self._records.transition(job_id, JobStatus.WORKER_OOM, message=message):
                 log.error("job %s: %s: %s", job_id, JobStatus.WORKER_OOM.value, message, extra={"job_id": job_id})
 

@@ -112,12 +112,26 @@ def _rss_mib():
 """
 
 
+@pytest.fixture(scope="module")
+def watched_stack(tmp_path_factory: pytest.TempPathFactory):
+    """A stack whose worker host holds its nodes' memory with the watchdog, as on a host without a
+    writable control group."""
+    data_dir = tmp_path_factory.mktemp("watched-stack")
+    env = {**FAST_LOOPS, "SLUICE_MEMORY_LIMITS": "watchdog"}
+    with Stack(port=free_port(), offers=ROOM, workers=1, data_dir=data_dir, env=env, worker_host=True,
+               idle_grace_s=IDLE_GRACE_S, realtime=False) as running:
+        yield running
+        print(running.logs())
+
+
+@pytest.mark.parametrize("limits", ["auto", "watchdog"])
 def test_a_batch_predictor_past_its_compute_mem_ends_its_job_worker_oom_and_another_job_succeeds(
-        agent_stack: Stack, tmp_path: Path, events_file: Path) -> None:
+        request: pytest.FixtureRequest, limits: str, tmp_path: Path, events_file: Path) -> None:
     from foundation.cpu_limits import CpuLimits
     from foundation.memory_limits import NODE_MARGIN_BYTES
     from tests.integration.test_memory_limits import cpu_shares_of
 
+    agent_stack: Stack = request.getfixturevalue("agent_stack" if limits == "auto" else "watched_stack")
     client = closing_client(agent_stack.url)
     names = {}
     for role, grow, cpu in (("hungry", 600, 1), ("calm", 0, "500m")):
@@ -133,7 +147,10 @@ def test_a_batch_predictor_past_its_compute_mem_ends_its_job_worker_oom_and_anot
     message = final.get("message") or ""
     assert "a worker was stopped for memory running batch" in message, final
     limit_mib = (100 * 1024 * 1024 + NODE_MARGIN_BYTES) // (1024 * 1024)
-    assert f"over its limit of {limit_mib} MiB" in message and "peak" in message, message
+    assert f"over its limit of {limit_mib} MiB" in message and "peak" in message, message  # the watchdog's too
+    [failed] = client.failed_batches(names["hungry"], hungry["job_id"])  # with its items, for retry_failed_of
+    assert failed["error"].startswith(f"out of memory: over its limit of {limit_mib} MiB"), failed
+    assert failed["payload"] in ([1], [2])
 
     # The node was started again; another job on the same host runs, and Sluice's own part of a node
     # after a batch stays within the margin it is given.
