@@ -187,6 +187,7 @@ class WorkerHost:
                 self._waiting_for_devices = True
                 return False
             shown.update(book.visible(claimed))
+            log.info("node %s holds %s %s", name, what, ",".join(claimed), extra={"node": name, "devices": claimed})
         self._waiting_for_devices = False
         group, cpu = self._group_of(name), self._cpu_group_of(name)
         extra = {LIMIT_FILE_VARIABLE: str(group.limit_file)} if group is not None else {}
