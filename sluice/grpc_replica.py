@@ -200,24 +200,28 @@ def serve(bind: str, unix_socket: str | None = None, settings: ReplicaSettings |
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sluice-rpc"),
                          maximum_concurrent_rpcs=threads + (api.predictor.max_queue_length or 0) or None,
                          options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)])
+    service: Service | None = None
     try:
         messages, stubs = compile_proto(settings.project_dir, protobuf_path, settings.state_dir / GENERATED_FOLDER)
         service = service_of(messages, stubs, protobuf_path)
     except SluiceError as e:
         # As an HTTP replica whose predictor failed to build: it stays, and every call is told why.
-        log.error("%s", e.message)
         predictor.failure = e.message
-        markers.mark_failed(e.message)
         server.add_generic_rpc_handlers((_Unavailable(predictor),))
     else:
         service.add_to_server(servicer_for(service, predictor, api.name, meter), server)
+    # Listening before anything is marked, ready or failed: whoever reads a marker can call at once.
+    for address in (bind, *([f"unix:{unix_socket}"] if unix_socket else [])):
+        if server.add_insecure_port(address) == 0:  # gRPC says 0 for an address it cannot listen on
+            raise ConfigError(f"the gRPC replica cannot listen on {address}")
+    server.start()
+    if service is None:
+        log.error("%s", predictor.failure)
+        markers.mark_failed(predictor.failure)
+    else:
+        log.info("serving %s over gRPC on %s", service.full_name, bind)
         threading.Thread(target=build, args=(settings, api, service.messages, predictor, markers),
                          name="sluice-build-predictor", daemon=True).start()
-        log.info("serving %s over gRPC on %s", service.full_name, bind)
-    server.add_insecure_port(bind)
-    if unix_socket:
-        server.add_insecure_port(f"unix:{unix_socket}")
-    server.start()
     stop.wait()
     grace = max(30.0, float(api.predictor.request_timeout or 0))
     server.stop(grace).wait()
