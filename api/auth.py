@@ -11,8 +11,18 @@ from typing import TYPE_CHECKING, Any
 
 from flask import Response, request
 
-from foundation.api_keys import ALLOW_ANONYMOUS_VARIABLE, KEYS_FILE_VARIABLE, KEYS_VARIABLE, authenticate, is_loopback
-from foundation.errors import InsecureBind, Unauthorized
+from foundation.api_keys import (
+    ADMIN,
+    ALLOW_ANONYMOUS_VARIABLE,
+    KEYS_FILE_VARIABLE,
+    KEYS_VARIABLE,
+    authenticate,
+    is_loopback,
+    needs_admin,
+    presented_key,
+    role_of,
+)
+from foundation.errors import Forbidden, InsecureBind, Unauthorized
 
 from .errors import error_response
 
@@ -76,9 +86,21 @@ def request_guard(settings: Settings) -> Callable[[], Response | None]:
             return None
         if not settings.protect_realtime and (request.endpoint or "").startswith("fallback."):
             return None  # the fallback asks for a key itself when `/<name>` is a BatchAPI's
-        return key_refusal(keys)
+        return key_refusal(keys) or role_refusal(settings)
 
     return guard
+
+
+def role_refusal(settings: Settings) -> Response | None:
+    """The 403 for a valid key whose role may not make this request (an `invoke` key changing an API)."""
+    if not needs_admin(request.method, request.path):
+        return None
+    key = presented_key(request.headers.get("Authorization")) or ""
+    role = role_of(key, settings.key_roles) or ADMIN  # a key of no named role is admin
+    if role == ADMIN:
+        return None
+    return error_response(403, Forbidden.kind, f"{request.method} {request.path} needs an admin key: the key given is "
+                          f"an {role} key (it may submit and read jobs, tasks and async requests, and call APIs)")
 
 
 def key_refusal(keys: Iterable[str]) -> Response | None:

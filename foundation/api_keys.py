@@ -7,6 +7,11 @@ asks the same of realtime APIs when `SLUICE_PROTECT_REALTIME=1`. Without keys Sl
 then, like Redis's protected mode, `sluice proxy` (the public entry) refuses to listen on anything
 but loopback unless the operator says `SLUICE_ALLOW_ANONYMOUS=1`.
 
+A key has a role: `admin` may do everything; `invoke` may submit and read jobs, tasks and async
+requests and call realtime APIs, but not deploy, delete or otherwise change an API (`POST`,
+`PUT`, `PATCH` or `DELETE` under `/apis`). A line of the keys file may name the role after the key
+(`KEY invoke`); a bare key, and every key of `SLUICE_API_KEYS`, is `admin`.
+
 Reading and comparing keys lives here, below every process (the settings read them, the proxy
 writes them into haproxy's configuration); answering a request without one is the HTTP layer's
 (`api/auth.py`). Nothing here reads the environment at import; `load_api_keys` is called once by
@@ -45,28 +50,66 @@ def _checked(key: str, source: str) -> str:
     return key
 
 
+ADMIN, INVOKE = "admin", "invoke"
+ROLES = (ADMIN, INVOKE)
+
+
 def parse_keys_file(text: str, source: str = KEYS_FILE_VARIABLE) -> tuple[str, ...]:
-    """One key a line; blank lines and `#` comments are skipped, surrounding spaces dropped."""
-    keys = []
-    for line in text.splitlines():
+    """The keys of a keys file, whatever their role (see `parse_key_roles`)."""
+    return tuple(parse_key_roles(text, source))
+
+
+def parse_key_roles(text: str, source: str = KEYS_FILE_VARIABLE) -> dict[str, str]:
+    """Key -> role, one key a line with its role after it (`KEY invoke`; none: `admin`); blank lines
+    and `#` comments are skipped, surrounding spaces dropped. An unknown role is an error naming the line."""
+    roles: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
-        if line and not line.startswith("#"):
-            keys.append(_checked(line, source))
-    return tuple(keys)
+        if not line or line.startswith("#"):
+            continue
+        key, _, role = line.partition(" ")
+        role = role.strip() or ADMIN
+        if role not in ROLES:
+            raise ConfigError(f"{source}: line {number}: unknown role {role!r} (roles: {', '.join(ROLES)})")
+        roles[_checked(key, source)] = role
+    return roles
 
 
-def load_api_keys(env: Mapping[str, str]) -> tuple[str, ...]:
-    """The keys of `SLUICE_API_KEYS` and of the file `SLUICE_API_KEYS_FILE` names, in that order,
-    without repeats. An unreadable keys file is an error: starting open would be a silent downgrade."""
-    keys = [_checked(k.strip(), KEYS_VARIABLE) for k in (env.get(KEYS_VARIABLE) or "").split(",") if k.strip()]
+def load_key_roles(env: Mapping[str, str]) -> dict[str, str]:
+    """Key -> role, of `SLUICE_API_KEYS` (each `admin`) and of the file `SLUICE_API_KEYS_FILE` names.
+    An unreadable keys file is an error: starting open would be a silent downgrade."""
+    roles = {_checked(k.strip(), KEYS_VARIABLE): ADMIN
+             for k in (env.get(KEYS_VARIABLE) or "").split(",") if k.strip()}
     path = env.get(KEYS_FILE_VARIABLE)
     if path:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"{KEYS_FILE_VARIABLE}: cannot read {path}: {e}") from e
-        keys += parse_keys_file(text)
-    return tuple(dict.fromkeys(keys))
+        for key, role in parse_key_roles(text).items():
+            roles.setdefault(key, role)  # a key of the variable stays admin
+    return roles
+
+
+def load_api_keys(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The keys of `SLUICE_API_KEYS` and of the file `SLUICE_API_KEYS_FILE` names, in that order,
+    without repeats, whatever their role."""
+    return tuple(load_key_roles(env))
+
+
+def needs_admin(method: str, path: str) -> bool:
+    """Whether a request changes an API: only an `admin` key may make it."""
+    return method not in ("GET", "HEAD", "OPTIONS") and (path == "/apis" or path.startswith("/apis/"))
+
+
+def role_of(presented: str, roles: Mapping[str, str]) -> str | None:
+    """The role of the key presented, compared in constant time with every key; None if none matches."""
+    given = hashlib.sha256(presented.encode()).digest()
+    found: str | None = None
+    for key, role in roles.items():
+        if hmac.compare_digest(given, hashlib.sha256(key.encode()).digest()):
+            found = role
+    return found
 
 
 def flag(env: Mapping[str, str], name: str) -> bool:

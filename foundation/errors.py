@@ -111,6 +111,13 @@ class RequestTimeout(SluiceError):
     kind = "request_timeout"
 
 
+class Forbidden(SluiceError):
+    """A valid API key whose role may not make this request."""
+
+    http_status = 403
+    kind = "forbidden"
+
+
 class OutOfMemory(SluiceError):
     """A request's predictor grew past its API's `compute.mem`: the request ends, and so does the
     process that ran it (foundation/memory_guard.py)."""

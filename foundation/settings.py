@@ -165,6 +165,8 @@ class Settings:
     bundle_cache_bytes: int = DEFAULT_BUNDLE_CACHE_BYTES
     # API keys callers must present (foundation/api_keys.py); none: anonymous. Kept out of repr and logs.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # Each key's role (`admin` or `invoke`); a key not named here is `admin`. Kept out of repr and logs.
+    key_roles: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False, hash=False)
     # The proxy asks realtime APIs' callers for a key too (only with keys set).
     protect_realtime: bool = False
     # Listening beyond loopback without keys is allowed (otherwise refused at start).
@@ -232,6 +234,7 @@ class Settings:
             max_bundle_files=int(_number(env, "SLUICE_MAX_BUNDLE_FILES", defaults.max_bundle_files)),
             bundle_cache_bytes=int(_number(env, "SLUICE_BUNDLE_CACHE_BYTES", defaults.bundle_cache_bytes)),
             api_keys=api_keys.load_api_keys(env),
+            key_roles=api_keys.load_key_roles(env),
             protect_realtime=api_keys.flag(env, api_keys.PROTECT_REALTIME_VARIABLE),
             allow_anonymous=api_keys.flag(env, api_keys.ALLOW_ANONYMOUS_VARIABLE),
             log_lines=int(_number(env, "SLUICE_LOG_LINES", defaults.log_lines)),

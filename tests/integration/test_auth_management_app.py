@@ -69,6 +69,26 @@ def test_with_keys_a_request_with_a_right_key_is_served(make_client, authorizati
     assert answer.status_code == 200, answer.get_json()
 
 
+def test_an_invoke_key_reads_submits_and_calls_but_cannot_deploy_or_delete(make_client, tmp_path):
+    """A keys file handing an application an `invoke` key beside the team's `admin` key."""
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(f"# the team\n{KEY}\n{OTHER_KEY} invoke\n")
+    settings = Settings.from_env({"SLUICE_API_KEYS_FILE": str(keys_file)})
+    client = make_client(api_keys=settings.api_keys, key_roles=settings.key_roles)
+    invoke, admin = {"Authorization": f"Bearer {OTHER_KEY}"}, {"Authorization": f"Bearer {KEY}"}
+
+    assert client.get("/apis", headers=invoke).status_code == 200
+    submitted = client.post("/batch/nope", json={"item_list": {"items": [1], "batch_size": 1}}, headers=invoke)
+    assert submitted.status_code == 404 and submitted.get_json()["kind"] == "api_not_found"  # allowed, then judged
+    for method, path in [("POST", "/apis"), ("DELETE", "/apis/iris")]:
+        refused = client.open(path, method=method, headers=invoke)
+        assert refused.status_code == 403, (method, path)
+        assert refused.get_json()["kind"] == "forbidden"
+        assert refused.get_json()["message"].startswith(f"{method} {path} needs an admin key: the key given is an "
+                                                        "invoke key")
+        assert client.open(path, method=method, headers=admin).status_code != 403  # the admin key goes on
+
+
 def test_healthz_stays_open_for_probes(make_client):
     client = make_client(api_keys=(KEY,))
     assert client.get("/healthz").status_code == 200

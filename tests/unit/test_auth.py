@@ -52,6 +52,27 @@ def test_keys_come_from_the_variable_and_the_file_without_blanks_comments_or_rep
     assert Settings.from_env({}).api_keys == ()
 
 
+def test_a_keys_file_line_may_name_its_role_and_a_bare_key_or_the_variables_is_admin(tmp_path):
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(f"{KEY}\n{OTHER_KEY}   invoke\n# k-x invoke\nk-third admin\n")
+    settings = Settings.from_env({"SLUICE_API_KEYS": "k-var", "SLUICE_API_KEYS_FILE": str(keys_file)})
+    assert dict(settings.key_roles) == {"k-var": "admin", KEY: "admin", OTHER_KEY: "invoke", "k-third": "admin"}
+    assert settings.api_keys == ("k-var", KEY, OTHER_KEY, "k-third")
+    keys_file.write_text(f"{KEY} owner\n")
+    with pytest.raises(ConfigError, match="line 1: unknown role 'owner' \\(roles: admin, invoke\\)"):
+        Settings.from_env({"SLUICE_API_KEYS_FILE": str(keys_file)})
+    assert KEY not in repr(settings) and OTHER_KEY not in repr(settings)
+
+
+def test_only_changes_to_apis_need_an_admin_key():
+    from foundation.api_keys import needs_admin
+
+    assert needs_admin("POST", "/apis") and needs_admin("DELETE", "/apis/iris") and needs_admin("PUT", "/apis/x")
+    assert not needs_admin("GET", "/apis") and not needs_admin("GET", "/apis/iris")
+    assert not needs_admin("POST", "/batch/iris") and not needs_admin("DELETE", "/batch/iris")
+    assert not needs_admin("POST", "/iris") and not needs_admin("POST", "/tasks/t")
+
+
 def test_keys_never_appear_in_the_settings_repr():
     assert KEY not in repr(Settings.from_env({"SLUICE_API_KEYS": KEY}))
 
