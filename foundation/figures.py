@@ -110,12 +110,16 @@ ASYNC_SECONDS = Figure("sluice_async_request_duration_seconds", Kind.HISTOGRAM,
 SPLIT_REQUESTS = Figure("sluice_traffic_split_requests_total", Kind.COUNTER,
                         "Requests a TrafficSplitter sent to each of its APIs (copies to its shadow included)",
                         ("splitter", "api"))
+UNREADABLE_MESSAGES = Figure("sluice_unreadable_messages_total", Kind.COUNTER,
+                             "Broker messages neither Sluice nor Celery could read, rejected without requeue",
+                             ("task",))
 HTTP_RESPONSES = Figure("sluice_http_responses_total", Kind.COUNTER,
                         "Responses of the management API, by status class", ("status",))
 
 CATALOGUE: dict[str, Figure] = {f.name: f for f in (
     JOBS, JOBS_SUBMITTED, BATCHES, ITEMS, BATCH_SECONDS, REALTIME_REQUESTS, REALTIME_SECONDS, REALTIME_BATCH_SIZE,
-    REALTIME_REJECTED, MODEL_LOADS, MODEL_LOAD_SECONDS, ASYNC_REQUESTS, ASYNC_SECONDS, SPLIT_REQUESTS, HTTP_RESPONSES,
+    REALTIME_REJECTED, MODEL_LOADS, MODEL_LOAD_SECONDS, ASYNC_REQUESTS, ASYNC_SECONDS, SPLIT_REQUESTS,
+    UNREADABLE_MESSAGES, HTTP_RESPONSES,
 )}
 
 

@@ -38,6 +38,9 @@ from celery.exceptions import Reject
 from celery.worker import state as worker_state
 from celery.worker.strategy import default
 
+from foundation import figure_sink as process_figures
+from foundation.figures import UNREADABLE_MESSAGES
+
 log = logging.getLogger(__name__)
 
 
@@ -74,9 +77,34 @@ def _plain_call(body: Any) -> bool:
     return not any(body[2].get(key) for key in ("callbacks", "errbacks", "chain", "chord"))
 
 
+def _guarded(task: Any, consumer: Any, celery_strategy: Handler) -> Handler:
+    """Celery's own strategy, with a message it cannot read rejected rather than ending the node.
+
+    Celery's `Request` raises on a body neither protocol reads (a JSON object from a writer other
+    than Sluice, say); uncaught, that ends the node, the message is restored, and the restarted node
+    takes it again: a poison message. Rejected without requeue instead (beat republishes the batch
+    from its kept copy, as for a message of the wrong content type) and counted in
+    `sluice_unreadable_messages_total`.
+    """
+    connection_errors = consumer.connection_errors
+
+    def handle(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any) -> Any:
+        try:
+            return celery_strategy(message, body, ack, reject, callbacks, **kwargs)
+        except Exception as e:  # noqa: BLE001 - whatever Celery could not read, the node goes on
+            task_id = (message.headers or {}).get("id", "?")
+            log.error("a %s message (%s) that neither Sluice nor Celery can read was rejected without requeue: "
+                      "%s: %s", task.name, task_id, type(e).__name__, e)
+            process_figures.count(UNREADABLE_MESSAGES.name, (task.name,))
+            reject(log, connection_errors, False)
+            return None
+
+    return handle
+
+
 def batch_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Handler:
     """The message handler of `task` on this node's consumer (called by Celery as it starts consuming)."""
-    celery_default: Handler = default(task, app, consumer, **options)
+    celery_default: Handler = _guarded(task, consumer, default(task, app, consumer, **options))
     if app.conf.worker_send_task_events:
         return celery_default
     hostname = consumer.hostname

@@ -151,3 +151,28 @@ def test_messages_it_does_not_cover_go_to_celerys_strategy(celery_default: list[
     batch_strategy(task, task.app, consumer)(message, None, settled.ack, settled.reject, set())
 
     assert celery_default == ["t-4"] and seen == [] and settled.calls == []
+
+
+def test_a_message_celery_cannot_read_is_rejected_without_requeue_and_counted_not_ending_the_node(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A JSON object on the broker (a writer other than Sluice): Celery's Request raises on it."""
+    def default(task: Any, app: Any, consumer: Any, **options: Any) -> Any:
+        def unreadable(message: Any, *args: Any, **kwargs: Any) -> None:
+            raise ValueError("task keyword arguments must be a mapping")
+        return unreadable
+
+    monkeypatch.setattr(jobs.transport.batch_strategy, "default", default)
+    counted: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr(jobs.transport.batch_strategy.process_figures, "count",
+                        lambda name, labels, amount=1: counted.append((name, labels)))
+    task, consumer, seen = node()
+    message = Message("t-5", ["job-1", 0])
+    message._body = {"args": "not a list", "job": "j1"}
+    settled = Settled()
+
+    with caplog.at_level(logging.ERROR, logger="jobs.transport.batch_strategy"):
+        batch_strategy(task, task.app, consumer)(message, None, settled.ack, settled.reject, set())
+
+    assert [(call[0], call[-1]) for call in settled.calls] == [("reject", False)] and seen == []
+    assert counted == [("sluice_unreadable_messages_total", (RUN_BATCH,))]
+    assert "t-5" in caplog.text and "neither Sluice nor Celery can read" in caplog.text
