@@ -54,6 +54,7 @@ from jobs.nodes.registry import NodeRegistry
 from jobs.placement.batch import JobPlacement
 from jobs.store import BatchLedger, JobRecords, Recorded
 from jobs.store.answers import Answer
+from jobs.transport.batch_strategy import HandedBack
 from jobs.transport.delivery import Delivery
 from predictors_runtime.loader import error_text
 
@@ -166,6 +167,9 @@ class OpenDelivery:
     def __call__(self, run: BatchRun, call_next: Next) -> None:
         try:
             call_next(run)
+        except HandedBack:  # a cold shutdown: left in flight, so that the node's next life gives it back at once
+            run.open_delivery = None
+            raise
         finally:
             if run.open_delivery is not None:
                 self.nodes.end_delivery(run.open_delivery)

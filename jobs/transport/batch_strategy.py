@@ -44,18 +44,33 @@ from foundation.figures import UNREADABLE_MESSAGES
 log = logging.getLogger(__name__)
 
 
+class HandedBack(BaseException):
+    """Raised into a batch by a cold shutdown (SIGQUIT, a second Ctrl-C): the batch stops unrecorded
+    and its message unacknowledged, so it is handed back. A BaseException, so that no step counts it
+    as the predictor's failure."""
+
+
 @dataclass(eq=False)  # kept in Celery's sets of requests by identity
 class RunningBatch:
     """What Celery's worker state keeps of a batch run by this strategy: its task id and name, and
-    what its control commands read of a request (`info`; they are answered between batches)."""
+    what its control commands read of a request (`info`; they are answered between batches), and
+    what a cold shutdown calls (`task`, `cancel`)."""
 
     id: str
     name: str
     hostname: str
     delivery_info: dict[str, Any]
     args: Any
+    task: Any = None
     time_start: float = field(default_factory=time.time)
     acknowledged: bool = False
+
+    def cancel(self, pool: Any = None, emit_retry: bool = True) -> None:
+        """Celery's cold shutdown cancelling the batch, from its signal handler on the thread that runs
+        it: the node is to end (Celery sets this after cancelling, which the raise skips), and the
+        batch stops here, unrecorded."""
+        worker_state.should_terminate = True
+        raise HandedBack(f"batch {self.id} handed back: the node is shutting down cold")
 
     def info(self, safe: bool = False) -> dict[str, Any]:
         return {
@@ -129,7 +144,7 @@ def batch_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Handle
             return celery_default(message, body, ack, reject, callbacks, **kwargs)
         args, task_kwargs, _ = decoded
         task_id = headers["id"]
-        running = RunningBatch(task_id, task.name, hostname, message.delivery_info, args)
+        running = RunningBatch(task_id, task.name, hostname, message.delivery_info, args, task)
         signals.task_received.send(sender=consumer, request=running)
         worker_state.task_reserved(running)
         worker_state.task_accepted(running)
@@ -142,6 +157,9 @@ def batch_strategy(task: Any, app: Any, consumer: Any, **options: Any) -> Handle
             log.warning("task %s[%s] rejected (requeue: %s): %s", task.name, task_id, e.requeue, e.reason)
             running.acknowledged = True
             reject(log, connection_errors, e.requeue)
+            return None
+        except HandedBack as e:  # unacknowledged: the broker's visibility, or the next node's settling, gives it back
+            log.warning("%s", e)
             return None
         except Exception:  # as Celery's tracer: logged, and the late acknowledgement still made
             log.exception("task %s[%s] raised", task.name, task_id)

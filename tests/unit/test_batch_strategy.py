@@ -66,6 +66,10 @@ def node(events: bool = False, revoked: tuple[str, ...] = ()) -> tuple[Any, Any,
             raise Reject("Redis away", requeue=True)
         if fail == "raise":
             raise RuntimeError("not the batch's own failure")
+        if fail == "cold shutdown":  # Celery's SIGQUIT handler, on the thread the batch runs on
+            for request in tuple(worker_state.active_requests):
+                if request.task.acks_late and not request.acknowledged:
+                    request.cancel(None, emit_retry=False)
 
     task = app.task(name=RUN_BATCH, bind=True, acks_late=True, shared=False)(run)
     return task, Consumer(set(revoked)), seen
@@ -176,3 +180,43 @@ def test_a_message_celery_cannot_read_is_rejected_without_requeue_and_counted_no
     assert [(call[0], call[-1]) for call in settled.calls] == [("reject", False)] and seen == []
     assert counted == [("sluice_unreadable_messages_total", (RUN_BATCH,))]
     assert "t-5" in caplog.text and "neither Sluice nor Celery can read" in caplog.text
+
+
+def test_a_cold_shutdown_mid_batch_hands_the_batch_back_unrecorded_and_ends_the_node(
+        celery_default: list[str]) -> None:
+    task, consumer, seen = node()
+    settled = Settled()
+    try:
+        batch_strategy(task, task.app, consumer)(Message("t-6", ["job-1", 0, "cold shutdown"]), None, settled.ack,
+                                                 settled.reject, set())
+        assert len(seen) == 1 and settled.calls == []  # neither acknowledged nor rejected: handed back
+        assert worker_state.should_terminate is True
+        assert all(r.id != "t-6" for r in worker_state.active_requests)
+    finally:
+        worker_state.should_terminate = None
+
+
+def test_a_batch_handed_back_stays_in_its_nodes_in_flight_hash_for_its_next_life_to_give_back() -> None:
+    from jobs.batch.steps import BatchRun, OpenDelivery
+    from jobs.transport.batch_strategy import HandedBack
+    from jobs.transport.delivery import Delivery
+
+    class Nodes:
+        def __init__(self) -> None:
+            self.ended: list[str] = []
+
+        def end_delivery(self, delivery: Delivery) -> None:
+            self.ended.append(delivery.task_id)
+
+    def cold(run: BatchRun) -> None:
+        raise HandedBack("the node is shutting down cold")
+
+    def ended_job(run: BatchRun) -> None:
+        return None  # not recorded (its job ended meanwhile): the delivery leaves the hash
+
+    nodes = Nodes()
+    step = OpenDelivery(nodes)  # type: ignore[arg-type]
+    with pytest.raises(HandedBack):
+        step(BatchRun("j1", 0, [1], None, Delivery("n1", "t-7"), open_delivery=Delivery("n1", "t-7")), cold)
+    step(BatchRun("j1", 1, [1], None, Delivery("n1", "t-8"), open_delivery=Delivery("n1", "t-8")), ended_job)
+    assert nodes.ended == ["t-8"]
