@@ -114,19 +114,22 @@ def test_a_job_past_its_timeout_is_timed_out_by_beat(client, stack, deploy_proje
     assert "complete" not in [e["event"] for e in events(events_file)]
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGQUIT], ids=["killed", "cold shutdown"])
 def test_a_worker_process_killed_mid_batch_leaves_the_batch_to_another_and_nothing_is_lost(
-    client, stack, deploy_project, events_file, events, tmp_path
+    client, stack, deploy_project, events_file, events, tmp_path, sig
 ):
+    """Killed outright, or shut down cold (SIGQUIT, a second Ctrl-C): either way the batch it held is
+    run by another node, once, and none is failed."""
     marker = tmp_path / "hanging.pid"
     api = deploy_project({"events": str(events_file), "hang_marker": str(marker), "hang_on": 300})
     spec = client.submit(api, list(range(1000)), batch_size=10, workers=2)
     pid = int(_wait_for(lambda: marker.exists() and marker.read_text(), what="the hanging batch"))
 
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, sig)
 
     final = client.wait(api, spec["job_id"], timeout=180)
     assert final["status"] == "status_succeeded", final
-    assert final["batch_metrics"]["succeeded"] == 100
+    assert final["batch_metrics"]["succeeded"] == 100 and final["batch_metrics"]["failed"] == 0
     predicts = [e for e in events(events_file) if e["event"] == "predict"]
     assert sorted(item for e in predicts for item in e["items"]) == list(range(1000))
     assert set(Counter(e["batch_id"] for e in predicts).values()) == {1}
