@@ -124,6 +124,7 @@ def test_a_worker_process_killed_mid_batch_leaves_the_batch_to_another_and_nothi
     api = deploy_project({"events": str(events_file), "hang_marker": str(marker), "hang_on": 300})
     spec = client.submit(api, list(range(1000)), batch_size=10, workers=2)
     pid = int(_wait_for(lambda: marker.exists() and marker.read_text(), what="the hanging batch"))
+    [victim] = [c for c in stack.children if c.is_worker and c.process.pid == pid]
 
     os.kill(pid, sig)
 
@@ -135,8 +136,8 @@ def test_a_worker_process_killed_mid_batch_leaves_the_batch_to_another_and_nothi
     assert set(Counter(e["batch_id"] for e in predicts).values()) == {1}
     hung_batch = [e for e in predicts if 300 in e["items"]]
     assert len(hung_batch) == 1 and hung_batch[0]["pid"] != pid
-    killed = [c for c in stack.children if c.is_worker and c.restarts]
-    assert killed and all(c.process.poll() is None for c in killed)  # the node came back
+    # The node comes back, however it ended (a cold shutdown exits on its own, after the job may be done).
+    _wait_for(lambda: victim.process.pid != pid and victim.process.poll() is None, what="the node to come back")
 
 
 def test_a_job_whose_api_process_dies_mid_enqueue_is_failed_by_beat_and_runs_nothing(
