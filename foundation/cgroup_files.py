@@ -71,10 +71,16 @@ def mount_of(kind: str, option: str | None = None) -> Path | None:
 
 
 def writable_dir(parent: Path, name: str) -> Path | None:
-    """`parent/name`, made if need be; None where it cannot be."""
+    """`parent/name` when it can be made there (tried, and removed again if it was not there: it is
+    made when a first group needs it, so that a process that only asks leaves nothing behind); None
+    where it cannot be."""
     path = parent / name
+    existed = path.is_dir()
     try:
         path.mkdir(exist_ok=True)
     except OSError:
         return None
+    if not existed:
+        with contextlib.suppress(OSError):
+            path.rmdir()
     return path

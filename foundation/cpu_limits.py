@@ -99,7 +99,7 @@ class CpuLimits:
         if self.version == 0 or self.base is None:
             return None
         path = self.base / f"{GROUP_PREFIX}{name}"
-        path.mkdir(exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
         group = CpuGroup(path, self.version, cpu_millis, self.quota)
         group.set(cpu_millis)
         return group

@@ -274,7 +274,7 @@ class MemoryLimits:
                 group.limit_file.write_text(str(limit), encoding="ascii")
             return group
         path = self.base / f"{GROUP_PREFIX}{name}"
-        path.mkdir(exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
         if self.mode is LimitMode.CGROUP_V2:
             (path / "memory.max").write_text(str(limit), encoding="ascii")
             with contextlib.suppress(OSError):
