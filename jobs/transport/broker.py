@@ -15,7 +15,9 @@ pipeline of its own. Only for a batch run as soon as it is taken (a node reservi
 a time): a message taken ahead and held has its entry written at once, as kombu writes it, so that
 it is given back if the node dies. The window in which a node killed holds a message that is in no
 hash grows from between the BRPOP and kombu's write to between the BRPOP and the batch's begin
-(a millisecond); beat sends a batch lost there again from its kept copy (`beat/lost_batches.py`).
+(about a millisecond, but 60-250 ms for a node's first batch, which builds the node's worker
+runtime first: `jobs/wiring.py`); beat sends a batch lost there again from its kept copy
+(`beat/lost_batches.py`).
 
 It also reads and acknowledges unacknowledged messages by task id, for a node settling the
 deliveries it held when its connection broke (`jobs/transport/settle.py`), and can keep what a publish would
