@@ -14,6 +14,9 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+# Every folder Sluice makes in a control-group hierarchy starts so.
+GROUP_PREFIX = "sluice-"
+
 
 def read_text(path: Path) -> str:
     try:
@@ -84,3 +87,38 @@ def writable_dir(parent: Path, name: str) -> Path | None:
         with contextlib.suppress(OSError):
             path.rmdir()
     return path
+
+
+def v1_groups_base(controller: str) -> Path | None:
+    """Where this process may make its groups of cgroup v1's `controller`: a folder of its own under
+    its group in that hierarchy (made when a first group needs it); None where it cannot."""
+    mount = mount_of("cgroup", controller)
+    own = own_group(1, controller)
+    if mount is None or own is None:
+        return None
+    return writable_dir(mount / own.lstrip("/"), f"{GROUP_PREFIX}groups-{os.getpid()}")
+
+
+def v2_delegated(controller: str) -> Path | None:
+    """This process's cgroup v2 group, once it hands `controller` down to child groups; None where the
+    subtree is not delegated. v2 keeps processes out of inner groups, so the group's processes move
+    into a leaf of their own first (for every controller alike: whichever is handed down first)."""
+    mount = mount_of("cgroup2")
+    own = own_group(2)
+    if mount is None or own is None:
+        return None
+    group = mount / own.lstrip("/")
+    if controller not in read_text(group / "cgroup.controllers").split():
+        return None
+    control = group / "cgroup.subtree_control"
+    try:
+        if controller not in read_text(control).split():
+            if read_text(group / "cgroup.procs").split():
+                leaf = group / f"{GROUP_PREFIX}self"
+                leaf.mkdir(exist_ok=True)
+                for pid in read_text(group / "cgroup.procs").split():
+                    (leaf / "cgroup.procs").write_text(pid, encoding="ascii")
+            control.write_text(f"+{controller}", encoding="ascii")
+    except OSError:
+        return None
+    return group

@@ -20,9 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cgroup_files import mount_of, own_group, read_text, remove_group, writable_dir
+from .cgroup_files import GROUP_PREFIX, remove_group, v1_groups_base, v2_delegated
 from .errors import ConfigError
-from .memory_limits import GROUP_PREFIX
 
 SETTING = "SLUICE_CPU_LIMITS"
 PERIOD_US = 100_000
@@ -111,11 +110,7 @@ class CpuLimits:
 
 
 def _v1(quota: bool) -> CpuLimits | None:
-    mount = mount_of("cgroup", "cpu")
-    own = own_group(1, "cpu")
-    if mount is None or own is None:
-        return None
-    base = writable_dir(mount / own.lstrip("/"), f"{GROUP_PREFIX}groups-{os.getpid()}")
+    base = v1_groups_base("cpu")
     if base is None:
         return None
     return CpuLimits(f"cgroup v1's cpu controller, groups under {base}", 1, base, quota)
@@ -123,17 +118,7 @@ def _v1(quota: bool) -> CpuLimits | None:
 
 def _v2(quota: bool) -> CpuLimits | None:
     """The delegated v2 subtree the memory groups use, with the cpu controller handed down too."""
-    mount = mount_of("cgroup2")
-    own = own_group(2)
-    if mount is None or own is None:
-        return None
-    group = mount / own.lstrip("/")
-    if "cpu" not in read_text(group / "cgroup.controllers").split():
-        return None
-    control = group / "cgroup.subtree_control"
-    try:
-        if "cpu" not in read_text(control).split():
-            control.write_text("+cpu", encoding="ascii")
-    except OSError:
+    group = v2_delegated("cpu")
+    if group is None:
         return None
     return CpuLimits(f"cgroup v2, groups under {group}", 2, group, quota)

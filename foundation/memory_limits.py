@@ -39,7 +39,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
-from .cgroup_files import counter, mount_of, own_group, read_text, remove_group, writable_dir
+from .cgroup_files import GROUP_PREFIX, counter, read_text, remove_group, v1_groups_base, v2_delegated
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,6 @@ NODE_MARGIN_BYTES = 128 * 1024 * 1024
 # The variable that tells a worker node where its limit file is (its agent sets it).
 LIMIT_FILE_VARIABLE = "SLUICE_MEMORY_LIMIT_FILE"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-GROUP_PREFIX = "sluice-"
 
 
 class LimitMode(StrEnum):
@@ -288,35 +287,15 @@ class MemoryLimits:
 
 
 def _cgroup_v1() -> MemoryLimits | None:
-    mount = mount_of("cgroup", "memory")
-    own = own_group(1)
-    if mount is None or own is None:
-        return None
-    base = writable_dir(mount / own.lstrip("/"), f"{GROUP_PREFIX}groups-{os.getpid()}")
+    base = v1_groups_base("memory")
     if base is None:
         return None
     return MemoryLimits(LimitMode.CGROUP_V1, f"cgroup v1's memory controller, groups under {base}", base)
 
 
 def _cgroup_v2() -> MemoryLimits | None:
-    """A delegated v2 subtree: this process moves into a leaf of its own group, so that the group may
-    hand the memory controller to its children (v2 keeps processes out of inner groups)."""
-    mount = mount_of("cgroup2")
-    own = own_group(2)
-    if mount is None or own is None:
-        return None
-    group = mount / own.lstrip("/")
-    if "memory" not in read_text(group / "cgroup.controllers").split():
-        return None
-    try:
-        control = group / "cgroup.subtree_control"
-        if "memory" not in read_text(control).split():
-            leaf = group / f"{GROUP_PREFIX}self"
-            leaf.mkdir(exist_ok=True)
-            for pid in read_text(group / "cgroup.procs").split():
-                (leaf / "cgroup.procs").write_text(pid, encoding="ascii")
-            control.write_text("+memory", encoding="ascii")
-    except OSError:
+    group = v2_delegated("memory")
+    if group is None:
         return None
     return MemoryLimits(LimitMode.CGROUP_V2, f"cgroup v2, groups under {group}", group)
 
