@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flask import Flask, Response, request
 from flask.json.provider import DefaultJSONProvider
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from foundation import figure_sink as process_figures
 from foundation.api_registry import RedisApiRegistry
@@ -18,7 +19,7 @@ from jobs.celery_app import create_celery
 from jobs.services import Services
 from jobs.wiring import init_services
 
-from . import apis, async_api, auth, batch, browser, context, fallback, health, logs, tasks
+from . import apis, async_api, auth, batch, browser, context, fallback, health, logs, promises, tasks
 from .async_front import AsyncSubmitFront
 from .errors import register_error_handlers
 from .metrics import HTTP_RESPONSES
@@ -67,6 +68,12 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     for module in (health, browser, apis, batch, tasks, logs, async_api, fallback):
         app.register_blueprint(module.blueprint)
     register_error_handlers(app)
+    # Last registered, so first to run after a view: a write's answer waits for Redis's replicas.
+    promises.confirm_writes(app)
     # AsyncAPI submissions are answered before Flask's own work (`api/async_front.py`).
     app.wsgi_app = AsyncSubmitFront(app, app.wsgi_app, settings)  # type: ignore[method-assign]
+    # The proxy says whether its client came over TLS (it replaces any X-Forwarded-Proto the client
+    # sent), so the addresses answered (an API's endpoint) are https:// when they should be. Only
+    # the scheme is taken: the client's address and host stay what the connection says.
+    app.wsgi_app = ProxyFix(app.wsgi_app, x_for=0, x_proto=1, x_host=0, x_port=0, x_prefix=0)  # type: ignore[method-assign]
     return app

@@ -19,6 +19,7 @@ from flask import Blueprint, Response, request
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
 from foundation.errors import ApiNotFound, NotFound
+from foundation.idempotency import HEADER, checked_key, derived_id
 from jobs.asyncapi.request import RequestStatus
 from jobs.asyncapi.submit import Submission, submit_request
 
@@ -39,12 +40,20 @@ def is_batched(api: DeployedApi) -> bool:
     return (api.spec.get("predictor") or {}).get("server_side_batching") is not None
 
 
+def request_id_asked(request_id: str | None, idempotency_key: str | None) -> str | None:
+    """The id a submission asks for: its `X-Request-ID`, else one its `Idempotency-Key` alone gives
+    (a request of an id that exists is not made again, so the same key gives the same request)."""
+    key = checked_key(idempotency_key)
+    return request_id if request_id or key is None else derived_id(key)
+
+
 def submit(api_name: str, batched: bool = False) -> Response:
     """`POST /<name>` of an AsyncAPI (`api/fallback.py` hands it here); `batched`: it has `server_side_batching`."""
     svc = services()
     submission = Submission(
         api_name=api_name, body=request.get_data(cache=False),
-        content_type=request.headers.get("Content-Type"), client_request_id=request.headers.get("X-Request-ID"),
+        content_type=request.headers.get("Content-Type"),
+        client_request_id=request_id_asked(request.headers.get("X-Request-ID"), request.headers.get(HEADER)),
         batched=batched,
     )
     request_id = submit_request(svc.async_requests, svc.request_objects, svc.celery, submission, time.time(),

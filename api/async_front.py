@@ -33,14 +33,15 @@ from flask import Flask
 from foundation.api_keys import authenticate
 from foundation.api_kinds import ApiKind
 from foundation.api_registry import DeployedApi
-from foundation.errors import ApiNotFound, Unauthorized
+from foundation.errors import ApiNotFound, NotAcknowledged, Unauthorized
+from foundation.idempotency import HEADER
 from foundation.settings import Settings
 from jobs.asyncapi.submit import Submission, submit_request
 from jobs.services import Services
 from predictors_runtime.config_base import RESERVED_NAMES
 
 from . import context
-from .async_api import is_batched
+from .async_api import is_batched, request_id_asked
 from .auth import open_bind_address
 from .errors import error_of
 from .metrics import HTTP_RESPONSES
@@ -70,14 +71,19 @@ class AsyncSubmitFront:
             error = Error(kind="bad_request", message=f"the body ended after {len(body)} of its {length} bytes")
             return _answer(start_response, 400, error.model_dump_json().encode())
         services: Services = self._extensions[context.SERVICES]
-        submission = Submission(api_name=api.name, body=body, content_type=environ.get("CONTENT_TYPE") or None,
-                                client_request_id=environ.get("HTTP_X_REQUEST_ID"), batched=is_batched(api))
+        key = environ.get("HTTP_IDEMPOTENCY_KEY")
         try:
+            submission = Submission(api_name=api.name, body=body, content_type=environ.get("CONTENT_TYPE") or None,
+                                    client_request_id=request_id_asked(environ.get("HTTP_X_REQUEST_ID"), key),
+                                    batched=is_batched(api))
             request_id = submit_request(services.async_requests, services.request_objects, services.celery,
                                         submission, time.time(), services.task_messages)
+            # Answered only once Redis's replicas have it (api/promises.py).
+            services.acknowledgements.confirm(retry_by=key)
         except Exception as e:  # noqa: BLE001 - answered as Flask's handlers answer it, then the next request
             status, error = error_of(e)
-            return _answer(start_response, status, error.model_dump_json(exclude_unset=True).encode())
+            retry = [(HEADER, key), ("Retry-After", "1")] if key and isinstance(e, NotAcknowledged) else []
+            return _answer(start_response, status, error.model_dump_json(exclude_unset=True).encode(), retry)
         answer = AsyncSubmitted(id=request_id).model_dump_json(exclude_unset=True).encode()
         return _answer(start_response, 200, answer, [("X-Request-ID", request_id)])
 

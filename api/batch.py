@@ -24,6 +24,7 @@ from jobs.store import JobState
 from .context import registry, services
 from .json_body import parse_json_body
 from .metrics import JOBS_SUBMITTED
+from .promises import idempotency_key, replay, submit_once
 from .schemas import (
     DryRun,
     FailedBatches,
@@ -65,10 +66,14 @@ def batch_api(api_name: str) -> DeployedApi:
 def submit(api_name: str) -> ResponseReturnValue:
     api = batch_api(api_name)
     query = parse_query(SubmitQuery)
+    idempotency_key()  # a key that cannot be one is refused, dry run or not
     plan = plan_job(services(), parse_job_request(_json_body()), api.name)
     if query.dryRun:
         return DryRun.model_validate(plan.dry_run_view()).response()
-    job = submit_job(services(), plan, api.name, api.spec, api.bundle, api.queue, environment=api.environment)
+    job, replayed = submit_once(f"batch:{api.name}", lambda job_id: submit_job(
+        services(), plan, api.name, api.spec, api.bundle, api.queue, environment=api.environment, job_id=job_id))
+    if replayed:
+        return replay(JobSpec.model_validate(job.spec()).response())
     JOBS_SUBMITTED.labels(api=api.name).inc()
     return JobSpec.model_validate(job.spec()).response()
 

@@ -90,6 +90,13 @@ _REQUEST_ID_PARAMETER = {
     "name": "X-Request-ID", "in": "header", "required": False, "schema": {"type": "string"},
     "description": "kept as the request's id (in logs and the answer); the proxy makes one up when absent",
 }
+_IDEMPOTENCY_PARAMETER = {
+    "name": "Idempotency-Key", "in": "header", "required": False,
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,255}$"},
+    "description": "the same key within a day gives the same job (answered with Idempotent-Replayed: true)",
+}
+_UNACKNOWLEDGED = ("not_acknowledged: Redis took the write but its replicas did not confirm it within "
+                   "SLUICE_ACK_TIMEOUT_MS; it may or may not have taken (a keyed submission gets Retry-After)")
 _BINARY = {"type": "string", "format": "binary"}
 _JOB_LINKS = {
     "GetJobStatus": {"operationId": "getJobs",
@@ -194,11 +201,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
          403: _error("access_denied: the job's input or output storage refused access"),
          404: _error(_NOT_DEPLOYED + "; storage_not_found or job_not_found: an input (or the job of "
                      "retry_failed_of) does not exist"),
-         409: _error("conflict: the job of retry_failed_of is still running"),
+         409: _error("conflict: the job of retry_failed_of is still running, or a submission with the same "
+                     "Idempotency-Key is being made"),
          413: _error("payload_too_large: the body is larger than SLUICE_MAX_BODY_BYTES"),
          502: _error("storage_error: the input storage could not be listed")},
         description="Exactly one input source (item_list, file_path_lister, delimited_files or retry_failed_of).",
         query=schemas.SubmitQuery,
+        header_parameters=(_IDEMPOTENCY_PARAMETER,),
         request_body=_json(JobRequest),
         links={200: _JOB_LINKS},
     ),
@@ -239,7 +248,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         {200: Answer("the job as submitted", (schemas.TaskJobSpec,)),
          400: _error("bad_request: the body is not a valid task submission (the message names the field)"),
          404: _error(_NO_TASK_API),
+         409: _error("conflict: a submission with the same Idempotency-Key is being made"),
          413: _error("payload_too_large: the body is larger than SLUICE_MAX_BODY_BYTES")},
+        header_parameters=(_IDEMPOTENCY_PARAMETER,),
         description="Task()(config) runs once on one worker node of the API's hardware queue; config is the "
                     "API's definition.config merged with the body's (the body's keys win). An empty body is a "
                     "task with no options.",
@@ -498,8 +509,11 @@ def _query_parameters(model: type[Query]) -> list[dict[str, Any]]:
     return out
 
 
-def _answers(operation: Operation, refs: dict[tuple[type[BaseModel], Mode], dict[str, Any]]) -> dict[str, Any]:
+def _answers(operation: Operation, refs: dict[tuple[type[BaseModel], Mode], dict[str, Any]],
+             write: bool = False) -> dict[str, Any]:
     answers = dict(operation.answers)
+    if write and not operation.realtime:  # api/promises.py: a write no replica confirmed
+        answers.setdefault(503, _error(_UNACKNOWLEDGED))
     if not operation.open:
         error_model = schemas.RealtimeError if operation.realtime else schemas.Error
         answers.setdefault(401, _error(_UNAUTHORIZED, error_model, **{"WWW-Authenticate": {
@@ -547,7 +561,7 @@ def _operation(method: str, rule: Any, refs: dict[tuple[type[BaseModel], Mode], 
         out["requestBody"] = _with_models(operation.request_body, refs)
     if operation.open:
         out["security"] = []
-    out["responses"] = _answers(operation, refs)
+    out["responses"] = _answers(operation, refs, write=method in ("POST", "PUT", "PATCH", "DELETE"))
     return out
 
 

@@ -25,6 +25,7 @@ from .batch import endpoint_url, listed_jobs, stop_job_of
 from .context import registry, services
 from .json_body import parse_json_body
 from .metrics import JOBS_SUBMITTED
+from .promises import replay, submit_once
 from .schemas import (
     JobsQuery,
     TaskJobList,
@@ -53,8 +54,11 @@ def _body() -> Any:
 @blueprint.post("/tasks/<api_name>")
 def submit(api_name: str) -> ResponseReturnValue:
     api = task_api(api_name)
-    job = submit_task(services(), parse_task_request(_body()), api.name, api.spec, api.bundle, api.queue,
-                      environment=api.environment)
+    task = parse_task_request(_body())
+    job, replayed = submit_once(f"task:{api.name}", lambda job_id: submit_task(
+        services(), task, api.name, api.spec, api.bundle, api.queue, environment=api.environment, job_id=job_id))
+    if replayed:
+        return replay(TaskJobSpec.model_validate(job.spec()).response())
     JOBS_SUBMITTED.labels(api=api.name).inc()
     return TaskJobSpec.model_validate(job.spec()).response()
 

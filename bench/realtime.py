@@ -5,7 +5,10 @@ same JSON row per request (`{"f0": ..., ...}`), each server answering the model'
 for that row as JSON. Systems, all with the same processes (and one thread each, unless said):
 - (a) baseline: gunicorn (sync workers) running a Flask app that calls onnxruntime directly
   (`bench/realtime_apps.py`);
-- (b) Sluice through its public URL (HAProxy, then a replica of the API);
+- (b) Sluice through its public URL (HAProxy, then a replica of the API); (b tls) the same through
+  a second proxy on the same replicas that serves TLS (`sluice proxy --tls-cert/--tls-key`, a
+  certificate made for the run; wrk keeps its connections, so this is TLS's cost per request once
+  the handshake is done), printed as (b tls) / (b);
 - (c) Sluice's replica directly (its gunicorn, no proxy);
 - (d) BentoML serving the same model (`bench/realtime_bento.py`, in its own virtual environment
   made by `make bench`; skipped with a note when absent);
@@ -63,6 +66,7 @@ from onnx_batch import iris_model, mlp_model  # noqa: E402
 
 from sluice.client import Client  # noqa: E402
 from sluice.embedded import Stack, free_port  # noqa: E402
+from sluice.tls.self_signed import make_self_signed  # noqa: E402
 
 BENTO_VENV = BENCH / ".venv-bentoml"
 PREDICTOR = '''import numpy as np
@@ -163,12 +167,13 @@ def wrk(url: str, body: str, concurrency: int, duration: float, script_dir: Path
     return Figures(rps, p50, p99, errors, busy / max(answered, 1) * 1e6)
 
 
-def wait_http(url: str, body: str, log: Path | None = None, timeout: float = 120.0) -> None:
+def wait_http(url: str, body: str, log: Path | None = None, timeout: float = 120.0, verify: str | bool = True) -> None:
     deadline = time.monotonic() + timeout
     answer = ""
     while time.monotonic() < deadline:
         try:
-            response = requests.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=5)
+            response = requests.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=5,
+                                     verify=verify)
             if response.ok:
                 return
             answer = f"{response.status_code} {response.text[:300]}"
@@ -365,12 +370,30 @@ def main() -> None:  # noqa: C901 - one flat script: the options, then each meas
     tmp = Path(tempfile.mkdtemp(prefix="sluice-realtime-bench-"))
     stack = None
     servers: list[subprocess.Popen] = []
+    servers_for_run: list[subprocess.Popen] = []
     rng = np.random.default_rng(0)
     env_one_thread = {"OMP_NUM_THREADS": "1"}
     try:
         stack = Stack(port=free_port(), workers=0, queues=("cpu",), worker_loglevel="WARNING",
                       env=env_one_thread, data_dir=tmp / "stack").start()
         client = Client(stack.url)
+        tls = make_self_signed(tmp / "tls", ["127.0.0.1"])
+        tls_port = free_port()
+        servers_for_run = [spawn([sys.executable, "-m", "sluice.cli", "proxy", "--port", str(tls_port),
+                                  "--management", stack.management_url.removeprefix("http://"),
+                                  "--state-dir", str(tmp / "tls-proxy"), "--tls-cert", str(tls.cert),
+                                  "--tls-key", str(tls.key)],
+                                 {"SLUICE_REDIS_URL": stack.redis_url or ""}, ROOT, tmp / "tls-proxy.log")]
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(f"https://127.0.0.1:{tls_port}/healthz", verify=str(tls.ca), timeout=5).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the TLS proxy did not answer: {(tmp / 'tls-proxy.log').read_text()[-2000:]}")
+            time.sleep(0.2)
         have_bento = (BENTO_VENV / "bin" / "bentoml").exists()
         if not have_bento:
             print(f"note: BentoML not installed in {BENTO_VENV} (`make bench` makes it): (d) skipped\n")
@@ -403,6 +426,7 @@ def main() -> None:  # noqa: C901 - one flat script: the options, then each meas
             client.deploy(write_project(tmp / api, api, model, features, args.processes, batching=False))
             client.wait_ready(api, timeout=120)
             systems["(b) sluice via proxy"] = f"{stack.url}/{api}"
+            systems["(b tls) via proxy, TLS"] = f"https://127.0.0.1:{tls_port}/{api}"
             systems["(c) sluice replica"] = replica_url(stack.redis_url, api)
             if have_bento:
                 port = free_port()
@@ -421,7 +445,8 @@ def main() -> None:  # noqa: C901 - one flat script: the options, then each meas
             bodies = {label: (json.dumps({"row": json.loads(body)}) if "bentoml" in label else body)
                       for label in systems}
             for label, url in systems.items():
-                wait_http(url, bodies[label], tmp / f"{'bento' if 'bentoml' in label else 'baseline'}-{name}.log")
+                wait_http(url, bodies[label], tmp / f"{'bento' if 'bentoml' in label else 'baseline'}-{name}.log",
+                          verify=str(tls.ca) if url.startswith("https:") else True)
             wait_proxy_settled(stack.redis_url, [a for a in (api, batched, no_model) if a])
             for concurrency in [max(concurrencies)] if name == "mlp-wide" else concurrencies:
                 runs = dict(systems)
@@ -444,6 +469,9 @@ def main() -> None:  # noqa: C901 - one flat script: the options, then each meas
                 for label, f in figures.items():
                     print_row(name, concurrency, label, f, base)
                 b = figures["(b) sluice via proxy"]
+                secure = figures["(b tls) via proxy, TLS"]
+                print(f"{'':>8} {'':>4} (b tls) / (b) req/s: {secure.rps / b.rps:.2f}, "
+                      f"p50 {secure.p50_ms - b.p50_ms:+.2f} ms, CPU per request {secure.cpu_us - b.cpu_us:+,.0f} us")
                 if "(d) bentoml" in figures:
                     print(f"{'':>8} {'':>4} (b) / (d) req/s: {b.rps / figures['(d) bentoml'].rps:.2f}")
                 if "(e) sluice, batching 32" in figures:
@@ -462,7 +490,7 @@ def main() -> None:  # noqa: C901 - one flat script: the options, then each meas
                 if deployed:
                     client.delete_api(deployed)
     finally:
-        for process in servers:
+        for process in servers + servers_for_run:
             stop(process)
         if stack is not None:
             stack.stop()

@@ -104,6 +104,14 @@ class NotReady(SluiceError):
     kind = "not_ready"
 
 
+class NotAcknowledged(SluiceError):
+    """Redis's primary took a write, but no replica confirmed having it in time: a failover now
+    could lose it. The caller may retry with the same idempotency key (the answer says it)."""
+
+    http_status = 503
+    kind = "not_acknowledged"
+
+
 class RequestTimeout(SluiceError):
     """A realtime request was not answered by its deadline (the API's `request_timeout`)."""
 

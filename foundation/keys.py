@@ -212,3 +212,13 @@ ENVIRONMENT_FIGURES = f"{PREFIX}:environment-figures"
 
 PREDICTOR_BUILD_FAILURES = f"{PREFIX}:predictor-build-failures"
 """Hash of the APIs whose predictor last failed to build on a worker node: name -> {bundle, message, at} (JSON)."""
+
+
+# -- acknowledgements -----------------------------------------------------------------------------
+ACK_FENCE = f"{PREFIX}:ack-fence"
+"""Counter every acknowledged answer increments just before its `WAIT` (foundation/acknowledgements.py)."""
+
+
+def idempotency(scope: str, key: str) -> str:
+    """String: the id a submission with this `Idempotency-Key` made, for a day (foundation/idempotency.py)."""
+    return f"{PREFIX}:idempotency:{scope}:{key}"

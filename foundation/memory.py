@@ -30,6 +30,7 @@ from typing import Any
 
 import redis
 
+from foundation.acknowledgements import Acknowledgements, refusal
 from foundation.api_registry import (
     ApiDefinition,
     ApiRegistry,
@@ -38,6 +39,7 @@ from foundation.api_registry import (
 )
 from foundation.figure_store import FigureStore, Increment
 from foundation.hosts import HOST_TTL_S, HostDirectory, HostRecord
+from foundation.idempotency import IdempotencyKeys
 from foundation.log_streams import (
     DEFAULT_MAX_LINES,
     DEFAULT_PAGE_LINES,
@@ -430,3 +432,38 @@ class MemoryPredictorBuilds(PredictorBuilds):
 
     def forget(self, api_name: str) -> None:
         self.succeeded(api_name)
+
+
+class MemoryAcknowledgements(Acknowledgements):
+    """`foundation.acknowledgements.Acknowledgements` without Redis: counts the writes confirmed, and
+    refuses them while `confirmed_by` is below `replicas` (a test's cut-off replica)."""
+
+    def __init__(self, replicas: int = 0, confirmed_by: int = 0) -> None:
+        self.replicas, self.confirmed_by = replicas, confirmed_by
+        self.confirmed = 0
+
+    def confirm(self, retry_by: str | None = None) -> None:
+        if self.confirmed_by < self.replicas:
+            raise refusal(self.confirmed_by, self.replicas, 1000, retry_by)
+        self.confirmed += 1
+
+
+class MemoryIdempotencyKeys(_Fake, IdempotencyKeys):
+    """`foundation.idempotency.IdempotencyKeys` in a dict (claims do not expire here)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims: dict[tuple[str, str], str] = {}
+
+    def claim(self, scope: str, key: str, candidate: str, stale: str = "") -> str:
+        with self.lock:
+            self._reach()
+            held = self.claims.get((scope, key))
+            if held is None or held == stale:
+                self.claims[(scope, key)] = held = candidate
+            return held
+
+    def release(self, scope: str, key: str, candidate: str) -> None:
+        with self.lock:
+            if self.claims.get((scope, key)) == candidate:
+                del self.claims[(scope, key)]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import api_keys
+from .acknowledgements import AckPolicy
 from .errors import ConfigError
 from .host_pools import VARIABLE as HOST_POOLS_VARIABLE
 from .host_pools import HostPool, parse_host_pools
@@ -98,6 +99,13 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
     if value <= 0:
         raise ConfigError(f"{name}: must be greater than 0, got {raw!r}")
     return value
+
+
+def _ack_policy(env: Mapping[str, str]) -> AckPolicy:
+    try:
+        return AckPolicy.parse(env.get("SLUICE_ACK_REPLICAS"), env.get("SLUICE_ACK_TIMEOUT_MS"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def _time_limit(env: Mapping[str, str], name: str) -> float | None:
@@ -189,6 +197,9 @@ class Settings:
     # The host pools something outside Sluice scales (KEDA on Kubernetes): beat publishes how many
     # hosts each one wants (`foundation/host_pools.py`).
     host_pools: tuple[HostPool, ...] = ()
+    # How many Redis replicas must confirm a write before Sluice answers it, and for how long
+    # (foundation/acknowledgements.py): the default waits for every replica the primary reports.
+    acknowledgements: AckPolicy = field(default_factory=AckPolicy)
 
     @property
     def redis_address(self) -> RedisAddress:
@@ -246,4 +257,5 @@ class Settings:
             environment_grace_s=_number(env, "SLUICE_ENVIRONMENT_GRACE_S", defaults.environment_grace_s),
             task_events=api_keys.flag(env, "SLUICE_TASK_EVENTS"),
             host_pools=parse_host_pools(env.get(HOST_POOLS_VARIABLE)),
+            acknowledgements=_ack_policy(env),
         )

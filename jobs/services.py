@@ -13,8 +13,10 @@ from dataclasses import dataclass
 import redis
 from celery import Celery
 
+from foundation.acknowledgements import Acknowledgements, RedisAcknowledgements
 from foundation.api_registry import RedisApiRegistry
 from foundation.hosts import RedisHostDirectory
+from foundation.idempotency import IdempotencyKeys, RedisIdempotencyKeys
 from foundation.redis_clients import connect
 from foundation.replica_placement import RedisReplicaAssignments
 from foundation.replica_scale import RedisScaleBook
@@ -51,6 +53,24 @@ class Services:
     worker_host_store: WorkerHosts | None = None
     # Task messages made without Celery's publishing path: made on first use from `celery`.
     task_message_maker: TaskMessages | None = None
+    # Replicas' confirmation of what is answered, and submissions' idempotency keys: made on first
+    # use from `redis` unless given (fast tests give the fakes of foundation/memory.py).
+    acks: Acknowledgements | None = None
+    idempotency_keys: IdempotencyKeys | None = None
+
+    @property
+    def acknowledgements(self) -> Acknowledgements:
+        """Waits until Redis's replicas have what this process wrote (`foundation/acknowledgements.py`)."""
+        if self.acks is None:
+            self.acks = RedisAcknowledgements(self.redis, self.settings.acknowledgements)
+        return self.acks
+
+    @property
+    def idempotency(self) -> IdempotencyKeys:
+        """The claims of submissions' `Idempotency-Key`s (`foundation/idempotency.py`)."""
+        if self.idempotency_keys is None:
+            self.idempotency_keys = RedisIdempotencyKeys(self.redis)
+        return self.idempotency_keys
 
     @property
     def task_messages(self) -> TaskMessages:

@@ -10,6 +10,7 @@ from .client import (
     InvalidModelInput,
     JobNotFound,
     ModelNotFound,
+    NotAcknowledged,
     NotFound,
     NotReady,
     Overloaded,
@@ -18,11 +19,12 @@ from .client import (
     RetryPolicy,
     ServerError,
     Unreachable,
+    UntrustedCertificate,
     client,
 )
 
 __all__ = [
     "ApiNotFound", "BadRequest", "Client", "ClientError", "Conflict", "InvalidConfig", "InvalidModelInput",
-    "JobNotFound", "ModelNotFound", "NotFound", "NotReady", "Overloaded", "PredictorError", "RequestTimeout",
-    "RetryPolicy", "ServerError", "Unreachable", "client",
+    "JobNotFound", "ModelNotFound", "NotAcknowledged", "NotFound", "NotReady", "Overloaded", "PredictorError",
+    "RequestTimeout", "RetryPolicy", "ServerError", "Unreachable", "UntrustedCertificate", "client",
 ]

@@ -15,6 +15,7 @@ import random as _random
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
@@ -99,6 +100,11 @@ class NotReady(ClientError):
     """503 not_ready: the API (or a dependency) is not ready yet."""
 
 
+class NotAcknowledged(ClientError):
+    """503 not_acknowledged: Sluice's Redis took the write but no replica confirmed it in time; it
+    may or may not have taken (a submission retried with its idempotency key gets its job either way)."""
+
+
 class Overloaded(NotReady):
     """503 overloaded: the realtime API's queue is full; retry later."""
 
@@ -119,6 +125,10 @@ class Unreachable(ClientError):
     """Sluice could not be reached at all (status 0)."""
 
 
+class UntrustedCertificate(Unreachable):
+    """Sluice's address serves TLS with a certificate this client does not trust (status 0)."""
+
+
 class Unsupported(ClientError):
     """A Cortex client argument Sluice has no equivalent for (refused here, never sent)."""
 
@@ -130,6 +140,7 @@ ERRORS_BY_KIND: dict[str, type[ClientError]] = {
     "bad_storage_uri": BadRequest, "conflict": Conflict, "payload_too_large": PayloadTooLarge,
     "not_ready": NotReady, "overloaded": Overloaded, "request_timeout": RequestTimeout,
     "predictor_error": PredictorError, "unreachable": Unreachable, "unsupported": Unsupported,
+    "untrusted_certificate": UntrustedCertificate, "not_acknowledged": NotAcknowledged,
 }
 _ERRORS_BY_STATUS: dict[int, type[ClientError]] = {
     400: BadRequest, 404: NotFound, 409: Conflict, 413: PayloadTooLarge, 503: NotReady, 504: RequestTimeout,
@@ -169,8 +180,10 @@ class RetryPolicy:
     """How a request refused with 503 and `Retry-After` is sent again.
 
     Such a refusal (the proxy's `overloaded`: every slot taken and the queue full) comes before
-    the request ran, so sending it again is safe even for a POST; any other error, and a 503
-    without `Retry-After`, is raised at once. Each wait is at least the server's `Retry-After`
+    the request ran, so sending it again is safe even for a POST; so does the management API's
+    `not_acknowledged` to a submission with an `Idempotency-Key` (its retry carries the same key, so
+    it gets the job the first try made, if any). Any other error, and a 503 without `Retry-After`,
+    is raised at once. Each wait is at least the server's `Retry-After`
     and at least `backoff` doubled per retry, stretched at random by up to `jitter` of itself so
     that clients refused together do not return together, and cut to `max_wait`. A call gives up
     (raising the last refusal's `Overloaded`) after `retries` retries, or sooner when the next
@@ -216,6 +229,18 @@ def _retry_after_s(response: requests.Response) -> float | None:
     return max(when.timestamp() - time.time(), 0.0)
 
 
+def _tls_failure(url: str, error: requests.exceptions.SSLError) -> str:
+    """Why a TLS connection to Sluice failed, and what to do about it."""
+    cause = str(error)
+    if "CERTIFICATE_VERIFY_FAILED" in cause or "certificate verify failed" in cause:
+        reason = cause.split("certificate verify failed:", 1)[-1].split("(_ssl", 1)[0].strip(" )'\"") or "not trusted"
+        return (f"Sluice at {url} presented a certificate this client does not trust ({reason}): give the CA that "
+                f"signed it with --ca-bundle FILE or {CA_BUNDLE_VARIABLE}=FILE")
+    if "WRONG_VERSION_NUMBER" in cause or "wrong version number" in cause:
+        return f"{url} does not answer TLS: is it an http:// address?"
+    return f"TLS with Sluice at {url} failed: {cause}"
+
+
 def _with_requirements(root: Path, copy: Path, requirements: list[str]) -> Path:
     """A copy of the project folder whose requirements.txt also lists `requirements` (create_api's)."""
     shutil.copytree(root, copy, symlinks=True)
@@ -225,19 +250,47 @@ def _with_requirements(root: Path, copy: Path, requirements: list[str]) -> Path:
     return copy
 
 
+CA_BUNDLE_VARIABLE = "SLUICE_CA_BUNDLE"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+def new_idempotency_key() -> str:
+    """A key for one submission: sent with it and with each of its retries, never with another."""
+    return uuid.uuid4().hex
+
+
+def trusted_cas(ca_bundle: str | Path | None = None,
+                env: dict[str, str] | os._Environ[str] | None = None) -> str | bool:
+    """What an https address's certificate is checked against: `ca_bundle`, else SLUICE_CA_BUNDLE,
+    else the system's CAs (requests' `verify` value). A bundle that is not a readable file is
+    refused here, rather than as a TLS failure that would not say why."""
+    env = os.environ if env is None else env
+    chosen = ca_bundle or env.get(CA_BUNDLE_VARIABLE) or None
+    if chosen is None:
+        return True
+    path = Path(chosen).expanduser()
+    if not path.is_file():
+        raise BadRequest(0, "bad_ca_bundle",
+                         f"the CA bundle {path} is not a file (--ca-bundle or {CA_BUNDLE_VARIABLE})")
+    return str(path)
+
+
 class Client:
     """Sluice's HTTP API as methods; Cortex's client's names (`get_job`, `create_api`, ...) among them.
 
     `retries` (a count, or a `RetryPolicy`; 0 disables) says how a request refused as overloaded
-    (503 with `Retry-After`) is tried again before `Overloaded` is raised.
+    (503 with `Retry-After`) is tried again before `Overloaded` is raised. `ca_bundle`: the CAs an
+    https address's certificate is checked against (default: SLUICE_CA_BUNDLE, else the system's).
     """
 
     def __init__(self, url: str | None = None, timeout: float = 60.0, api_key: str | None = None,
-                 retries: int | RetryPolicy = 3) -> None:
+                 retries: int | RetryPolicy = 3, ca_bundle: str | Path | None = None) -> None:
         self.url = (url or default_url()).rstrip("/")
         self.timeout = timeout
         self.retry_policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries=retries)
         self._session = requests.Session()
+        # Given with every request: requests lets REQUESTS_CA_BUNDLE override a session's own `verify`.
+        self._verify = trusted_cas(ca_bundle)
         # Where each API's jobs are read and stopped: `batch` unless it was found to be a TaskAPI.
         self._job_routes: dict[str, str] = {}
         # Sluice with API keys (api/auth.py) wants one on every call but /healthz.
@@ -267,7 +320,10 @@ class Client:
 
     def _send(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         try:
-            return self._session.request(method, f"{self.url}{path}", timeout=self.timeout, **kwargs)
+            return self._session.request(method, f"{self.url}{path}", timeout=self.timeout, verify=self._verify,
+                                         **kwargs)
+        except requests.exceptions.SSLError as e:
+            raise UntrustedCertificate(0, "untrusted_certificate", _tls_failure(self.url, e)) from e
         except requests.ConnectionError as e:
             raise Unreachable(0, "unreachable", f"cannot reach Sluice at {self.url} (is `sluice up` running?)") from e
         except requests.Timeout as e:
@@ -369,14 +425,16 @@ class Client:
 
         A gRPC API's, as Cortex gave it: `endpoint` the public address's host alone and
         `grpc_ports["insecure"]` its port, so that `endpoint + ":" + str(grpc_ports["insecure"])`
-        is where a gRPC channel reaches it.
+        is where a gRPC channel reaches it (`grpc_ports["secure"]`, for a secure channel, when the
+        address serves TLS).
         """
         answer = self.api(api_name)
         if ((answer.get("spec") or {}).get("predictor") or {}).get("protobuf_path"):
             public = urlsplit(self.url)
             host = public.hostname or "localhost"
             answer["endpoint"] = f"[{host}]" if ":" in host else host
-            answer["grpc_ports"] = {"insecure": public.port or (443 if public.scheme == "https" else 80)}
+            secure = public.scheme == "https"
+            answer["grpc_ports"] = {"secure" if secure else "insecure": public.port or (443 if secure else 80)}
         return answer
 
     def delete_api(self, api_name: str, force: bool = False, keep_cache: bool = False) -> dict[str, Any]:
@@ -427,16 +485,17 @@ class Client:
 
     # -- AsyncAPI requests -------------------------------------------------------------------
     def submit_async(self, api_name: str, payload: Any, request_id: str | None = None,
-                     content_type: str | None = None) -> str:
+                     content_type: str | None = None, idempotency_key: str | None = None) -> str:
         """Submit one request to an AsyncAPI; returns its id. `payload` goes as JSON, or as it is when
-        it is `bytes` (application/octet-stream) or `str` (text/plain), unless `content_type` says."""
+        it is `bytes` (application/octet-stream) or `str` (text/plain), unless `content_type` says.
+        Sent with an `Idempotency-Key` (`idempotency_key`, else a new one) that its retries reuse."""
         if isinstance(payload, bytes):
             body, kind = payload, "application/octet-stream"
         elif isinstance(payload, str):
             body, kind = payload.encode(), "text/plain; charset=utf-8"
         else:
             body, kind = json.dumps(payload).encode(), "application/json"
-        headers = {"Content-Type": content_type or kind}
+        headers = {"Content-Type": content_type or kind, IDEMPOTENCY_HEADER: idempotency_key or new_idempotency_key()}
         if request_id is not None:
             headers["X-Request-ID"] = request_id
         return str(self._call("POST", f"/{quote(api_name, safe='')}", data=body, headers=headers)["id"])
@@ -458,14 +517,19 @@ class Client:
             time.sleep(poll)
 
     # -- jobs -------------------------------------------------------------------------------
-    def submit_raw(self, api_name: str, body: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+    def submit_raw(self, api_name: str, body: dict[str, Any], dry_run: bool = False,
+                   idempotency_key: str | None = None) -> dict[str, Any]:
+        """Submit a job body; returns the job spec. Sent with an `Idempotency-Key` (`idempotency_key`,
+        else a new one) that every retry of this call reuses: a submission refused as unconfirmed
+        (503 `not_acknowledged`, which asks to be retried) gives, retried, the job it made, if any."""
         params = {"dryRun": "true"} if dry_run else None
-        return self._call("POST", f"/batch/{api_name}", data=json.dumps(body),
-                          headers={"Content-Type": "application/json"}, params=params)
+        headers = {"Content-Type": "application/json", IDEMPOTENCY_HEADER: idempotency_key or new_idempotency_key()}
+        return self._call("POST", f"/batch/{api_name}", data=json.dumps(body), headers=headers, params=params)
 
-    def submit_job(self, api_name: str, job: dict[str, Any]) -> dict[str, Any]:
-        """Submit a job (any submission body Cortex's Batch API takes); returns the job spec."""
-        return self.submit_raw(api_name, job)
+    def submit_job(self, api_name: str, job: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        """Submit a job (any submission body Cortex's Batch API takes); returns the job spec. The same
+        `idempotency_key` within a day gives the same job (a new key is made when none is given)."""
+        return self.submit_raw(api_name, job, idempotency_key=idempotency_key)
 
     def submit(
         self, api_name: str, items: list[Any], batch_size: int, workers: int = 1,
@@ -476,12 +540,13 @@ class Client:
                                                          config=config, timeout=timeout, tries=tries))
 
     def submit_task(self, api_name: str, config: dict[str, Any] | None = None,
-                    timeout: int | None = None) -> dict[str, Any]:
-        """Run a TaskAPI's `Task` once (`POST /tasks/<api>`); returns the task job's spec."""
+                    timeout: int | None = None, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Run a TaskAPI's `Task` once (`POST /tasks/<api>`); returns the task job's spec. The same
+        `idempotency_key` within a day gives the same task job (a new key is made when none is given)."""
         body = task_submission_body(config, timeout)
         self._job_routes[api_name] = "tasks"
-        return self._call("POST", f"/tasks/{api_name}", data=json.dumps(body),
-                          headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", IDEMPOTENCY_HEADER: idempotency_key or new_idempotency_key()}
+        return self._call("POST", f"/tasks/{api_name}", data=json.dumps(body), headers=headers)
 
     def _job_call(self, method: str, api_name: str, **kwargs: Any) -> dict[str, Any]:
         """A call to the API's job endpoint: `/batch/<api>`, or `/tasks/<api>` for a TaskAPI (found
@@ -569,6 +634,6 @@ class Client:
         return self.wait(api_name, job_id, timeout=timeout)
 
 
-def client(url: str | None = None, retries: int | RetryPolicy = 3) -> Client:
+def client(url: str | None = None, retries: int | RetryPolicy = 3, ca_bundle: str | Path | None = None) -> Client:
     """A client for the Sluice at `url`, else SLUICE_URL, else SLUICE_API_URL, else the local default."""
-    return Client(url, retries=retries)
+    return Client(url, retries=retries, ca_bundle=ca_bundle)

@@ -20,12 +20,14 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
 import requests
+from urllib3.exceptions import InsecureRequestWarning
 
 from foundation import keys
 from foundation.api_registry import RedisApiRegistry
@@ -40,6 +42,7 @@ from foundation.settings import RedisAddress, Settings, redis_address_from_env
 
 from .replica_manager import HostAgent, ReplicaManager, host_heartbeat_s, on_hardware
 from .replica_process import no_control_socket
+from .tls.self_signed import make_self_signed
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL_QUEUES = ("cpu", "gpu", "inf")
@@ -152,6 +155,13 @@ class Stack:
     host: HostAgent | None = None
     # Start with empty state: what an earlier stack left in `data_dir` (Redis, bundles, caches, logs) goes.
     fresh: bool = False
+    # TLS on the public port: a certificate chain and its key, or `self_signed` (a CA and a
+    # certificate made in `data_dir/tls`). `ca_bundle` is what the stack's own clients (predictors
+    # calling Sluice) trust; with `self_signed`, the CA made.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    self_signed: bool = False
+    ca_bundle: Path | None = None
     _own_data_dir: bool = False
     _data_lock: int | None = None
     _start_failed: bool = False
@@ -168,9 +178,14 @@ class Stack:
         return redis_address_from_env({**os.environ, **self.env, "SLUICE_REDIS_URL": self.redis_url or ""})
 
     @property
+    def tls(self) -> bool:
+        """Whether the public port serves TLS."""
+        return self.proxy and (self.tls_cert is not None or self.self_signed)
+
+    @property
     def url(self) -> str:
         """The public URL: the proxy's (or the management API's, without a proxy)."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def management_url(self) -> str:
@@ -184,8 +199,10 @@ class Stack:
         env["SLUICE_REDIS_URL"] = self.redis_url or ""
         env.setdefault("SLUICE_STORAGE", str(self.data_dir / "storage"))
         env.setdefault("SLUICE_CACHE_DIR", str(self.data_dir / "cache"))
-        # Predictors find the Sluice that runs them (`sluice.client()`, `cortex.client()`).
+        # Predictors find the Sluice that runs them (`sluice.client()`, `cortex.client()`), and trust it.
         env["SLUICE_URL"] = self.env.get("SLUICE_URL") or self.url
+        if self.ca_bundle is not None:
+            env.setdefault("SLUICE_CA_BUNDLE", str(self.ca_bundle))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
@@ -427,14 +444,31 @@ class Stack:
         """haproxy on the public port, its config kept by `sluice proxy` from the registry and replicas."""
         if shutil.which("haproxy") is None:
             raise NotReady("haproxy is not installed (apt-get install -y haproxy)")
+        tls = ["--tls-cert", str(self.tls_cert), "--tls-key", str(self.tls_key)] if self.tls else []
         return self._spawn("proxy", [
             sys.executable, "-m", "sluice.cli", "proxy", "--port", str(self.port), "--bind", "127.0.0.1",
-            "--management", f"127.0.0.1:{self.api_port}",
+            "--management", f"127.0.0.1:{self.api_port}", *tls,
         ])
 
+    def _make_certificate(self) -> None:
+        """With `self_signed`: the CA and the certificate the proxy serves, made (or kept) in the data folder."""
+        assert self.data_dir is not None
+        made = make_self_signed(self.data_dir / "tls", ["localhost", "127.0.0.1", "::1", socket.gethostname(),
+                                                         socket.getfqdn()])
+        self.tls_cert, self.tls_key, self.ca_bundle = made.cert, made.key, made.ca
+
     def _wait_for_proxy(self, child: Child) -> None:
-        """The management API's health answered through the proxy (so wait for the API first)."""
-        _wait_until(lambda: self._died(child) or requests.get(f"{self.url}/healthz", timeout=2).ok, 60, "the proxy")
+        """The management API's health answered through the proxy (so wait for the API first).
+
+        Over TLS the certificate is not checked here: the question is only whether the stack's own
+        proxy, on loopback, answers; a certificate naming the public host name need not name 127.0.0.1.
+        """
+        def answered() -> bool:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", InsecureRequestWarning)
+                return requests.get(f"{self.url}/healthz", timeout=2, verify=not self.tls).ok
+
+        _wait_until(lambda: self._died(child) or answered(), 60, "the proxy")
         if self._died(child):
             raise self._exited("the proxy", child)
 
@@ -459,6 +493,8 @@ class Stack:
             if self.proxy and not port_is_free(self.port):
                 raise NotReady(f"port {self.port} is in use by another program: choose another with --port "
                                f"(sluice up --port {self.port + 1})")
+            if self.self_signed and self.proxy:
+                self._make_certificate()
             if not self.redis_url and not self.redis_address.sentinels:
                 self._start_redis()
             # Every part needs only Redis, so all start at once (each is a Python process that spends

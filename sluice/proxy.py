@@ -49,9 +49,20 @@ from foundation.settings import Settings
 
 from .haproxy import HAProxy, HAProxyState
 from .local_socket import reachable_socket
-from .proxy_config import Route, Split, in_flight_by_api, plan_routes, plan_splits, render_config, tag_of
+from .proxy_config import (
+    PublicTls,
+    Route,
+    Split,
+    format_address,
+    in_flight_by_api,
+    plan_routes,
+    plan_splits,
+    render_config,
+    tag_of,
+)
 from .proxy_rejections import REASONS, TABLE, RejectionTally, parse_table
 from .proxy_splits import SPLIT_TABLE, SplitTally, parse_split_table
+from .tls.served import ServedCertificate
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -134,6 +145,9 @@ class ProxyController:
     replicas: ReplicaDirectory | None = None
     recorder: Recorder | None = None
     loads: ProxyLoadBook | None = None  # where it publishes its in-flight totals
+    # TLS on the public port: the certificate chain and its key (both or neither; see sluice/tls/served.py).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     restarts: int = 0
     reloads: int = 0
     _haproxy: HAProxy | None = None
@@ -168,6 +182,12 @@ class ProxyController:
         self._figures = self.recorder or Recorder(RedisFigureStore(self.redis_client))
         self._loads: ProxyLoadBook = self.loads or RedisProxyLoadBook(self.redis_client)
         self._proxies: ProxyRegistry = RedisProxyRegistry(self.redis_client)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("TLS at the public address needs both a certificate and its key "
+                              "(--tls-cert and --tls-key, or SLUICE_TLS_CERT and SLUICE_TLS_KEY)")
+        self._tls: ServedCertificate | None = None
+        if self.tls_cert is not None and self.tls_key is not None:
+            self._tls = ServedCertificate(Path(self.tls_cert), Path(self.tls_key), self.state_dir)
 
     @property
     def haproxy(self) -> HAProxy:
@@ -177,7 +197,7 @@ class ProxyController:
     @property
     def url(self) -> str:
         host = self.bind if self.bind not in ("0.0.0.0", "::", "") else "127.0.0.1"
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self._tls is not None else 'http'}://{format_address(host, self.port)}"
 
     @property
     def routes(self) -> list[Route]:
@@ -223,8 +243,12 @@ class ProxyController:
         routes = plan_routes(apis, replicas, local_socket=lambda r: reachable_socket(r.socket, r.host_id))
         self._splits = plan_splits(apis)
         keys_file = str(self.keys_file) if self.keys_file is not None else None
+        tls = None
+        if self._tls is not None:
+            self._tls.refresh()
+            tls = PublicTls(str(self._tls.combined), self._tls.digest)
         return render_config(routes, bind=self.bind, port=self.port, management=self.management,
-                             keys_file=keys_file, splits=self._splits), routes
+                             keys_file=keys_file, splits=self._splits, tls=tls), routes
 
     def _apply(self, text: str, routes: list[Route]) -> None:
         self.haproxy.check(text)
@@ -242,6 +266,8 @@ class ProxyController:
             raise ConfigError(f"{PROTECT_REALTIME_VARIABLE}=1 needs API keys: set {KEYS_VARIABLE} "
                               "(or SLUICE_API_KEYS_FILE)")
         self._write_keys_file()
+        if self._tls is not None:
+            self._tls.load()  # a pair that cannot be served fails the start, naming the file
         assert self._figures is not None
         self._figures.start()
         text, routes = self._render(now)

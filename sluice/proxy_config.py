@@ -113,6 +113,23 @@ class Route:
 
 
 @dataclass(frozen=True)
+class PublicTls:
+    """TLS on the public port: the PEM file haproxy serves (chain and key) and that pair's digest."""
+
+    pem: str
+    digest: str
+
+
+# TLS 1.2 and 1.3 only, with forward-secret AEAD ciphers (the "intermediate" profile most guides
+# recommend: every client of the last decade, nothing weaker).
+TLS_CIPHERS = ":".join([
+    "ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "ECDHE-RSA-AES256-GCM-SHA384", "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305",
+])
+TLS_CIPHERSUITES = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
+
+
+@dataclass(frozen=True)
 class Split:
     """One TrafficSplitter: the requests to its path shared among RealtimeAPIs by weight."""
 
@@ -281,7 +298,7 @@ def _loopback(bind: str) -> str:
     return host
 
 
-def _split_rules(split: Split, bind: str, port: int) -> list[str]:
+def _split_rules(split: Split, bind: str, port: int, scheme: str = "http") -> list[str]:
     """The frontend rules of one TrafficSplitter: the draw, the shadow's copy, the path rewritten to
     the drawn API's (whose own `use_backend` rule then routes it, as a request to that API)."""
     at = f"{{ path /{split.name} /{split.name}/ }}"
@@ -295,8 +312,8 @@ def _split_rules(split: Split, bind: str, port: int) -> list[str]:
         lines += [
             f"    http-request wait-for-body time {_ms(HEADERS_TIMEOUT_S)} if {at}",
             f"    http-request set-var(txn.shadow_draw) rand({WEIGHT_TOTAL}) if {at}",
-            f"    http-request lua.sluice_shadow {format_address(_loopback(bind), port)} /{api} {split.name} "
-            f"if {copied}",
+            f"    http-request lua.sluice_shadow {scheme}://{format_address(_loopback(bind), port)} /{api} "
+            f"{split.name} if {copied}",
             f"    http-request set-var(txn.shadowed) sc_inc_gpc1(1) if {copied}",
         ]
     upto = 0
@@ -310,12 +327,28 @@ def _split_rules(split: Split, bind: str, port: int) -> list[str]:
     return lines
 
 
-def _frontend(routes: Sequence[Route], bind: str, port: int, splits: Sequence[Split] = ()) -> list[str]:
+def _bind(bind: str, port: int, tls: PublicTls | None) -> str:
+    """The public port: plain HTTP (and h2c, told by its preface), or TLS with HTTP/2 and HTTP/1.1
+    offered by ALPN. A plaintext request to a TLS port fails its handshake: it gets no answer."""
+    line = f"    bind {format_address(bind, port)}"
+    if tls is None:
+        return line
+    # The pair's digest is in the text (so in the configuration's tag): a renewed certificate is a
+    # new configuration, and is served after a graceful reload.
+    return f"{line} ssl crt {_quoted(tls.pem)} alpn h2,http/1.1  # certificate {tls.digest}"
+
+
+def _frontend(routes: Sequence[Route], bind: str, port: int, splits: Sequence[Split] = (),
+              tls: PublicTls | None = None) -> list[str]:
+    scheme = "http" if tls is None else "https"
     lines = [
         "frontend public",
-        f"    bind {format_address(bind, port)}",
+        _bind(bind, port, tls),
         # The deadline is the proxy's to set; a client's own is dropped.
         "    http-request del-header X-Sluice-Deadline-Ms",
+        # How the client came in (the management API answers addresses in the same scheme); a
+        # client's own claim is replaced.
+        f"    http-request set-header X-Forwarded-Proto {scheme}",
         "    http-request set-header X-Request-ID %[uuid] unless { req.fhdr(x-request-id) -m len gt 0 }",
         "    http-request set-var(txn.request_id) req.fhdr(x-request-id)",
         # Count the realtime answers the proxy gave itself, by reason (sluice/proxy_rejections.py).
@@ -333,7 +366,7 @@ def _frontend(routes: Sequence[Route], bind: str, port: int, splits: Sequence[Sp
         + _json_body("request_timeout", f"the management API did not answer within {MANAGEMENT_TIMEOUT_S:g} s"),
     ]
     for split in splits:
-        lines += _split_rules(split, bind, port)
+        lines += _split_rules(split, bind, port, scheme)
     for route in routes:
         if route.grpc_prefix is not None:  # an h2c client is detected by its preface on the same bind
             lines.append(f"    use_backend {route.backend} if {{ path_beg {route.grpc_prefix} }}")
@@ -443,11 +476,13 @@ def config_tag(body: str) -> str:
 
 
 def render_config(routes: Sequence[Route], *, bind: str, port: int, management: str,
-                  keys_file: str | None = None, splits: Sequence[Split] = ()) -> str:
+                  keys_file: str | None = None, splits: Sequence[Split] = (), tls: PublicTls | None = None) -> str:
     """The whole haproxy.cfg; the same routes give the same text (so unchanged means no reload).
 
     `keys_file`: realtime APIs want `Authorization` to be one of this file's lines (see `_key_check`).
     `splits`: the TrafficSplitters, whose paths are shared among their APIs' paths.
+    `tls`: the public port serves TLS with this certificate; its digest is in the text, so a
+    certificate renewed on disk changes the configuration (and is served after a graceful reload).
     """
     longest = max([MANAGEMENT_TIMEOUT_S] + [r.queue_timeout_s + r.server_timeout_s for r in routes])
     sections = [
@@ -471,7 +506,7 @@ def render_config(routes: Sequence[Route], *, bind: str, port: int, management: 
             # A replica host name that does not resolve disables that server, not the whole config.
             "    default-server init-addr libc,none",
         ],
-        _frontend(routes, bind, port, splits),
+        _frontend(routes, bind, port, splits, tls),
         _management_backend(management),
         *([[f"backend {TABLE}", f"    stick-table type string len 128 size 10k store gpc({len(REASON_INDEX)})"]]
           if routes else []),
@@ -491,8 +526,16 @@ def render_config(routes: Sequence[Route], *, bind: str, port: int, management: 
         # carries thousands of requests per second on loopback.
         "    nbthread 1",
     ]
+    if tls is not None:
+        head += [
+            "    ssl-default-bind-options ssl-min-ver TLSv1.2 no-tls-tickets",
+            f"    ssl-default-bind-ciphers {TLS_CIPHERS}",
+            f"    ssl-default-bind-ciphersuites {TLS_CIPHERSUITES}",
+        ]
     if any(split.shadow is not None for split in splits):
         head.append(f"    lua-load {_quoted(str(SHADOW_LUA))}")
+        if tls is not None:  # a shadow's copy goes to this proxy's own port, on loopback
+            head.append("    httpclient.ssl.verify none")
     return "\n".join(head) + "\n\n" + body
 
 

@@ -20,6 +20,7 @@ import redis
 
 from foundation.settings import RedisAddress
 from sluice.embedded import free_port
+from testbed.stream_relay import StreamRelay
 from testbed.waiting import wait_for
 
 MASTER = "sluice"
@@ -28,10 +29,14 @@ MASTER = "sluice"
 class SentinelCluster:
     """Two data servers (one primary, one replica) and three sentinels watching them."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, relayed: bool = False) -> None:
+        """`relayed`: the replica reaches the primary through a `StreamRelay` (`self.relay`), which a
+        test can make drop the replication stream."""
         self.folder = folder
         self.servers: dict[int, subprocess.Popen[bytes]] = {}
         self.sentinels: dict[int, subprocess.Popen[bytes]] = {}
+        self.relayed = relayed
+        self.relay: StreamRelay | None = None
 
     # -- processes --------------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
@@ -52,6 +57,9 @@ class SentinelCluster:
     def start(self) -> SentinelCluster:
         primary, replica = free_port(), free_port()
         self.start_server(primary)
+        if self.relayed:
+            self.relay = StreamRelay(primary)
+            primary = self.relay.port  # where the replica and the sentinels reach it
         self.start_server(replica, replica_of=primary)
         for _ in range(3):
             port = free_port()
@@ -88,6 +96,8 @@ class SentinelCluster:
         wait_for(ready, 30, "sentinels that know each other and the replica", interval=0.1)
 
     def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
         for process in [*self.sentinels.values(), *self.servers.values()]:
             if process.poll() is None:
                 process.terminate()
@@ -124,8 +134,9 @@ class SentinelCluster:
     def kill_primary(self) -> int:
         """SIGKILL the primary (no shutdown, no goodbye to its replica); its port."""
         port = self.primary_port()
-        self.servers[port].kill()
-        self.servers[port].wait()
+        server = self.relay.target_port if self.relay is not None and port == self.relay.port else port
+        self.servers[server].kill()
+        self.servers[server].wait()
         return port
 
     def wait_failover(self, old: int, timeout: float = 30) -> int:

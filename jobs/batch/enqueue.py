@@ -194,17 +194,19 @@ def submit_job(
     now: float | None = None,
     background: bool = True,
     environment: dict[str, Any] | None = None,
+    job_id: str | None = None,
 ) -> Job:
     """Create the job and start enqueueing it; returns as soon as the record exists.
 
     With `background`, batches are cut and published by a thread while the caller answers the
-    user (status `status_enqueuing` until the last one is queued).
+    user (status `status_enqueuing` until the last one is queued). `job_id`: the id to give it
+    (one an idempotency key was claimed for); else a new one.
     """
     request = plan.request
     now = time.time() if now is None else now
     retry_of = plan.retry_of
     job = Job(
-        job_id=new_job_id(now),
+        job_id=job_id or new_job_id(now),
         api_name=api_name,
         workers=request.workers,
         config=request.config or (retry_of.config if retry_of else {}),

@@ -51,10 +51,10 @@ def parse_task_request(body: Any) -> TaskRequest:
 
 
 def task_job(request: TaskRequest, api_name: str, api_spec: dict[str, Any], bundle: str, hardware_queue: str,
-             now: float, environment: dict[str, Any] | None = None) -> Job:
+             now: float, environment: dict[str, Any] | None = None, job_id: str | None = None) -> Job:
     """The job record of a task: one worker, one batch, one try, no batch time limit (`timeout` is its limit)."""
     return Job(
-        job_id=new_job_id(now),
+        job_id=job_id or new_job_id(now),
         api_name=api_name,
         workers=1,
         config=request.config,
@@ -75,9 +75,11 @@ def task_job(request: TaskRequest, api_name: str, api_spec: dict[str, Any], bund
 def submit_task(
     services: Services, request: TaskRequest, api_name: str, api_spec: dict[str, Any], bundle: str,
     hardware_queue: str, now: float | None = None, environment: dict[str, Any] | None = None,
+    job_id: str | None = None,
 ) -> Job:
-    """Create the task's job and publish its one batch; returns once it is queued (`status_running`)."""
+    """Create the task's job and publish its one batch; returns once it is queued (`status_running`).
+    `job_id`: the id to give it (one an idempotency key was claimed for); else a new one."""
     now = time.time() if now is None else now
-    job = task_job(request, api_name, api_spec, bundle, hardware_queue, now, environment)
+    job = task_job(request, api_name, api_spec, bundle, hardware_queue, now, environment, job_id)
     start_job(services, job, [(None, None)], now, background=False)
     return job

@@ -79,7 +79,7 @@ def output_option(command: Callable[..., Any] | None = None, *, default: str = "
 
 
 def client_of(ctx: click.Context) -> Client:
-    return Client(ctx.obj["url"])
+    return Client(ctx.obj["url"], ca_bundle=ctx.obj.get("ca_bundle"))
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -93,10 +93,13 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
               help="Print the version of this sluice command and exit.")
 @click.option("--url", envvar="SLUICE_URL", default=None,
               help="Sluice's URL (default: $SLUICE_URL, else http://127.0.0.1:8888).")
+@click.option("--ca-bundle", envvar="SLUICE_CA_BUNDLE", default=None, metavar="FILE",
+              help="PEM CA certificates an https URL's certificate is checked against "
+                   "(default: $SLUICE_CA_BUNDLE, else the system's).")
 @click.pass_context
-def main(ctx: click.Context, url: str | None) -> None:
+def main(ctx: click.Context, url: str | None, ca_bundle: str | None) -> None:
     """Run Cortex-style batch and realtime projects on Celery and Redis."""
-    ctx.obj = {"url": url}
+    ctx.obj = {"url": url, "ca_bundle": ca_bundle}
 
 
 @main.command()

@@ -47,6 +47,7 @@ def capacity_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 ONLY = "only"
+SELF_SIGNED = "self-signed"
 
 
 def host_capacity(cpu: str | None, mem: str | None, gpu: str | None, only: str | None,
@@ -77,6 +78,25 @@ def _whole_gpus(text: str) -> int:
     return int(text)
 
 
+def tls_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`--tls-cert` and `--tls-key`: the public port serves TLS with this certificate chain and key."""
+    readable = click.Path(exists=True, dir_okay=False, path_type=Path)
+    for option in reversed([
+        click.option("--tls-cert", envvar="SLUICE_TLS_CERT", type=readable, default=None,
+                     help="PEM certificate chain for TLS on the public port (with --tls-key); a renewal on "
+                          "disk is served without a restart."),
+        click.option("--tls-key", envvar="SLUICE_TLS_KEY", type=readable, default=None,
+                     help="PEM private key (unencrypted) of --tls-cert."),
+    ]):
+        command = option(command)
+    return command
+
+
+def _both_or_neither(cert: Path | None, key: Path | None) -> None:
+    if (cert is None) != (key is None):
+        raise click.UsageError("TLS needs both --tls-cert and --tls-key (or SLUICE_TLS_CERT and SLUICE_TLS_KEY)")
+
+
 @main.command()
 @click.option("--port", default=8888, show_default=True)
 @click.option("--workers", default=1, show_default=True,
@@ -91,8 +111,13 @@ def _whole_gpus(text: str) -> int:
 @click.option("--verbose", "-v", is_flag=True,
               help="Show every process's log lines here as they are written (they are in the logs folder anyway).")
 @capacity_options
+@tls_options
+@click.option("--tls", "tls_mode", type=click.Choice([SELF_SIGNED]), default=None,
+              help="self-signed: make a CA and a certificate for this host in the data folder (kept across "
+                   "restarts), serve TLS with them and print where the CA is, for trying TLS out.")
 def up(port: int, workers: int, idle_grace: float, data_dir: Path | None, fresh: bool, verbose: bool,
-       cpu: str | None, mem: str | None, gpu: str | None, only: str | None, inf: int) -> None:
+       cpu: str | None, mem: str | None, gpu: str | None, only: str | None, inf: int, tls_cert: Path | None,
+       tls_key: Path | None, tls_mode: str | None) -> None:
     """Start Redis (private, unless SLUICE_REDIS_URL or SLUICE_REDIS_SENTINELS is set), a worker host
     (`sluice workers`), beat, the API, the proxy and the replicas placed on this host; Ctrl-C stops all."""
     import os
@@ -101,10 +126,13 @@ def up(port: int, workers: int, idle_grace: float, data_dir: Path | None, fresh:
         from ..embedded import Stack
 
     offers, hardware = host_capacity(cpu, mem, gpu, only, inf)
+    _both_or_neither(tls_cert, tls_key)
+    if tls_mode == SELF_SIGNED and tls_cert is not None:
+        raise click.UsageError("--tls self-signed makes its own certificate: give it or --tls-cert/--tls-key, not both")
     home = (data_dir or Path(os.environ.get("SLUICE_HOME") or "~/.sluice")).expanduser()
     stack = Stack(port=port, workers=workers, redis_url=os.environ.get("SLUICE_REDIS_URL") or None,
                   offers=offers, hardware=hardware, worker_host=True, idle_grace_s=idle_grace, data_dir=home,
-                  fresh=fresh)
+                  fresh=fresh, tls_cert=tls_cert, tls_key=tls_key, self_signed=tls_mode == SELF_SIGNED)
     click.echo(f"starting redis, the API, the proxy, beat and a worker host in {home} ...", err=True)
     follower = LogFollower(home / "logs") if verbose else None
     try:
@@ -118,6 +146,9 @@ def up(port: int, workers: int, idle_grace: float, data_dir: Path | None, fresh:
     flower = "" if address.sentinels else f"; to watch tasks in Flower: celery --broker {address} flower"
     click.echo(f"redis at {address}{flower} (task events need SLUICE_TASK_EVENTS=1)", err=True)
     click.echo(f"docs at {stack.url}/docs", err=True)
+    if stack.self_signed:
+        click.echo(f"TLS with a self-signed CA: clients trust it with SLUICE_CA_BUNDLE={stack.ca_bundle} "
+                   f"(or --ca-bundle {stack.ca_bundle})", err=True)
     click.echo(stack.url)
     stopping = False
 
@@ -260,7 +291,9 @@ def workers(queues: str, cpu: str | None, mem: str | None, gpu: int | None, inf:
 @click.option("--management", required=True, help="host:port of the management API (gunicorn 'api:create_app()').")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for haproxy's configuration, log and master socket (default: $SLUICE_CACHE_DIR/proxy-PORT).")
-def proxy(port: int, bind: str, management: str, state_dir: Path | None) -> None:
+@tls_options
+def proxy(port: int, bind: str, management: str, state_dir: Path | None, tls_cert: Path | None,
+          tls_key: Path | None) -> None:
     """Run haproxy on the public port, its routes kept current from SLUICE_REDIS_URL, until SIGTERM or Ctrl-C."""
     import threading
 
@@ -274,12 +307,16 @@ def proxy(port: int, bind: str, management: str, state_dir: Path | None) -> None
 
         from ..proxy import ProxyController
 
+    _both_or_neither(tls_cert, tls_key)
     configure_json_logging()
     settings = Settings.from_env()
-    controller = ProxyController(
-        heartbeat_client(settings), port=port, bind=bind, management=management,
-        state_dir=state_dir or Path(settings.cache_dir) / f"proxy-{port}",
-    )
+    try:
+        controller = ProxyController(
+            heartbeat_client(settings), port=port, bind=bind, management=management,
+            state_dir=state_dir or Path(settings.cache_dir) / f"proxy-{port}", tls_cert=tls_cert, tls_key=tls_key,
+        )
+    except SluiceError as e:
+        raise click.ClickException(str(e)) from e
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.set())
@@ -291,5 +328,7 @@ def proxy(port: int, bind: str, management: str, state_dir: Path | None) -> None
         pass
     except redis.RedisError as e:
         raise click.ClickException(f"cannot reach Redis at {settings.redis_address}: {e}") from e
+    except SluiceError as e:
+        raise click.ClickException(str(e)) from e
     finally:
         controller.stop(grace=5.0)

@@ -1,7 +1,7 @@
 -- A TrafficSplitter's shadow: a copy of the request, sent to the shadow API's path at the proxy's
 -- own address and forgotten (its answer is read and dropped), as Cortex's shadow was a mirror.
 --
---   http-request lua.sluice_shadow <proxy host:port> /<shadow api> <splitter>
+--   http-request lua.sluice_shadow <http or https>://<proxy host:port> /<shadow api> <splitter>
 --
 -- The rule runs after `http-request wait-for-body`, so the body is whole when it fits haproxy's
 -- buffer; a body that does not fit is not copied (a truncated copy would be a different request),
@@ -24,7 +24,7 @@ core.register_action("sluice_shadow", { "http-req" }, function(txn, address, pat
                 " bytes) is larger than the proxy's buffer")
     return
   end
-  local url = "http://" .. address .. path
+  local url = address .. path
   local query = txn.f:query()
   if query ~= nil and query ~= "" then
     url = url .. "?" .. query

@@ -59,7 +59,7 @@ def render(major: int, *values: Path | str, set_values: tuple[str, ...] = ()) ->
 
 def test_every_values_file_the_tests_render_is_kept_in_the_charts_ci_folder() -> None:
     assert {v.name for v in VALUES} == {"default-values.yaml", "sentinel-values.yaml", "gpu-values.yaml",
-                                        "scale-to-zero-values.yaml", "internal-redis-values.yaml"}
+                                        "scale-to-zero-values.yaml", "internal-redis-values.yaml", "tls-values.yaml"}
     assert sorted(p.name for p in GOLDEN.glob("*.yaml")) == sorted(golden_of(v).name for v in VALUES)
 
 
@@ -105,6 +105,7 @@ DEFAULT = CHART / "ci" / "default-values.yaml"
       "replicaPools[0].resources.requests.memory=1Gi"), "at '/replicaPools/0/hardware': value must be one of"),
     (("workerPools[0].enabeld=true",), "additional properties 'enabeld' not allowed"),
     (("batchTimeoutSeconds=0",), "at '/batchTimeoutSeconds': minimum"),
+    (("proxy.tls.caKey=ca.crt",), "proxy.tls.caKey: names a key of proxy.tls.secretName, which is not set"),
 ])
 def test_values_that_cannot_run_are_refused_naming_the_value(set_values: tuple[str, ...], message: str) -> None:
     refused = render(4, DEFAULT, set_values=set_values)

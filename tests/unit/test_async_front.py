@@ -25,9 +25,12 @@ from api import context
 from api.app import create_app
 from foundation import figure_sink
 from foundation.figures import Recorder
+from foundation.idempotency import derived_id
 from foundation.memory import (
+    MemoryAcknowledgements,
     MemoryApiRegistry,
     MemoryFigureStore,
+    MemoryIdempotencyKeys,
     MemoryLogStreams,
     MemoryPredictorBuilds,
     MemoryReplicaDirectory,
@@ -78,6 +81,7 @@ def management(tmp_path: Path, **settings: Any) -> Iterator[Management]:
         settings=config, celery=celery, redis=redis.Redis(), store=store, nodes=nodes,  # a client never used
         placement=Placement(queues, store, nodes), queues=queues, bundles=BundleStore(config.storage, tmp_path / "c"),
         requests=requests, worker_host_store=MemoryWorkerHosts(),
+        acks=MemoryAcknowledgements(), idempotency_keys=MemoryIdempotencyKeys(),
     )
     for api in ({"name": "echo", "kind": "AsyncAPI", "predictor": {"path": "p.py"}},
                 {"name": "iris", "kind": "BatchAPI", "predictor": {"path": "p.py"}}):
@@ -218,3 +222,26 @@ def test_without_keys_a_request_that_arrived_on_a_public_address_is_flasks_403(a
 def test_the_answer_is_the_openapi_documents_async_submitted(api: Management) -> None:
     answer = api.client.post("/echo", json={"n": 1})
     assert set(json.loads(answer.data)) == {"id"}
+
+
+def test_the_same_idempotency_key_gives_the_same_request_and_an_unconfirmed_one_is_a_503_to_retry(
+        api: Management) -> None:
+    services: Services = api.client.application.extensions[context.SERVICES]
+    first = api.client.post("/echo", data=b'{"n": 1}', content_type="application/json",
+                            headers={"Idempotency-Key": "k-1"})
+    again = api.client.post("/echo", data=b'{"n": 1}', content_type="application/json",
+                            headers={"Idempotency-Key": "k-1"})
+    assert first.status_code == again.status_code == 200 and api.flask_saw == []
+    assert first.get_json()["id"] == again.get_json()["id"] == derived_id("k-1")
+
+    services.acks = MemoryAcknowledgements(replicas=1, confirmed_by=0)  # the replica is cut off
+    refused = api.client.post("/echo", data=b'{"n": 2}', content_type="application/json",
+                              headers={"Idempotency-Key": "k-2"})
+    assert refused.status_code == 503 and refused.get_json()["kind"] == "not_acknowledged"
+    assert (refused.headers["Idempotency-Key"], refused.headers["Retry-After"]) == ("k-2", "1")
+    assert api.requests.get("echo", derived_id("k-2")) is not None  # the primary took it, unconfirmed
+    services.acks = MemoryAcknowledgements()
+    retried = api.client.post("/echo", data=b'{"n": 2}', content_type="application/json",
+                              headers={"Idempotency-Key": "k-2"})
+    assert retried.status_code == 200 and retried.get_json()["id"] == derived_id("k-2")
+    assert api.client.post("/echo", data=b"{}", headers={"Idempotency-Key": "no spaces please"}).status_code == 400

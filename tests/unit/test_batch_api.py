@@ -24,8 +24,10 @@ from api import context
 from api.app import create_app
 from foundation.figures import Recorder
 from foundation.memory import (
+    MemoryAcknowledgements,
     MemoryApiRegistry,
     MemoryFigureStore,
+    MemoryIdempotencyKeys,
     MemoryLogStreams,
     MemoryPredictorBuilds,
     MemoryReplicaDirectory,
@@ -56,6 +58,7 @@ def services(tmp_path: Path) -> Services:
         settings=settings, celery=celery, redis=redis.Redis(), store=store, nodes=nodes,  # a client never used
         placement=Placement(queues, store, nodes), queues=queues,
         bundles=BundleStore(settings.storage, tmp_path / "cache"), worker_host_store=MemoryWorkerHosts(),
+        acks=MemoryAcknowledgements(), idempotency_keys=MemoryIdempotencyKeys(),
     )
 
 
@@ -244,3 +247,102 @@ def test_with_api_keys_a_job_at_the_apis_own_path_wants_a_key_while_realtime_ans
     assert accepted.status_code == 200
     assert services.store.list_ids("iris") == [accepted.get_json()["job_id"]]
     assert realtime.status_code == 503  # open as realtime APIs are without SLUICE_PROTECT_REALTIME
+
+
+# -- answers that are promises (api/promises.py): a submission sent twice with one Idempotency-Key
+# makes one job, and a write no Redis replica confirmed is answered 503 with the key to retry by
+# (the retry then gets the job the first one made); MemoryAcknowledgements stands for the replicas.
+PROMISED_JOB = {"item_list": {"items": [1, 2, 3], "batch_size": 2}, "workers": 1}
+
+
+def _joined(job_id: str) -> None:
+    for thread in threading.enumerate():
+        if thread.name == f"enqueue-{job_id}":
+            thread.join()
+
+
+def test_the_same_idempotency_key_gives_the_same_job_and_another_key_a_new_one(client: FlaskClient,
+                                                                               services: Services) -> None:
+    first = client.post("/batch/iris", json=PROMISED_JOB, headers={"Idempotency-Key": "k-1"})
+    again = client.post("/batch/iris", json=PROMISED_JOB, headers={"Idempotency-Key": "k-1"})
+    other = client.post("/batch/iris", json=PROMISED_JOB, headers={"Idempotency-Key": "k-2"})
+    plain = client.post("/batch/iris", json=PROMISED_JOB)
+    for answer in (first, again, other, plain):
+        assert answer.status_code == 200, answer.get_json()
+        _joined(answer.get_json()["job_id"])
+    assert again.get_json()["job_id"] == first.get_json()["job_id"]
+    assert again.headers["Idempotent-Replayed"] == "true" and "Idempotent-Replayed" not in first.headers
+    assert len({a.get_json()["job_id"] for a in (first, other, plain)}) == 3
+    assert len(services.store.list_ids("iris", limit=10)) == 3
+
+
+def test_a_key_is_per_api_kind_of_submission_and_must_look_like_a_key(client: FlaskClient) -> None:
+    refused = client.post("/batch/iris", json=PROMISED_JOB, headers={"Idempotency-Key": "has spaces"})
+    assert refused.status_code == 400
+    assert "Idempotency-Key must be 1 to 255 letters" in refused.get_json()["message"]
+    assert client.post("/batch/iris", json=PROMISED_JOB, headers={"Idempotency-Key": "x" * 256}).status_code == 400
+
+
+def test_a_write_no_replica_confirmed_is_refused_and_its_retry_gets_the_job_it_made(client: FlaskClient,
+                                                                                   services: Services) -> None:
+    cut_off = MemoryAcknowledgements(replicas=1, confirmed_by=0)
+    services.acks = cut_off
+    refused = client.post("/batch/iris", json=PROMISED_JOB, headers={"Idempotency-Key": "k-cut"})
+    assert refused.status_code == 503
+    body = refused.get_json()
+    assert body["kind"] == "not_acknowledged"
+    assert "0 of 1 replica(s) confirmed it" in body["message"] and "may or may not have taken" in body["message"]
+    assert "retry with the same Idempotency-Key (k-cut)" in body["message"]
+    assert (refused.headers["Idempotency-Key"], refused.headers["Retry-After"]) == ("k-cut", "1")
+    # The primary did take it: one job exists, unconfirmed.
+    [made] = services.store.list_ids("iris", limit=10)
+    _joined(made)
+
+    cut_off.confirmed_by = 1  # the replica caught up
+    retried = client.post("/batch/iris", json=PROMISED_JOB, headers={"Idempotency-Key": "k-cut"})
+    assert retried.status_code == 200 and retried.get_json()["job_id"] == made
+    assert services.store.list_ids("iris", limit=10) == [made]
+    # A write without a key is told that a retry is safe only if doing it twice is; no Retry-After.
+    cut_off.confirmed_by = 0
+    bare = client.post("/batch/iris", json=PROMISED_JOB)
+    assert bare.status_code == 503 and "Retry-After" not in bare.headers
+    assert "retrying it is safe only if doing it twice is" in bare.get_json()["message"]
+
+
+def test_reads_wait_for_no_replica_and_writes_wait_once_each(client: FlaskClient, services: Services) -> None:
+    counted = MemoryAcknowledgements()
+    services.acks = counted
+    job_id = client.post("/batch/iris", json=PROMISED_JOB).get_json()["job_id"]
+    _joined(job_id)
+    assert counted.confirmed == 1
+    assert client.get(f"/batch/iris?jobID={job_id}").status_code == 200
+    assert client.get("/batch/iris").status_code == 200
+    assert counted.confirmed == 1
+    assert client.delete(f"/batch/iris?jobID={job_id}").status_code == 200
+    assert counted.confirmed == 2
+    # A refused write (404) waits for nothing.
+    assert client.post("/batch/nope", json=PROMISED_JOB).status_code == 404
+    assert counted.confirmed == 2
+
+
+def test_a_claim_whose_job_never_came_is_taken_over_once_stale_and_refused_while_fresh(client: FlaskClient,
+                                                                                       services: Services) -> None:
+    keys = services.idempotency
+    assert isinstance(keys, MemoryIdempotencyKeys)
+    keys.claims[("batch:iris", "k-dead")] = "000000000001deadbeef"  # claimed in 1970, its job never made
+    taken = client.post("/batch/iris", json=PROMISED_JOB, headers={"Idempotency-Key": "k-dead"})
+    assert taken.status_code == 200
+    _joined(taken.get_json()["job_id"])
+    assert keys.claims[("batch:iris", "k-dead")] == taken.get_json()["job_id"]
+
+    keys.claims[("batch:iris", "k-busy")] = "fffffffffffffeedbeef"  # a claim being made now (its id is in the future)
+    busy = client.post("/batch/iris", json=PROMISED_JOB, headers={"Idempotency-Key": "k-busy"})
+    assert busy.status_code == 409
+    assert "a submission with Idempotency-Key k-busy is being made" in busy.get_json()["message"]
+
+
+def test_a_submission_that_fails_gives_its_key_back(client: FlaskClient, services: Services) -> None:
+    bad = client.post("/batch/iris", json={"item_list": {"items": [1], "batch_size": 1}, "workers": 1,
+                                           "config": "not an object"}, headers={"Idempotency-Key": "k-bad"})
+    assert bad.status_code == 400
+    assert ("batch:iris", "k-bad") not in services.idempotency.claims  # type: ignore[attr-defined]

@@ -72,7 +72,7 @@ def host_pods(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_there_are_golden_files_to_read() -> None:
-    assert len(RENDERINGS) == 5
+    assert len(RENDERINGS) == 6
 
 
 @pytest.mark.parametrize("rendering", RENDERINGS, ids=lambda p: p.stem)
@@ -353,3 +353,22 @@ def test_the_pools_json_reads_back_as_beat_reads_it() -> None:
 
     assert [p["name"] for p in raw] == ["workers-cpu", "workers-a100", "workers-inf", "replicas-cpu", "replicas-gpu"]
     assert [p["hardware"] for p in raw] == ["cpu", "gpu", "inf", "cpu", "gpu"]
+
+
+def test_with_tls_the_proxy_serves_the_secrets_pair_and_every_pod_trusts_its_ca() -> None:
+    docs = [doc for doc in objects(GOLDEN / "tls.yaml") if doc and doc.get("kind") == "Deployment"]
+    assert docs
+    for deployment in docs:
+        pod = deployment["spec"]["template"]["spec"]
+        [container] = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["SLUICE_URL"].startswith("https://") and env["SLUICE_CA_BUNDLE"] == "/etc/sluice/ca/ca.crt"
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert mounts["public-ca"] == "/etc/sluice/ca"
+        assert volumes["public-ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+        if container["args"][1] == "proxy":
+            assert (env["SLUICE_TLS_CERT"], env["SLUICE_TLS_KEY"]) == ("/etc/sluice/tls/tls.crt",
+                                                                       "/etc/sluice/tls/tls.key")
+            assert volumes["public-tls"]["secret"]["secretName"] == "sluice-public-tls"
+            assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"

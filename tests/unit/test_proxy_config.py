@@ -7,10 +7,13 @@ so a rule haproxy 2.6 cannot read fails there rather than at the first reload.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import tempfile
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,12 +26,16 @@ from sluice.proxy_config import (
     DEFAULT_QUEUE_TIMEOUT_S,
     DEFAULT_SERVER_TIMEOUT_S,
     SHADOW_LUA,
+    TLS_CIPHERS,
+    PublicTls,
     plan_routes,
     plan_splits,
     render_config,
     tag_of,
 )
 from sluice.proxy_splits import SplitTally, parse_split_table
+from sluice.tls.self_signed import make_self_signed
+from sluice.tls.served import ServedCertificate
 
 MANAGEMENT = "127.0.0.1:9100"
 
@@ -354,8 +361,8 @@ def test_a_shadow_gets_a_copy_of_its_percentage_through_the_proxys_own_address(h
     frontend = section(config, "frontend public")
     at = "{ path /s /s/ }"
     assert f"http-request set-var(txn.shadow_draw) rand(100) if {at}" in frontend
-    assert f"http-request lua.sluice_shadow 127.0.0.1:8888 /rec s if {at} {{ var(txn.shadow_draw) -m int lt 25 }}" \
-        in frontend
+    copied = f"{at} {{ var(txn.shadow_draw) -m int lt 25 }}"
+    assert f"http-request lua.sluice_shadow http://127.0.0.1:8888 /rec s if {copied}" in frontend
     assert frontend.index(f"http-request wait-for-body time 30000ms if {at}") < \
         next(i for i, line in enumerate(frontend) if line.startswith("http-request lua.sluice_shadow"))
     assert f'lua-load "{SHADOW_LUA}"' in config and SHADOW_LUA.is_file()
@@ -405,3 +412,47 @@ def test_a_grpc_api_is_routed_by_its_package_over_http2_and_refused_in_grpc_term
     # An HTTP API beside it keeps its JSON answers and HTTP/1.1 servers.
     web = section(config, "backend rt_web")
     assert web[-1] == "server w-1 127.0.0.1:9002 maxconn 1" and not any("grpc" in line for line in web)
+
+
+@functools.cache
+def _served_pem() -> PublicTls:
+    """A certificate and key in one PEM file, as the controller writes it (made once per run)."""
+    folder = Path(tempfile.mkdtemp(prefix="sluice-test-tls-"))
+    made = make_self_signed(folder / "made", ["localhost"])
+    served = ServedCertificate(made.cert, made.key, folder / "state")
+    served.load()
+    return PublicTls(str(served.combined), served.digest)
+
+
+def test_with_a_certificate_the_public_port_serves_tls_12_or_13_only_with_h2_by_alpn(haproxy_accepts):
+    apis = [deployed("a"), deployed("rec"), splitter("s", {"name": "a", "weight": 100},
+                                                     {"name": "rec", "weight": 25, "shadow": True})]
+    tls = _served_pem()
+    config = render_config(plan_routes(apis, [replica("a-1", "a", 9001)]), bind="127.0.0.1", port=8443,
+                           management=MANAGEMENT, splits=plan_splits(apis), tls=tls)
+    haproxy_accepts(config)
+    frontend = section(config, "frontend public")
+    assert frontend[0] == f'bind 127.0.0.1:8443 ssl crt "{tls.pem}" alpn h2,http/1.1  # certificate {tls.digest}'
+    # The management API is told the client came over TLS (whatever the client claimed).
+    assert "http-request set-header X-Forwarded-Proto https" in frontend
+    globals_ = section(config, "global")
+    assert "ssl-default-bind-options ssl-min-ver TLSv1.2 no-tls-tickets" in globals_
+    # Forward secrecy and AEAD only: no static RSA key exchange, no CBC.
+    assert all(c.startswith("ECDHE-") and ("GCM" in c or "CHACHA20" in c) for c in TLS_CIPHERS.split(":"))
+    assert f"ssl-default-bind-ciphers {TLS_CIPHERS}" in globals_
+    # A shadow's copy goes to the proxy's own port over TLS (loopback: its certificate is not checked).
+    assert any(line.startswith("http-request lua.sluice_shadow https://127.0.0.1:8443 /rec s") for line in frontend)
+    assert "httpclient.ssl.verify none" in globals_
+
+
+def test_a_renewed_certificate_is_a_new_configuration_and_plain_http_says_so(haproxy_accepts):
+    routes = plan_routes([deployed("a")], [replica("a-1", "a", 9001)])
+    plain = render_config(routes, bind="127.0.0.1", port=8888, management=MANAGEMENT)
+    haproxy_accepts(plain)
+    assert "http-request set-header X-Forwarded-Proto http" in section(plain, "frontend public")
+    assert "ssl" not in section(plain, "frontend public")[0]
+    tls = _served_pem()
+    first = render_config(routes, bind="127.0.0.1", port=8888, management=MANAGEMENT, tls=tls)
+    renewed = render_config(routes, bind="127.0.0.1", port=8888, management=MANAGEMENT,
+                            tls=PublicTls(tls.pem, "0" * 16))
+    assert tag_of(first) != tag_of(renewed) != tag_of(plain)

@@ -25,8 +25,10 @@ from api.app import create_app
 from foundation.errors import ConfigError, PredictorError
 from foundation.figures import Recorder
 from foundation.memory import (
+    MemoryAcknowledgements,
     MemoryApiRegistry,
     MemoryFigureStore,
+    MemoryIdempotencyKeys,
     MemoryLogStreams,
     MemoryPredictorBuilds,
     MemoryReplicaDirectory,
@@ -178,6 +180,7 @@ def services(tmp_path: Path) -> Services:
         settings=settings, celery=celery, redis=redis.Redis(), store=store, nodes=nodes,  # a client never used
         placement=Placement(queues, store, nodes), queues=queues,
         bundles=BundleStore(settings.storage, tmp_path / "cache"), worker_host_store=MemoryWorkerHosts(),
+        acks=MemoryAcknowledgements(), idempotency_keys=MemoryIdempotencyKeys(),
     )
 
 

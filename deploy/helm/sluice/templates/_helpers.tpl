@@ -37,7 +37,8 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- end -}}
 
 {{- define "sluice.publicUrl" -}}
-{{- printf "http://%s-proxy:%v" (include "sluice.fullname" .) .Values.proxy.service.port -}}
+{{- $scheme := ternary "https" "http" (not (empty .Values.proxy.tls.secretName)) -}}
+{{- printf "%s://%s-proxy:%v" $scheme (include "sluice.fullname" .) .Values.proxy.service.port -}}
 {{- end -}}
 
 {{/* The checks every install passes first: one Redis, a shared storage, keys unless waived. */}}
@@ -54,6 +55,9 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- end -}}
 {{- if not (or (hasPrefix "s3://" .Values.storage.url) (hasPrefix "gs://" .Values.storage.url)) -}}
 {{- fail "storage.url: every host reads the deployed bundles, so it must be s3://bucket/prefix or gs://bucket/prefix" -}}
+{{- end -}}
+{{- if and .Values.proxy.tls.caKey (not .Values.proxy.tls.secretName) -}}
+{{- fail "proxy.tls.caKey: names a key of proxy.tls.secretName, which is not set" -}}
 {{- end -}}
 {{- if and (not .Values.auth.apiKeysSecret.name) (not .Values.auth.allowAnonymous) -}}
 {{- fail "auth.apiKeysSecret.name: API keys are required (a deploy runs code on every host); set auth.allowAnonymous=true to run without" -}}
@@ -98,6 +102,10 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
   value: {{ include "sluice.publicUrl" . | quote }}
 - name: SLUICE_URL
   value: {{ include "sluice.publicUrl" . | quote }}
+{{- if .Values.proxy.tls.caKey }}
+- name: SLUICE_CA_BUNDLE
+  value: {{ printf "/etc/sluice/ca/%s" .Values.proxy.tls.caKey | quote }}
+{{- end }}
 - name: SLUICE_BATCH_TIMEOUT
   value: {{ .Values.batchTimeoutSeconds | quote }}
 - name: SLUICE_ALLOW_ANONYMOUS
@@ -140,6 +148,22 @@ envFrom:
 {{- end -}}
 
 {{/* The gs:// key file, where the storage client looks (GOOGLE_APPLICATION_CREDENTIALS). */}}
+{{/* The CA of the public address's certificate (proxy.tls.caKey), where SLUICE_CA_BUNDLE names it. */}}
+{{- define "sluice.caVolumeMount" -}}
+{{- if .Values.proxy.tls.caKey }}
+- {name: public-ca, mountPath: /etc/sluice/ca, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- define "sluice.caVolume" -}}
+{{- if .Values.proxy.tls.caKey }}
+- name: public-ca
+  secret:
+    secretName: {{ .Values.proxy.tls.secretName }}
+    items: [{key: {{ .Values.proxy.tls.caKey }}, path: {{ .Values.proxy.tls.caKey }}}]
+{{- end }}
+{{- end -}}
+
 {{- define "sluice.storageVolumeMount" -}}
 {{- if and (hasPrefix "gs://" .Values.storage.url) .Values.storage.credentialsSecret }}
 - {name: gcs-key, mountPath: /var/run/sluice/gcs, readOnly: true}
