@@ -24,7 +24,7 @@ from jobs.store import JobState
 from .context import registry, services
 from .json_body import parse_json_body
 from .metrics import JOBS_SUBMITTED
-from .promises import idempotency_key, replay, submit_once
+from .promises import idempotency_key, idempotent_submission, replay
 from .schemas import (
     DryRun,
     FailedBatches,
@@ -70,10 +70,11 @@ def submit(api_name: str) -> ResponseReturnValue:
     plan = plan_job(services(), parse_job_request(_json_body()), api.name)
     if query.dryRun:
         return DryRun.model_validate(plan.dry_run_view()).response()
-    job, replayed = submit_once(f"batch:{api.name}", lambda job_id: submit_job(
-        services(), plan, api.name, api.spec, api.bundle, api.queue, environment=api.environment, job_id=job_id))
-    if replayed:
-        return replay(JobSpec.model_validate(job.spec()).response())
+    with idempotent_submission(f"batch:{api.name}") as claim:
+        if claim.job is not None:
+            return replay(JobSpec.model_validate(claim.job.spec()).response())
+        job = submit_job(services(), plan, api.name, api.spec, api.bundle, api.queue, environment=api.environment,
+                         job_id=claim.job_id)
     JOBS_SUBMITTED.labels(api=api.name).inc()
     return JobSpec.model_validate(job.spec()).response()
 

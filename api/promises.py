@@ -14,7 +14,9 @@ A batch or task submission with an `Idempotency-Key` claims the key for the job 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 from flask import Flask, Response, request
 
@@ -65,30 +67,49 @@ def replay(answer: Response) -> Response:
     return answer
 
 
-def submit_once(scope: str, make: Callable[[str], Job], now: float | None = None) -> tuple[Job, bool]:
-    """The job `make(job_id)` creates, made once per `Idempotency-Key` within `scope`; with a key
-    seen before, the job it made (and True: replayed). Without a key, simply `make`'s job."""
+@dataclass
+class Claim:
+    """A submission's job id, claimed for its `Idempotency-Key` (if it has one); `replayed`: the key
+    was seen before, and `job` is the job its first submission made."""
+
+    job_id: str
+    job: Job | None = None
+
+    @property
+    def replayed(self) -> bool:
+        return self.job is not None
+
+
+@contextmanager
+def idempotent_submission(scope: str, now: float | None = None) -> Iterator[Claim]:
+    """The id the submission in the `with` block gives its job, claimed for its `Idempotency-Key`
+    within `scope`; with a key seen before, a replayed claim holding that key's job. A block that
+    raises gives the key back, so a corrected submission may use it."""
     now = time.time() if now is None else now
     key = idempotency_key()
     candidate = new_job_id(now)
     if key is None:
-        return make(candidate), False
+        yield Claim(candidate)
+        return
     keys = services().idempotency
     held = keys.claim(scope, key, candidate)
     if held != candidate:
         try:
-            return services().store.get(held), True
+            first = services().store.get(held)
         except JobNotFound:
-            made = claimed_at(held)
-            if made is not None and now - made < STALE_CLAIM_S:
-                raise Conflict(f"a submission with {HEADER} {key} is being made (job {held}); "
-                               "retry in a moment for its answer") from None
-            # Its submitter failed or died between the claim and the record: the key is free again.
-            if keys.claim(scope, key, candidate, stale=held) != candidate:
-                raise Conflict(f"another submission with {HEADER} {key} took it meanwhile; retry for its answer") \
-                    from None
+            first = None
+        if first is not None:
+            yield Claim(held, first)
+            return
+        made = claimed_at(held)
+        if made is not None and now - made < STALE_CLAIM_S:
+            raise Conflict(f"a submission with {HEADER} {key} is being made (job {held}); "
+                           "retry in a moment for its answer")
+        # Its submitter failed or died between the claim and the record: the key is free again.
+        if keys.claim(scope, key, candidate, stale=held) != candidate:
+            raise Conflict(f"another submission with {HEADER} {key} took it meanwhile; retry for its answer")
     try:
-        return make(candidate), False
+        yield Claim(candidate)
     except BaseException:
         keys.release(scope, key, candidate)
         raise

@@ -25,7 +25,7 @@ from .batch import endpoint_url, listed_jobs, stop_job_of
 from .context import registry, services
 from .json_body import parse_json_body
 from .metrics import JOBS_SUBMITTED
-from .promises import replay, submit_once
+from .promises import idempotent_submission, replay
 from .schemas import (
     JobsQuery,
     TaskJobList,
@@ -55,10 +55,11 @@ def _body() -> Any:
 def submit(api_name: str) -> ResponseReturnValue:
     api = task_api(api_name)
     task = parse_task_request(_body())
-    job, replayed = submit_once(f"task:{api.name}", lambda job_id: submit_task(
-        services(), task, api.name, api.spec, api.bundle, api.queue, environment=api.environment, job_id=job_id))
-    if replayed:
-        return replay(TaskJobSpec.model_validate(job.spec()).response())
+    with idempotent_submission(f"task:{api.name}") as claim:
+        if claim.job is not None:
+            return replay(TaskJobSpec.model_validate(claim.job.spec()).response())
+        job = submit_task(services(), task, api.name, api.spec, api.bundle, api.queue, environment=api.environment,
+                          job_id=claim.job_id)
     JOBS_SUBMITTED.labels(api=api.name).inc()
     return TaskJobSpec.model_validate(job.spec()).response()
 

@@ -222,3 +222,9 @@ ACK_FENCE = f"{PREFIX}:ack-fence"
 def idempotency(scope: str, key: str) -> str:
     """String: the id a submission with this `Idempotency-Key` made, for a day (foundation/idempotency.py)."""
     return f"{PREFIX}:idempotency:{scope}:{key}"
+
+
+def rollout_slots(api_name: str, deployment: str, kind: str) -> str:
+    """Sorted set of the launchers replacing a replica of one API with one deployment, by the kind of
+    room they took (`surge` or `unavailable`), scored by when their hold lapses (foundation/rollout_slots.py)."""
+    return f"{PREFIX}:rollout:{api_name}:{deployment}:{kind}"

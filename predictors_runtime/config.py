@@ -31,6 +31,7 @@ from predictors_runtime.config_base import checked_api_name
 from predictors_runtime.config_yaml import read_api_list
 from predictors_runtime.predictor_types import DEFAULT_TYPE, PREDICTOR_TYPES, PredictorTypeName
 from predictors_runtime.splitter_config import TrafficSplitterConfig
+from predictors_runtime.update_strategy import UpdateStrategy
 
 # Predictor types an AsyncAPI's `server_side_batching` hands lists to (`predict(payload=[...])`).
 ASYNC_BATCHING_TYPES = ("python", "onnx")
@@ -38,7 +39,7 @@ ASYNC_BATCHING_TYPES = ("python", "onnx")
 # as the API's `predictor` section (type python) so that one builder makes tasks and predictors.
 TASK_DEFINITION_FIELDS = ("path", "config", "env", "python_path", "log_level", "dependencies")
 # Cortex fields accepted for compatibility but without effect here, by section (`autoscaling`
-# only for the kinds outside SCALED_KINDS).
+# only for the kinds outside SCALED_KINDS, `update_strategy` outside a RealtimeAPI).
 IGNORED_API_FIELDS = ("autoscaling", "networking", "update_strategy", "monitoring")
 IGNORED_PREDICTOR_FIELDS = ("image", "tensorflow_serving_image", "shm_size")
 # Bounds of the realtime fields: generous, but finite so no value can overflow a timer or a proxy setting.
@@ -337,6 +338,8 @@ class ApiConfig(_Model):
     compute: ComputeConfig = Field(default_factory=ComputeConfig)
     # Set for the SCALED_KINDS (Cortex's defaults when the file has no such section), else None.
     autoscaling: AutoscalingConfig | None = None
+    # A RealtimeAPI's: how a redeploy replaces its replicas (Cortex's defaults when not written).
+    update_strategy: UpdateStrategy | None = None
     ignored_fields: list[str] = Field(default_factory=list)
 
     @field_validator("name")
@@ -390,6 +393,17 @@ class ApiConfig(_Model):
             raise _Problem("autoscaling.min_replicas",
                            "must be at least 1 for a RealtimeAPI (only an AsyncAPI scales to zero)")
         return self
+
+    @model_validator(mode="after")
+    def _update_strategy_fits_kind(self) -> ApiConfig:
+        if self.update_strategy is not None and self.kind != ApiKind.REALTIME.value:
+            raise _Problem("update_strategy", f"only a RealtimeAPI's replicas are rolled (kind is {self.kind})")
+        return self
+
+    @property
+    def rollout(self) -> UpdateStrategy:
+        """The update strategy a redeploy follows: the one written, else Cortex's defaults."""
+        return self.update_strategy or UpdateStrategy()
 
     @model_validator(mode="after")
     def _batching_fits_kind(self) -> ApiConfig:
@@ -569,7 +583,9 @@ def _parse_one(raw: Any, index: int, source: str) -> tuple[ApiConfig | TrafficSp
     name = raw.get("name")
     prefix = f"{source}: API #{index}" + (f" ({name})" if isinstance(name, str) and name else "")
     problems: list[str] = []
-    ignored_here = [k for k in IGNORED_API_FIELDS if not (k == "autoscaling" and raw.get("kind") in SCALED_KINDS)]
+    ignored_here = [k for k in IGNORED_API_FIELDS
+                    if not (k == "autoscaling" and raw.get("kind") in SCALED_KINDS)
+                    and not (k == "update_strategy" and raw.get("kind") == ApiKind.REALTIME)]
     ignored = [k for k in ignored_here if k in raw]
     data = {k: v for k, v in raw.items() if k not in ignored_here}
     if "ignored_fields" in data:

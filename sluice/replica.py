@@ -56,6 +56,8 @@ from foundation.memory_limits import (
 from foundation.proxy_registry import RedisProxyRegistry, unrouted
 from foundation.redis_clients import heartbeat_client
 from foundation.replica_directory import ReadinessMarkers, RedisReplicaDirectory, ReplicaDirectory, ReplicaRecord
+from foundation.replica_scale import RedisScaleBook, ScaleBook
+from foundation.rollout_slots import SURGE, UNAVAILABLE, RedisRolloutSlots, RolloutSlots
 from predictors_runtime.bundles import BundleStore
 from predictors_runtime.config import ApiConfig
 from predictors_runtime.environments import HostEnvironments
@@ -239,9 +241,10 @@ class ReplicaLauncher:
         registry: ApiRegistry | None = None, directory: ReplicaDirectory | None = None,
         placement_host: str = "", environments: HostEnvironments | None = None,
         memory_limits: MemoryLimits | None = None, cpu_limits: CpuLimits | None = None,
+        rollout_slots: RolloutSlots | None = None, scale: ScaleBook | None = None,
     ) -> None:
-        """`registry` and `directory` default to Redis's through `redis_client`; a fast test hands in
-        `foundation.memory`'s fakes and its own `unrouted` (its client is then never used)."""
+        """`registry`, `directory`, `rollout_slots` and `scale` default to Redis's through
+        `redis_client`; a fast test hands in fakes and its own `unrouted` (its client is then never used)."""
         self.api_name = api_name
         self._redis = redis_client
         self._registry: ApiRegistry = registry or RedisApiRegistry(redis_client)
@@ -260,6 +263,12 @@ class ReplicaLauncher:
         self._environments = environments or HostEnvironments(self._state_root / "environments")
         self._memory_limits = memory_limits or MemoryLimits(LimitMode.OFF, "not asked for")
         self._cpu_limits = cpu_limits or CpuLimits("not asked for")
+        self._slots: RolloutSlots = rollout_slots or RedisRolloutSlots(redis_client)
+        self._scale: ScaleBook = scale or RedisScaleBook(redis_client)
+        # This launcher among the API's others, as the rollout slots name it.
+        self.launcher_id = f"{placement_host or socket.gethostname()}:{self.advertise}:{port}"
+        # The redeploy this launcher holds a rollout slot for: (api, deployment identity), and the kind.
+        self.rollout: tuple[str, str, str] | None = None
         self.serving: Generation | None = None
         self.incoming: Generation | None = None
         self.retiring: list[Generation] = []
@@ -293,6 +302,7 @@ class ReplicaLauncher:
         if not wait_for_proxies:
             for gen in self.retiring:
                 gen.drain_now = True
+        self._give_back_rollout()
 
     @property
     def done(self) -> bool:
@@ -313,6 +323,7 @@ class ReplicaLauncher:
             self._keep_alive(gen, now)
         if self.incoming is not None and self.incoming.ready():
             self._promote(now)
+        self._keep_rollout(now)
         for gen in list(self.retiring):
             self._advance_retirement(gen, now)
         self._heartbeat(now)
@@ -360,18 +371,75 @@ class ReplicaLauncher:
         port = self.base_port if self.serving is None else alternate_port(self.base_port, self.serving.port)
         if any(g.port == port and g.running() for g in self.retiring) or now < self._prepare_retry_at:
             return  # the port is still held by a generation on its way out
+        room = None
+        if self.serving is not None:  # a redeploy: replace the serving replica only within the update strategy
+            room = self._take_rollout(api, target, now)
+            if room is None:
+                return  # as many of the API's replicas as it allows are being replaced: wait for a turn
         try:
             gen = self._prepare(api, port)
         except (SluiceError, OSError) as e:
             log.error("cannot prepare bundle %s of %s: %s; retrying in 5 s", api.bundle[:12], api.name, e)
             self._prepare_retry_at = now + 5.0
+            self._give_back_rollout()
             return
         self._launch(gen, now)
-        log.info("%s redeployed (bundle %s): starting %s on port %d", api.name, api.bundle[:12], gen.replica_id, port)
+        log.info("%s redeployed (bundle %s): starting %s on port %d%s", api.name, api.bundle[:12], gen.replica_id,
+                 port, f" ({room} slot)" if room else "")
         if self.serving is None:
+            self.serving = gen
+        elif room == UNAVAILABLE:  # the old replica makes room first: it drains while the new one starts
+            self._retire(self.serving, now, wait_for_proxies=True)
             self.serving = gen
         else:
             self.incoming = gen
+
+    # -- rolling within the update strategy ----------------------------------------------------
+    def _take_rollout(self, api: DeployedApi, target: str, now: float) -> str | None:
+        """A surge slot, else an unavailable slot, for replacing this replica with `target`; None
+        while the API's update strategy allows no more replicas replaced at once."""
+        if self.rollout is not None and self.rollout[:2] != (api.name, target):
+            self._give_back_rollout()  # a slot of an earlier redeploy, overtaken by this one
+        try:
+            surge, unavailable = ApiConfig.from_dict(api.spec).rollout.bounds(self._desired(api.name))
+            for kind, limit in ((SURGE, surge), (UNAVAILABLE, unavailable)):
+                if self._slots.take(api.name, target, kind, self.launcher_id, limit, now):
+                    self.rollout = (api.name, target, kind)
+                    return kind
+        except (redis.RedisError, ConfigError) as e:
+            self._redis_trouble(now, e)
+        return None
+
+    def _desired(self, api_name: str) -> int:
+        """The replicas the API wants now: the scaler's decision, else as many as are announced."""
+        decided = self._scale.get(api_name)
+        if decided is not None:
+            return decided.desired
+        return len([r for r in self._directory.all() if r.api == api_name and not r.draining]) or 1
+
+    def _keep_rollout(self, now: float) -> None:
+        """Renew the slot while the new replica starts; give it back once it serves."""
+        if self.rollout is None:
+            return
+        api_name, target, kind = self.rollout
+        if self.incoming is None and self.serving is not None and self.serving.identity == target \
+                and self.serving.ready():
+            self._give_back_rollout()
+            return
+        try:
+            self._slots.take(api_name, target, kind, self.launcher_id, 1, now)  # its own: renewed, whatever the limit
+        except redis.RedisError as e:
+            self._redis_trouble(now, e)
+
+    def _give_back_rollout(self) -> None:
+        if self.rollout is None:
+            return
+        api_name, target, _ = self.rollout
+        self.rollout = None
+        try:
+            self._slots.give_back(api_name, target, self.launcher_id)
+        except redis.RedisError as e:
+            self._redis_trouble(time.time(), e)
 
     # -- generations -------------------------------------------------------------------------
     def _prepare(self, api: DeployedApi, port: int) -> Generation:

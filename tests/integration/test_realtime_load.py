@@ -160,9 +160,9 @@ def deploy(load_client: Client, tmp_path: Path) -> Iterator[Callable[..., str]]:
     deployed: list[str] = []
 
     def deploy_project(source: str, config: dict[str, Any] | None = None, name: str | None = None,
-                       wait: bool = True, **predictor: Any) -> str:
+                       wait: bool = True, api_fields: dict[str, Any] | None = None, **predictor: Any) -> str:
         api_name = name or f"load-{uuid.uuid4().hex[:8]}"
-        load_client.deploy(write_project(tmp_path / api_name, api_name, source, config, **predictor))
+        load_client.deploy(write_project(tmp_path / api_name, api_name, source, config, api_fields, **predictor))
         if api_name not in deployed:
             deployed.append(api_name)
         if wait:
@@ -178,13 +178,14 @@ def deploy(load_client: Client, tmp_path: Path) -> Iterator[Callable[..., str]]:
 
 
 def write_project(folder: Path, api_name: str, source: str, config: dict[str, Any] | None = None,
-                  **predictor: Any) -> Path:
-    """A Cortex-style RealtimeAPI project folder; returns the path of its cortex.yaml."""
+                  api_fields: dict[str, Any] | None = None, **predictor: Any) -> Path:
+    """A Cortex-style RealtimeAPI project folder; returns the path of its cortex.yaml. `api_fields`:
+    more fields of the API's entry (`update_strategy`)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "predictor.py").write_text(source)
     spec = {"type": "python", "path": "predictor.py", "config": config or {}, **predictor}
     (folder / "cortex.yaml").write_text(yaml.safe_dump([{"name": api_name, "kind": "RealtimeAPI",
-                                                         "predictor": spec}], sort_keys=False))
+                                                         "predictor": spec, **(api_fields or {})}], sort_keys=False))
     return folder / "cortex.yaml"
 
 
@@ -571,6 +572,61 @@ def test_a_slow_post_predict_does_not_delay_the_response_and_a_raising_one_still
     log = load_stack.data_dir / "logs" / f"replica-{name}.log"
     wait_for(lambda: "post_predict went wrong for request 5" in log.read_text(errors="replace"), 30,
              "the post_predict error in the replica's log")
+
+
+def test_three_replicas_redeployed_one_at_a_time_under_load_and_a_broken_redeploy_leaves_the_old_serving(
+    load_stack, load_client, deploy, redis_client,
+):
+    strategy = {"update_strategy": {"max_surge": 1, "max_unavailable": 0}}
+    name = deploy(WHO_PREDICTOR.replace("{version}", "v1"), api_fields=strategy)
+    book = RedisScaleBook(redis_client)
+    placement = RealtimePlacement(RedisApiRegistry(redis_client), RedisHostDirectory(redis_client), book,
+                                  RedisReplicaAssignments(redis_client))
+    book.set(name, ReplicaScale(3, 3.0, time.time()))  # what the scaler writes (this stack runs no beat)
+    placement.reconcile(time.time())
+
+    def counts() -> tuple[int, int]:
+        """(ready and not draining, not draining: ready or starting) replicas of the API."""
+        live = [r for r in load_client.api(name)["replicas"] if not r["draining"]]
+        return sum(r["ready"] for r in live), len(live)
+
+    seen: list[tuple[int, int]] = []
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.wait(0.05):
+            seen.append(counts())
+
+    try:
+        wait_for(lambda: counts() == (3, 3), READY_TIMEOUT_S, "three ready replicas")
+        watcher = threading.Thread(target=watch, daemon=True)
+        with SteadyLoad(f"{load_stack.url}/{name}", clients=4) as load:
+            load.wait_for_answers(20, 60, "answers from v1")
+            watcher.start()
+            deploy(WHO_PREDICTOR.replace("{version}", "v2"), name=name, wait=False, api_fields=strategy)
+            wait_for(lambda: {r["bundle"] for r in load_client.api(name)["replicas"]} == {
+                load_client.api(name)["bundle"]} and counts() == (3, 3), 180, "three ready replicas of v2")
+            load.wait_for_answers(20, 60, "answers from v2", lambda a: a.ok and a.body["version"] == "v2")
+            watching.set()
+            watcher.join()
+
+            # A redeploy whose predictor cannot be built: v2 keeps answering, the failure is shown.
+            deploy("raise RuntimeError('broken on purpose')\n", name=name, wait=False, api_fields=strategy)
+            wait_for(lambda: any(r.get("message") and "broken on purpose" in r["message"]
+                                 for r in load_client.api(name)["replicas"]), 120, "the broken replica's failure")
+            after = len(load.answers)
+            load.wait_for_answers(40, 60, "answers while the broken redeploy fails")
+            assert counts()[0] == 3  # one broken replica starting, never promoted: the three of v2 serve
+    finally:
+        watching.set()
+        book.forget(name)
+    failures = load.failures()
+    print(f"\nredeploy of three replicas, max_surge 1, max_unavailable 0: {len(load.answers)} requests, "
+          f"{len(failures)} failed; ready replicas {min(r for r, _ in seen)}-{max(r for r, _ in seen)}, "
+          f"replicas serving or starting at most {max(n for _, n in seen)}")
+    assert failures == [], describe(failures)
+    assert seen and min(ready for ready, _ in seen) >= 3 and max(live for _, live in seen) <= 4
+    assert {a.body["version"] for a in load.answers[after:] if a.ok} == {"v2"}
 
 
 def test_scaling_from_one_replica_to_three_and_back_under_steady_load_fails_no_request(

@@ -19,6 +19,7 @@ import pytest
 
 from foundation.api_registry import RedisApiRegistry
 from foundation.replica_directory import RedisReplicaDirectory
+from foundation.replica_scale import RedisScaleBook, ReplicaScale
 from predictors_runtime.config import ApiConfig
 from sluice.replica import ReplicaLauncher, deployment_identity
 from sluice.replica_manager import ReplicaManager
@@ -82,7 +83,7 @@ def launcher_for(redis_client, tmp_path: Path, spawned):
         proxy = Proxy()
         launcher = ReplicaLauncher(
             name, redis_client=redis_client, bundles=FolderBundles(tmp_path / "bundles"),  # type: ignore[arg-type]
-            state_root=tmp_path / "state", port=9100,
+            state_root=tmp_path / "state", port=kwargs.pop("port", 9100),
             base_env={"PATH": os.environ["PATH"], **kwargs.pop("more_env", {})},
             unrouted=proxy.unrouted, spawn=spawn, **kwargs,
         )
@@ -217,6 +218,88 @@ def test_a_failed_redeploy_leaves_the_old_version_serving(redis_client, launcher
     records = _records(redis_client)
     assert launcher.serving is old and records[old.replica_id].ready and not records[old.replica_id].draining
     assert records[launcher.incoming.replica_id].message == "ImportError: no module named torch"
+
+
+def _rolled(redis_client, launchers) -> tuple[int, int]:
+    """(replicas announced ready and not draining, replicas serving or starting) of the launchers, now;
+    a draining replica, on its way out, counts in neither (as a terminating pod in a Deployment's rollout)."""
+    records = _records(redis_client)
+    gens = [g for launcher in launchers for g in (launcher.serving, launcher.incoming) if g is not None]
+    live = [g for g in gens if g.replica_id in records and records[g.replica_id].ready
+            and not records[g.replica_id].draining]
+    return len(live), len(gens)
+
+
+def test_a_redeploy_with_max_surge_1_and_max_unavailable_0_replaces_one_replica_at_a_time(
+    redis_client, launcher_for,
+):
+    registry = RedisApiRegistry(redis_client)
+    strategy = {"max_surge": 1, "max_unavailable": 0}
+    registry.put(ApiConfig.from_dict({"name": "echo", "kind": "RealtimeAPI", "predictor": {"path": "p.py"},
+                                      "update_strategy": strategy}), "aa" * 32)
+    RedisScaleBook(redis_client).set("echo", ReplicaScale(desired=3, in_flight=0.0, decided_at=100.0))
+    launchers = [launcher_for(port=port)[0] for port in (9100, 9200, 9300)]
+    for launcher in launchers:
+        launcher.start(100.0)
+        _mark_ready(launcher.serving)
+        launcher.step(100.0)
+    assert _rolled(redis_client, launchers) == (3, 3)
+
+    registry.put(ApiConfig.from_dict({"name": "echo", "kind": "RealtimeAPI", "predictor": {"path": "p.py"},
+                                      "update_strategy": strategy}), "bb" * 32)
+    seen, now = [], 101.0
+    while any(launcher.serving.api.bundle != "bb" * 32 or launcher.incoming or launcher.retiring
+              for launcher in launchers):
+        for launcher in launchers:
+            launcher.step(now)
+            seen.append(_rolled(redis_client, launchers))
+            if launcher.incoming is not None:
+                _mark_ready(launcher.incoming)  # it builds in one step here
+            for gen in launcher.retiring:
+                gen.drain_now = True  # no proxy routes it any more
+        now += 1.0
+        assert now < 200, "the redeploy did not finish"
+    # Never fewer than the three wanted ready, never more than four running; one at a time.
+    assert min(ready for ready, _ in seen) >= 3
+    assert max(running for _, running in seen) <= 4
+    assert all(launcher.serving.api.bundle == "bb" * 32 for launcher in launchers)
+    # Every slot given back.
+    assert all(launcher.rollout is None for launcher in launchers)
+    assert sum(redis_client.zcard(key) for key in redis_client.scan_iter("sluice:rollout:*")) == 0
+
+
+def test_with_max_surge_0_an_old_replica_drains_first_and_a_failed_new_one_holds_the_others_back(
+    redis_client, launcher_for,
+):
+    registry = RedisApiRegistry(redis_client)
+    strategy = {"max_surge": 0, "max_unavailable": 1}
+    config = {"name": "echo", "kind": "RealtimeAPI", "predictor": {"path": "p.py"}, "update_strategy": strategy}
+    registry.put(ApiConfig.from_dict(config), "aa" * 32)
+    RedisScaleBook(redis_client).set("echo", ReplicaScale(desired=2, in_flight=0.0, decided_at=100.0))
+    (first, _), (second, _) = launcher_for(port=9100), launcher_for(port=9200)
+    for launcher in (first, second):
+        launcher.start(100.0)
+        _mark_ready(launcher.serving)
+        launcher.step(100.0)
+    old_first, old_second = first.serving, second.serving
+
+    registry.put(ApiConfig.from_dict(config), "bb" * 32)
+    first.step(101.0)
+    second.step(101.0)
+    # The first took the one unavailable slot: its old replica drains at once while the new one starts.
+    assert first.rollout is not None and first.rollout[2] == "unavailable"
+    assert first.retiring == [old_first] and first.serving.api.bundle == "bb" * 32
+    assert _records(redis_client)[old_first.replica_id].draining
+    # The second waits, its old replica serving.
+    assert second.serving is old_second and second.incoming is None and second.rollout is None
+
+    # The new replica fails to build: the slot stays held, so the second never starts replacing its own.
+    first.serving.markers.mark_failed("ImportError: no module named torch", os.getpid())
+    for t in range(102, 110):
+        first.step(float(t))
+        second.step(float(t))
+    assert second.serving is old_second and second.rollout is None
+    assert _records(redis_client)[old_second.replica_id].ready
 
 
 def test_a_dead_gunicorn_is_started_again_on_the_same_port(redis_client, launcher_for, spawned):
