@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.connection import SSLConnection
 from redis.exceptions import AuthorizationError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelManagedConnection
@@ -230,6 +231,10 @@ class FollowingPrimaryConnection(SentinelManagedConnection):
         super().connect_check_health(check_health=check_health, retry_socket_connect=False)
 
 
+class FollowingPrimarySSLConnection(FollowingPrimaryConnection, SSLConnection):
+    """The same over TLS (`SLUICE_REDIS_TLS=1` with sentinels)."""
+
+
 def client(where: str | RedisAddress, policy: ClientPolicy, **options: Any) -> redis.Redis:
     """A client for `where` (a URL, or `Settings.redis_address`) that behaves as `policy` says: the
     one place a Sluice process builds one.
@@ -245,14 +250,18 @@ def client(where: str | RedisAddress, policy: ClientPolicy, **options: Any) -> r
     }
     if address.password is not None:
         settings["password"] = address.password  # a password in the URL wins over this one
+    tls = address.tls.redis_py() if address.tls is not None else {}
+    settings.update(tls)  # a rediss:// URL's SSL connection, or the sentinels' primary over TLS
     settings.update(options)
     if not address.sentinels:
         return redis.Redis.from_url(address.url, **settings)
     # The sentinels are asked with the same timeouts and keepalive (a vanished sentinel is skipped
     # for the next), without retries: redis-py asks each in turn, and the command's retry asks again.
-    sentinel_settings: dict[str, Any] = {**socket_options(policy), "password": address.sentinel_password}
+    sentinel_settings: dict[str, Any] = {**socket_options(policy), "password": address.sentinel_password,
+                                         **({"ssl": True, **tls} if tls else {})}
     sentinels = Sentinel(list(address.sentinels), sentinel_kwargs=sentinel_settings, **settings)
-    primary: redis.Redis = sentinels.master_for(address.master, connection_class=FollowingPrimaryConnection)
+    connection = FollowingPrimarySSLConnection if tls else FollowingPrimaryConnection
+    primary: redis.Redis = sentinels.master_for(address.master, connection_class=connection)
     return primary
 
 

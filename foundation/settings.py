@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import api_keys
 from .acknowledgements import AckPolicy
@@ -30,6 +31,28 @@ SENTINELS_VARIABLE = "SLUICE_REDIS_SENTINELS"
 
 
 @dataclass(frozen=True)
+class RedisTls:
+    """TLS to Redis: the CA its servers' certificates are checked against (None: the system's), and
+    this client's own certificate and key when the servers ask for one (`tls-auth-clients`).
+
+    A `rediss://` URL turns it on; with sentinels, `SLUICE_REDIS_TLS=1` does (the sentinels, the
+    primary and its replicas then all speak TLS, as `tls-replication yes` sets them up).
+    """
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    def redis_py(self) -> dict[str, Any]:
+        """redis-py's keyword arguments of an SSL connection: the certificate is always checked."""
+        options: dict[str, Any] = {"ssl_cert_reqs": "required"}
+        for name, value in (("ssl_ca_certs", self.ca), ("ssl_certfile", self.cert), ("ssl_keyfile", self.key)):
+            if value:
+                options[name] = value
+        return options
+
+
+@dataclass(frozen=True)
 class RedisAddress:
     """Where a process finds Redis: a URL, or the primary that Redis Sentinel names.
 
@@ -43,6 +66,8 @@ class RedisAddress:
     master: str = ""
     password: str | None = field(default=None, repr=False)
     sentinel_password: str | None = field(default=None, repr=False)
+    # TLS to every Redis connection (`rediss://`, or sentinels with SLUICE_REDIS_TLS=1); None: plain TCP.
+    tls: RedisTls | None = None
 
     def __str__(self) -> str:
         """For messages: the sentinels and master, or the URL without its password."""
@@ -85,7 +110,28 @@ def redis_address_from_env(env: Mapping[str, str]) -> RedisAddress:
         unused = "SLUICE_REDIS_MASTER" if master else "SLUICE_REDIS_SENTINEL_PASSWORD"
         raise ConfigError(f"{unused} is set but {SENTINELS_VARIABLE} is not: list the sentinels as host:port,...")
     return RedisAddress(url=url or DEFAULT_REDIS_URL, sentinels=sentinels, master=master,
-                        password=env.get("SLUICE_REDIS_PASSWORD") or None, sentinel_password=sentinel_password)
+                        password=env.get("SLUICE_REDIS_PASSWORD") or None, sentinel_password=sentinel_password,
+                        tls=_redis_tls(env, url, sentinels))
+
+
+TLS_VARIABLES = ("SLUICE_REDIS_CA", "SLUICE_REDIS_CERT", "SLUICE_REDIS_KEY")
+
+
+def _redis_tls(env: Mapping[str, str], url: str, sentinels: tuple[tuple[str, int], ...]) -> RedisTls | None:
+    """TLS to Redis when the URL is `rediss://` or the sentinels are said to speak it; its files checked."""
+    ca, cert, key = (env.get(name) or None for name in TLS_VARIABLES)
+    wanted = url.startswith("rediss://") if not sentinels else env.get("SLUICE_REDIS_TLS", "") in ("1", "true", "yes")
+    if not wanted:
+        if ca or cert or key:
+            raise ConfigError("SLUICE_REDIS_CA/CERT/KEY are set but Redis is not reached over TLS: use a rediss:// "
+                              "SLUICE_REDIS_URL (or SLUICE_REDIS_TLS=1 with sentinels)")
+        return None
+    if (cert is None) != (key is None):
+        raise ConfigError("SLUICE_REDIS_CERT and SLUICE_REDIS_KEY go together (a client certificate and its key)")
+    for name, path in zip(TLS_VARIABLES, (ca, cert, key), strict=True):
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"{name}: {path} is not a file")
+    return RedisTls(ca, cert, key)
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:
@@ -129,6 +175,7 @@ class Settings:
     redis_master: str = ""
     redis_password: str | None = field(default=None, repr=False)
     redis_sentinel_password: str | None = field(default=None, repr=False)
+    redis_tls: RedisTls | None = None
     storage: str = str(Path.home() / ".sluice" / "storage")
     cache_dir: str = str(Path.home() / ".sluice" / "cache")
     # Longest time a single batch may run before Redis hands its message to another worker.
@@ -205,7 +252,7 @@ class Settings:
     def redis_address(self) -> RedisAddress:
         """Where this deployment's Redis is: what every client and the broker are built from."""
         return RedisAddress(self.redis_url, self.redis_sentinels, self.redis_master, self.redis_password,
-                            self.redis_sentinel_password)
+                            self.redis_sentinel_password, self.redis_tls)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -219,6 +266,7 @@ class Settings:
             redis_master=redis_address.master,
             redis_password=redis_address.password,
             redis_sentinel_password=redis_address.sentinel_password,
+            redis_tls=redis_address.tls,
             storage=env.get("SLUICE_STORAGE") or defaults.storage,
             cache_dir=env.get("SLUICE_CACHE_DIR") or defaults.cache_dir,
             visibility_timeout_s=_number(env, "SLUICE_VISIBILITY_TIMEOUT", defaults.visibility_timeout_s),

@@ -46,7 +46,7 @@ def create_celery(settings: Settings) -> Celery:
     """A configured app with Sluice's tasks, beat scheduler and worker-node hooks registered."""
     from jobs.nodes.worker_node import install_worker_hooks
     from jobs.tasks import register_tasks
-    from jobs.transport.broker import broker_url, transport_for, transport_options
+    from jobs.transport.broker import broker_ssl, broker_url, transport_for, transport_options
     from jobs.wiring import init_services, worker_runtime
 
     # No result backend: tasks report to the job store, which also does the fan-in (jobs/batch/publish.py).
@@ -64,6 +64,7 @@ def create_celery(settings: Settings) -> Celery:
         accept_content=["json"],
         task_ignore_result=True,
         broker_transport_options=transport_options(settings),
+        broker_use_ssl=broker_ssl(settings.redis_address),
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         # Flower and `celery events` see tasks only with events on (SLUICE_TASK_EVENTS=1): a

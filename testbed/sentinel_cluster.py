@@ -15,11 +15,13 @@ from __future__ import annotations
 import subprocess
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 import redis
 
-from foundation.settings import RedisAddress
+from foundation.settings import RedisAddress, RedisTls
 from sluice.embedded import free_port
+from sluice.tls.self_signed import SelfSigned
 from testbed.stream_relay import StreamRelay
 from testbed.waiting import wait_for
 
@@ -29,10 +31,12 @@ MASTER = "sluice"
 class SentinelCluster:
     """Two data servers (one primary, one replica) and three sentinels watching them."""
 
-    def __init__(self, folder: Path, relayed: bool = False) -> None:
+    def __init__(self, folder: Path, relayed: bool = False, tls: SelfSigned | None = None) -> None:
         """`relayed`: the replica reaches the primary through a `StreamRelay` (`self.relay`), which a
-        test can make drop the replication stream."""
+        test can make drop the replication stream. `tls`: every server and sentinel speaks only TLS
+        with this certificate (replication too), and so do the test's own clients (`client_of`)."""
         self.folder = folder
+        self.tls = tls
         self.servers: dict[int, subprocess.Popen[bytes]] = {}
         self.sentinels: dict[int, subprocess.Popen[bytes]] = {}
         self.relayed = relayed
@@ -45,14 +49,28 @@ class SentinelCluster:
         with open(folder / "log", "ab") as log:
             return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=folder)
 
+    def client_of(self, port: int, **options: Any) -> redis.Redis:
+        """A client of one server or sentinel of this deployment (over TLS when it speaks TLS)."""
+        if self.tls is not None:
+            options.update(ssl=True, ssl_ca_certs=str(self.tls.ca), ssl_cert_reqs="required")
+        return redis.Redis(port=port, **options)
+
+    def _listen(self, port: int) -> list[str]:
+        """The arguments (`--name value`) of a server listening on `port`: plain TCP, or TLS only."""
+        if self.tls is None:
+            return ["--port", str(port)]
+        return ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(self.tls.cert),
+                "--tls-key-file", str(self.tls.key), "--tls-ca-cert-file", str(self.tls.ca),
+                "--tls-auth-clients", "no", "--tls-replication", "yes"]
+
     def start_server(self, port: int, replica_of: int | None = None) -> None:
-        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.folder / f"redis-{port}"),
+        argv = ["redis-server", *self._listen(port), "--bind", "127.0.0.1", "--dir", str(self.folder / f"redis-{port}"),
                 "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--repl-diskless-sync-delay", "0"]
         if replica_of is not None:
             argv += ["--replicaof", "127.0.0.1", str(replica_of)]
         (self.folder / f"redis-{port}").mkdir(parents=True, exist_ok=True)
         self.servers[port] = self._spawn(f"redis-{port}", argv)
-        wait_for(lambda: _answers(port), 15, f"redis-server on {port}")
+        wait_for(lambda: self._answers(port), 15, f"redis-server on {port}")
 
     def start(self) -> SentinelCluster:
         primary, replica = free_port(), free_port()
@@ -64,8 +82,10 @@ class SentinelCluster:
         for _ in range(3):
             port = free_port()
             conf = self.folder / f"sentinel-{port}.conf"
+            listen = self._listen(port)
             conf.write_text(
-                f"port {port}\nbind 127.0.0.1\ndir {self.folder}\n"
+                "".join(f"{listen[i][2:]} {listen[i + 1]}\n" for i in range(0, len(listen), 2))
+                + f"bind 127.0.0.1\ndir {self.folder}\n"
                 f"sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n"
                 f"sentinel down-after-milliseconds {MASTER} 2000\n"
                 f"sentinel failover-timeout {MASTER} 5000\n"
@@ -74,7 +94,7 @@ class SentinelCluster:
         self.wait_ready()
         for port in self.sentinels:
             with suppress(redis.ResponseError):
-                redis.Redis(port=port).execute_command(  # type: ignore[no-untyped-call]
+                self.client_of(port).execute_command(  # type: ignore[no-untyped-call]
                     "SENTINEL", "DEBUG", "INFO-PERIOD", 1000, "PUBLISH-PERIOD", 500)
         return self
 
@@ -84,8 +104,8 @@ class SentinelCluster:
         def ready() -> bool:
             for port in self.sentinels:
                 try:
-                    master = redis.Redis(port=port, socket_timeout=1, decode_responses=True).sentinel_master(MASTER)
-                    replicas = redis.Redis(port=port, socket_timeout=1, decode_responses=True).sentinel_slaves(MASTER)
+                    master = self.client_of(port, socket_timeout=1, decode_responses=True).sentinel_master(MASTER)
+                    replicas = self.client_of(port, socket_timeout=1, decode_responses=True).sentinel_slaves(MASTER)
                 except redis.RedisError:
                     return False
                 if not isinstance(master, dict) or master["num-other-sentinels"] < 2 or not any(
@@ -109,24 +129,31 @@ class SentinelCluster:
                 process.wait()
 
     # -- what a test sees and does --------------------------------------------------------------------
+    def _answers(self, port: int) -> bool:
+        try:
+            return bool(self.client_of(port, socket_timeout=1).ping())
+        except redis.RedisError:
+            return False
+
     def address(self) -> RedisAddress:
-        return RedisAddress(sentinels=tuple(("127.0.0.1", port) for port in self.sentinels), master=MASTER)
+        return RedisAddress(sentinels=tuple(("127.0.0.1", port) for port in self.sentinels), master=MASTER,
+                            tls=RedisTls(ca=str(self.tls.ca)) if self.tls is not None else None)
 
     def env(self) -> dict[str, str]:
         """The settings of a Sluice process of this deployment."""
+        tls = {"SLUICE_REDIS_TLS": "1", "SLUICE_REDIS_CA": str(self.tls.ca)} if self.tls is not None else {}
         return {"SLUICE_REDIS_SENTINELS": ",".join(f"127.0.0.1:{port}" for port in self.sentinels),
-                "SLUICE_REDIS_MASTER": MASTER}
+                "SLUICE_REDIS_MASTER": MASTER, **tls}
 
     def primary_port(self) -> int:
         """The primary as a majority of sentinels names it."""
         named = [found for port in self.sentinels if (found := self._named_by(port)) is not None]
         return max(set(named), key=named.count)
 
-    @staticmethod
-    def _named_by(sentinel_port: int) -> int | None:
+    def _named_by(self, sentinel_port: int) -> int | None:
         """The primary's port as one sentinel names it; None when it cannot say."""
         with suppress(redis.RedisError):
-            address = redis.Redis(port=sentinel_port, socket_timeout=1).sentinel_get_master_addr_by_name(MASTER)
+            address = self.client_of(sentinel_port, socket_timeout=1).sentinel_get_master_addr_by_name(MASTER)
             if isinstance(address, tuple):
                 return int(address[1])
         return None
@@ -148,7 +175,7 @@ class SentinelCluster:
                 return None
             [new] = ports
             with suppress(redis.RedisError):
-                if redis.Redis(port=new, socket_timeout=1).info("replication")["role"] == "master":
+                if self.client_of(new, socket_timeout=1).info("replication")["role"] == "master":
                     return new
             return None
 
@@ -162,7 +189,7 @@ class SentinelCluster:
 
         def copied() -> bool:
             try:
-                info = redis.Redis(port=old, socket_timeout=1).info("replication")
+                info = self.client_of(old, socket_timeout=1).info("replication")
             except redis.RedisError:  # still loading its file
                 return False
             return (info["role"] == "slave" and info.get("master_port") == primary
@@ -177,8 +204,4 @@ class SentinelCluster:
         self.wait_ready()
 
 
-def _answers(port: int) -> bool:
-    try:
-        return bool(redis.Redis(port=port, socket_timeout=1).ping())
-    except redis.RedisError:
-        return False
+

@@ -24,9 +24,11 @@ deliveries it held when its connection broke (`jobs/transport/settle.py`), and c
 push on Redis instead of pushing it (`captured_messages`): how `jobs/transport/task_messages.py` learns the
 exact message Celery and kombu make for a task, to make more like it without them.
 
-Plain `redis://` URLs use it, and Redis Sentinel (kombu's `sentinel://` transport, the same
-channel on a pool that asks the sentinels for the primary); other schemes (`rediss://`, whose TLS
-defaults kombu derives from the scheme name, `redis+socket://`) keep kombu's own transport.
+`redis://` and `rediss://` URLs use it, and Redis Sentinel (kombu's `sentinel://` transport, the
+same channel on a pool that asks the sentinels for the primary); over TLS the channel's connections
+are SSL ones that check the server's certificate against `SLUICE_REDIS_CA` (`broker_ssl`: kombu
+left to itself would take a `rediss://` URL without checking any certificate). Other schemes
+(`redis+socket://`) keep kombu's own transport.
 
 `broker_url` and `transport_options` turn `Settings.redis_address` into what kombu wants: the
 sentinels as `sentinel://h1:p1;sentinel://h2:p2` with the master's name and the sentinels'
@@ -36,6 +38,7 @@ password in the transport options.
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -119,7 +122,21 @@ def transport_options(settings: Settings) -> dict[str, Any]:
             "socket_keepalive": True,
             "socket_keepalive_options": KEEPALIVE_OPTIONS,
             "password": address.sentinel_password,
+            **({"ssl": True, **address.tls.redis_py()} if address.tls is not None else {}),
         }
+    return options
+
+
+def broker_ssl(address: RedisAddress) -> dict[str, Any] | None:
+    """Celery's `broker_use_ssl` for `address`: the connections of Sluice's channel over TLS,
+    checking the server's certificate; None for plain TCP."""
+    if address.tls is None:
+        return None
+    options: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    for name, value in (("ssl_ca_certs", address.tls.ca), ("ssl_certfile", address.tls.cert),
+                        ("ssl_keyfile", address.tls.key)):
+        if value:
+            options[name] = value
     return options
 
 
@@ -305,10 +322,10 @@ def captures(transport: str | None) -> bool:
 
 
 def transport_for(broker_url: str) -> str | None:
-    """The transport to configure for `broker_url`: Sluice's for redis:// and sentinel://, else
-    kombu's choice (None)."""
+    """The transport to configure for `broker_url`: Sluice's for redis://, rediss:// and sentinel://,
+    else kombu's choice (None)."""
     scheme = urlparse(broker_url).scheme
-    return {"redis": TRANSPORT_PATH, "sentinel": SENTINEL_TRANSPORT_PATH}.get(scheme)
+    return {"redis": TRANSPORT_PATH, "rediss": TRANSPORT_PATH, "sentinel": SENTINEL_TRANSPORT_PATH}.get(scheme)
 
 
 def unacked_tags(channel: Any, task_ids: Iterable[str]) -> dict[str, str]:
