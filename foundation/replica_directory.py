@@ -62,6 +62,8 @@ class ReplicaRecord:
     last_oom: str = ""
     # The GPUs its processes see (CUDA_VISIBLE_DEVICES, handed out by its host: foundation/devices.py).
     devices: str = ""
+    # It serves TLS only, with its host's certificate (sluice/tls/hosts.py): the proxy routes it over TLS.
+    tls: bool = False
 
     @property
     def address(self) -> str:

@@ -148,6 +148,9 @@ class ProxyController:
     # TLS on the public port: the certificate chain and its key (both or neither; see sluice/tls/served.py).
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # What a backend serving TLS (a replica of a host with a certificate, an https:// management API)
+    # is checked against: a CA file, or haproxy's `@system-ca` (sluice/tls/hosts.py).
+    backend_ca: str = "@system-ca"
     restarts: int = 0
     reloads: int = 0
     _haproxy: HAProxy | None = None
@@ -240,7 +243,8 @@ class ProxyController:
             self._silence.failed(now)
             raise
         self._silence.read(now)
-        routes = plan_routes(apis, replicas, local_socket=lambda r: reachable_socket(r.socket, r.host_id))
+        routes = plan_routes(apis, replicas, local_socket=lambda r: reachable_socket(r.socket, r.host_id),
+                             backend_ca=self.backend_ca)
         self._splits = plan_splits(apis)
         keys_file = str(self.keys_file) if self.keys_file is not None else None
         tls = None
@@ -248,7 +252,7 @@ class ProxyController:
             self._tls.refresh()
             tls = PublicTls(str(self._tls.combined), self._tls.digest)
         return render_config(routes, bind=self.bind, port=self.port, management=self.management,
-                             keys_file=keys_file, splits=self._splits, tls=tls), routes
+                             keys_file=keys_file, splits=self._splits, tls=tls, backend_ca=self.backend_ca), routes
 
     def _apply(self, text: str, routes: list[Route]) -> None:
         self.haproxy.check(text)

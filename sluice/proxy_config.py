@@ -71,11 +71,14 @@ SHADOW_LUA = Path(__file__).resolve().parent / "lua" / "shadow.lua"
 
 @dataclass(frozen=True)
 class Server:
-    """One replica as a haproxy server line."""
+    """One replica as a haproxy server line; `tls_ca`: reached over TLS, its certificate checked
+    against this CA file (haproxy's `@system-ca` for the system's) and its name against `host`."""
 
     name: str
     address: str
     replica_id: str
+    tls_ca: str | None = None
+    host: str = ""
 
 
 @dataclass(frozen=True)
@@ -207,12 +210,14 @@ def _server_address(record: ReplicaRecord, local_socket: Callable[[ReplicaRecord
 
 
 def plan_routes(apis: Iterable[DeployedApi], replicas: Iterable[ReplicaRecord],
-                local_socket: Callable[[ReplicaRecord], str | None] | None = None) -> list[Route]:
+                local_socket: Callable[[ReplicaRecord], str | None] | None = None,
+                backend_ca: str = "@system-ca") -> list[Route]:
     """The realtime backends to render: one per deployed RealtimeAPI with routable replicas.
 
     `replicas` are the ones the caller found routable (`ReplicaDirectory.routable(now)`); those of
     an API that is not a deployed RealtimeAPI, or with an address haproxy could not read, are
-    left out. An API with none is not routed: the management API answers it (and says why).
+    left out. An API with none is not routed: the management API answers it (and says why). A
+    replica that serves TLS (`record.tls`) is reached over TLS, checked against `backend_ca`.
     """
     by_api: dict[str, list[ReplicaRecord]] = {}
     for record in replicas:
@@ -231,7 +236,8 @@ def plan_routes(apis: Iterable[DeployedApi], replicas: Iterable[ReplicaRecord],
             continue
         taken: set[str] = set()
         servers = tuple(
-            Server(_server_name(r.replica_id, taken), _server_address(r, local_socket), r.replica_id)
+            Server(_server_name(r.replica_id, taken), _server_address(r, local_socket), r.replica_id,
+                   tls_ca=backend_ca if r.tls else None, host=r.host)
             for r in sorted(by_api[api.name], key=lambda r: r.replica_id)
         )
         routes.append(Route(
@@ -376,14 +382,22 @@ def _frontend(routes: Sequence[Route], bind: str, port: int, splits: Sequence[Sp
     return lines
 
 
-def _management_backend(management: str) -> list[str]:
-    host, _, port = management.rpartition(":")
+def _verified_tls(ca: str, host: str) -> str:
+    """A server line's TLS to a backend: its certificate checked against `ca`, its name against `host`."""
+    return f" ssl verify required ca-file {_quoted(ca)} verifyhost {host.strip('[]')}"
+
+
+def _management_backend(management: str, backend_ca: str = "@system-ca") -> list[str]:
+    """`host:port`, or `https://host:port` for a management API serving TLS (checked against `backend_ca`)."""
+    secure = management.startswith("https://")
+    host, _, port = management.removeprefix("https://").rpartition(":")
     if not host or not port.isdigit() or not _valid_address(host, int(port)):
-        raise ValueError(f"management address must be host:port (got {management!r})")
+        raise ValueError(f"management address must be host:port or https://host:port (got {management!r})")
     return [
         "backend management",
         f"    timeout server {_ms(MANAGEMENT_TIMEOUT_S)}",
-        f"    server management {format_address(host, int(port))}",
+        f"    server management {format_address(host, int(port))}"
+        + (_verified_tls(backend_ca, host) if secure else ""),
     ]
 
 
@@ -466,7 +480,8 @@ def _realtime_backend(route: Route, keys_file: str | None = None) -> list[str]:
     ]
     proto = " proto h2" if route.grpc_prefix is not None else ""
     for server in route.servers:
-        lines.append(f"    server {server.name} {server.address} maxconn {route.concurrency}{proto}")
+        tls = _verified_tls(server.tls_ca, server.host) if server.tls_ca is not None else ""
+        lines.append(f"    server {server.name} {server.address} maxconn {route.concurrency}{proto}{tls}")
     return lines
 
 
@@ -476,13 +491,15 @@ def config_tag(body: str) -> str:
 
 
 def render_config(routes: Sequence[Route], *, bind: str, port: int, management: str,
-                  keys_file: str | None = None, splits: Sequence[Split] = (), tls: PublicTls | None = None) -> str:
+                  keys_file: str | None = None, splits: Sequence[Split] = (), tls: PublicTls | None = None,
+                  backend_ca: str = "@system-ca") -> str:
     """The whole haproxy.cfg; the same routes give the same text (so unchanged means no reload).
 
     `keys_file`: realtime APIs want `Authorization` to be one of this file's lines (see `_key_check`).
     `splits`: the TrafficSplitters, whose paths are shared among their APIs' paths.
     `tls`: the public port serves TLS with this certificate; its digest is in the text, so a
     certificate renewed on disk changes the configuration (and is served after a graceful reload).
+    `backend_ca`: what an `https://` management API's certificate is checked against.
     """
     longest = max([MANAGEMENT_TIMEOUT_S] + [r.queue_timeout_s + r.server_timeout_s for r in routes])
     sections = [
@@ -507,7 +524,7 @@ def render_config(routes: Sequence[Route], *, bind: str, port: int, management: 
             "    default-server init-addr libc,none",
         ],
         _frontend(routes, bind, port, splits, tls),
-        _management_backend(management),
+        _management_backend(management, backend_ca),
         *([[f"backend {TABLE}", f"    stick-table type string len 128 size 10k store gpc({len(REASON_INDEX)})"]]
           if routes else []),
         # Per splitter: gpc0 its draw counter, gpc1 its copies to the shadow; per splitter/api: requests sent.

@@ -67,6 +67,7 @@ from .local_socket import host_identity, remove_stale, socket_path_for
 from .replica_environment import RETRY_AFTER_S as ENVIRONMENT_RETRY_S
 from .replica_environment import BackgroundBuild
 from .replica_process import graceful_timeout_s, replica_argv, replica_env, signal_group, spawn_gunicorn
+from .tls.hosts import host_tls
 
 log = logging.getLogger("sluice.serve")
 
@@ -177,6 +178,7 @@ class Generation:
     last_announced_at: float = 0.0
     identity: str = ""
     unix_socket: str = ""             # where it also listens, for a proxy on this host ("" if nowhere)
+    tls: bool = False                 # it serves TLS only, with its host's certificate
     # Every process of this gunicorn has been ready at least once (reset when gunicorn restarts).
     has_been_ready: bool = False
     # The API's own environment being built (None: it has none, or it is built and argv runs in it).
@@ -225,7 +227,7 @@ class Generation:
             failing=not ready and bool(self.markers.failure() or self.failing),
             socket=self.unix_socket, host_id=host_identity() if self.unix_socket else "",
             placement_host=placement_host, last_oom_at=self.last_oom_at, last_oom=self.last_oom,
-            devices=self.env.get("CUDA_VISIBLE_DEVICES", ""),
+            devices=self.env.get("CUDA_VISIBLE_DEVICES", ""), tls=self.tls,
         )
 
 
@@ -263,6 +265,8 @@ class ReplicaLauncher:
         self._environments = environments or HostEnvironments(self._state_root / "environments")
         self._memory_limits = memory_limits or MemoryLimits(LimitMode.OFF, "not asked for")
         self._cpu_limits = cpu_limits or CpuLimits("not asked for")
+        # This host's certificate for its replicas (SLUICE_HOST_TLS_CERT/KEY); gRPC replicas stay plain.
+        self._host_tls = host_tls(self._base_env)
         self._slots: RolloutSlots = rollout_slots or RedisRolloutSlots(redis_client)
         self._scale: ScaleBook = scale or RedisScaleBook(redis_client)
         # This launcher among the API's others, as the rollout slots name it.
@@ -454,10 +458,13 @@ class ReplicaLauncher:
             self._base_env, project_dir, api, spec_path=spec_path, markers_dir=state_dir / "markers",
             replica_id=replica_id, api_url=self.api_url,
         )
-        unix_socket = socket_path_for(replica_id)
         config = ApiConfig.from_dict(api.spec)
-        argv = replica_argv(config.predictor, f"{self.host}:{port}", unix_socket=unix_socket)
-        gen = Generation(replica_id, api, port, project_dir, state_dir, env, argv, unix_socket=unix_socket or "")
+        # Over TLS the replica listens on its TCP port only: a proxy on this host reaches it there too.
+        tls = self._host_tls if config.predictor.protobuf_path is None else None
+        unix_socket = socket_path_for(replica_id) if tls is None else None
+        argv = replica_argv(config.predictor, f"{self.host}:{port}", unix_socket=unix_socket, tls=tls)
+        gen = Generation(replica_id, api, port, project_dir, state_dir, env, argv, unix_socket=unix_socket or "",
+                         tls=tls is not None)
         if api.environment:
             gen.environment = BackgroundBuild(self._environments, api.environment, project_dir, config)
         return gen

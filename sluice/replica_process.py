@@ -21,6 +21,8 @@ from foundation.processes import die_with_parent
 from predictors_runtime.config import ApiConfig, PredictorConfig
 from predictors_runtime.project import read_dotenv
 
+from .tls.hosts import HostTls
+
 ROOT = Path(__file__).resolve().parent.parent
 REPLICA_APP = "api.realtime:create_replica_app()"
 MIN_GRACEFUL_S = 30.0
@@ -66,15 +68,17 @@ def no_control_socket() -> list[str]:
 
 
 def gunicorn_argv(predictor: PredictorConfig, bind: str, python: str = sys.executable,
-                  unix_socket: str | None = None) -> list[str]:
+                  unix_socket: str | None = None, tls: HostTls | None = None) -> list[str]:
     """The gunicorn command of one replica. No --preload: each process builds its own predictor.
 
     `unix_socket`: a path it listens on besides `bind`, for a proxy on the same host
-    (sluice/local_socket.py).
+    (sluice/local_socket.py). `tls`: it serves TLS only, with this host's certificate.
     """
     argv = [python, "-m", "gunicorn", "-b", bind, "-w", str(predictor.processes_per_replica)]
     if unix_socket:
         argv += ["-b", f"unix:{unix_socket}"]
+    if tls is not None:
+        argv += tls.gunicorn_argv()
     argv += worker_class_argv(predictor)
     worker_timeout = max(MIN_WORKER_TIMEOUT_S, int(predictor.request_timeout or 0) * 2)
     argv += [
@@ -90,11 +94,11 @@ def gunicorn_argv(predictor: PredictorConfig, bind: str, python: str = sys.execu
 
 
 def replica_argv(predictor: PredictorConfig, bind: str, python: str = sys.executable,
-                 unix_socket: str | None = None) -> list[str]:
-    """The command of one replica: gunicorn serving HTTP, or for a gRPC API (`protobuf_path`) the
-    gRPC replica (sluice/grpc_replica.py) on the same addresses."""
+                 unix_socket: str | None = None, tls: HostTls | None = None) -> list[str]:
+    """The command of one replica: gunicorn serving HTTP (over TLS with `tls`), or for a gRPC API
+    (`protobuf_path`) the gRPC replica (sluice/grpc_replica.py) on the same addresses."""
     if predictor.protobuf_path is None:
-        return gunicorn_argv(predictor, bind, python, unix_socket)
+        return gunicorn_argv(predictor, bind, python, unix_socket, tls)
     return [python, "-m", "sluice.grpc_replica", bind, *(["--unix", unix_socket] if unix_socket else [])]
 
 

@@ -5,6 +5,7 @@ address)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -120,7 +121,6 @@ def up(port: int, workers: int, idle_grace: float, data_dir: Path | None, fresh:
        tls_key: Path | None, tls_mode: str | None) -> None:
     """Start Redis (private, unless SLUICE_REDIS_URL or SLUICE_REDIS_SENTINELS is set), a worker host
     (`sluice workers`), beat, the API, the proxy and the replicas placed on this host; Ctrl-C stops all."""
-    import os
 
     with needs_extra("server", "`sluice up`"):
         from ..embedded import Stack
@@ -288,7 +288,9 @@ def workers(queues: str, cpu: str | None, mem: str | None, gpu: int | None, inf:
 @main.command()
 @click.option("--port", default=8888, show_default=True, help="The public port.")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address the public port listens on.")
-@click.option("--management", required=True, help="host:port of the management API (gunicorn 'api:create_app()').")
+@click.option("--management", required=True,
+              help="host:port of the management API (gunicorn 'api:create_app()'); https://host:port when it "
+                   "serves TLS (checked against SLUICE_HOST_TLS_CA, else the system's CAs).")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for haproxy's configuration, log and master socket (default: $SLUICE_CACHE_DIR/proxy-PORT).")
 @tls_options
@@ -306,6 +308,7 @@ def proxy(port: int, bind: str, management: str, state_dir: Path | None, tls_cer
         from foundation.settings import Settings
 
         from ..proxy import ProxyController
+        from ..tls.hosts import backend_cas
 
     _both_or_neither(tls_cert, tls_key)
     configure_json_logging()
@@ -314,6 +317,7 @@ def proxy(port: int, bind: str, management: str, state_dir: Path | None, tls_cer
         controller = ProxyController(
             heartbeat_client(settings), port=port, bind=bind, management=management,
             state_dir=state_dir or Path(settings.cache_dir) / f"proxy-{port}", tls_cert=tls_cert, tls_key=tls_key,
+            backend_ca=backend_cas(os.environ),
         )
     except SluiceError as e:
         raise click.ClickException(str(e)) from e

@@ -15,13 +15,15 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 import requests
 from cryptography import x509
 
+from foundation.replica_directory import RedisReplicaDirectory
 from sluice.client import UntrustedCertificate
-from sluice.embedded import free_port
+from sluice.embedded import Stack, free_port
 from sluice.tls.self_signed import make_self_signed
-from tests.integration.conftest import closing_client, write_project
+from tests.integration.conftest import ROOM, closing_client, write_project
 from tests.integration.processes import children_of
 from tests.integration.test_realtime import write_realtime_project
 
@@ -151,3 +153,23 @@ def test_sluice_up_tls_self_signed_prints_its_ca_and_keeps_it_across_restarts(tm
     # The same CA both times: a client handed it once keeps trusting this stack.
     assert cas[0] == cas[1]
     assert oct((home / "tls" / "ca-key.pem").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_host_with_a_certificate_serves_its_replicas_over_tls_only_and_the_proxy_checks_it(tmp_path):
+    pair = make_self_signed(tmp_path / "hosts", ["127.0.0.1", "localhost"])
+    env = {"SLUICE_HOST_TLS_CERT": str(pair.cert), "SLUICE_HOST_TLS_KEY": str(pair.key),
+           "SLUICE_HOST_TLS_CA": str(pair.ca)}
+    with Stack(port=free_port(), workers=0, offers=ROOM, data_dir=tmp_path / "stack", env=env,
+               worker_host=False) as stack:
+        client = closing_client(stack.url)
+        client.deploy(write_realtime_project(tmp_path / "greeter", "host-tls"))
+        client.wait_ready("host-tls", timeout=120)
+        assert client.predict("host-tls", {"over": "tls"})["echo"] == {"over": "tls"}  # proxy -> replica over TLS
+        [record] = [r for r in RedisReplicaDirectory(redis.Redis.from_url(stack.redis_url or "")).all()
+                    if r.api == "host-tls"]
+        assert record.tls and record.socket == ""  # TLS only: no plain Unix socket beside it
+        replica = f"{record.host}:{record.port}/host-tls"
+        with pytest.raises(requests.ConnectionError):
+            requests.post(f"http://{replica}", json={"plain": True}, timeout=10)
+        answered = requests.post(f"https://{replica}", json={"direct": True}, timeout=10, verify=str(pair.ca))
+        assert answered.status_code == 200 and answered.json()["echo"] == {"direct": True}

@@ -456,3 +456,19 @@ def test_a_renewed_certificate_is_a_new_configuration_and_plain_http_says_so(hap
     renewed = render_config(routes, bind="127.0.0.1", port=8888, management=MANAGEMENT,
                             tls=PublicTls(tls.pem, "0" * 16))
     assert tag_of(first) != tag_of(renewed) != tag_of(plain)
+
+
+def test_replicas_serving_tls_and_an_https_management_api_are_reached_over_checked_tls(haproxy_accepts):
+    tls_replica = ReplicaRecord(replica_id="a-1", api="a", bundle="b1", host="10.0.0.7", port=9001, processes=1,
+                                ready=True, draining=False, seen=1000.0, tls=True)
+    routes = plan_routes([deployed("a")], [tls_replica, replica("a-2", "a", 9002)], backend_ca="@system-ca")
+    config = render_config(routes, bind="127.0.0.1", port=8888, management="https://10.0.0.5:8000",
+                           backend_ca="@system-ca")
+    haproxy_accepts(config)
+    servers = [line for line in section(config, "backend rt_a") if line.startswith("server ")]
+    assert servers == [
+        'server a-1 10.0.0.7:9001 maxconn 1 ssl verify required ca-file "@system-ca" verifyhost 10.0.0.7',
+        "server a-2 127.0.0.1:9002 maxconn 1",  # a replica of a host without a certificate: plain
+    ]
+    assert section(config, "backend management")[-1] == (
+        'server management 10.0.0.5:8000 ssl verify required ca-file "@system-ca" verifyhost 10.0.0.5')

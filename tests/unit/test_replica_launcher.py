@@ -11,12 +11,16 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from foundation.api_registry import DeployedApi
+from foundation.errors import ConfigError
 from predictors_runtime.config import ApiConfig
 from sluice.cli.render import realtime_status
 from sluice.replica import Generation, ReplicaLauncher, alternate_port, deployment_identity, restart_delay_s
 from sluice.replica_manager import free_port_pair
 from sluice.replica_process import REPLICA_APP, ROOT, gunicorn_argv, replica_argv, replica_env
+from sluice.tls.hosts import HostTls, host_tls
 
 
 def _config(name: str = "echo", kind: str = "RealtimeAPI", **predictor: Any) -> ApiConfig:
@@ -174,3 +178,18 @@ def test_sluice_get_calls_a_starting_api_starting_and_only_a_failing_one_an_erro
     assert realtime_status(api(failing)) == "error"
     assert realtime_status(api(ready, failing)) == "live (with errors)"
     assert realtime_status(api(ready)) == "live"
+
+
+def test_with_a_host_certificate_gunicorn_serves_tls_only_on_its_tcp_port(tmp_path: Path):
+    argv = gunicorn_argv(_config().predictor, "0.0.0.0:9000", tls=HostTls("/c.pem", "/k.pem"))
+    assert _option(argv, "--certfile") == "/c.pem" and _option(argv, "--keyfile") == "/k.pem"
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("c")
+    key.write_text("k")
+    assert host_tls({}) is None
+    given = {"SLUICE_HOST_TLS_CERT": str(cert), "SLUICE_HOST_TLS_KEY": str(key)}
+    assert host_tls(given) == HostTls(str(cert), str(key))
+    with pytest.raises(ConfigError, match="go together"):
+        host_tls({"SLUICE_HOST_TLS_CERT": str(cert)})
+    with pytest.raises(ConfigError, match="is not a file"):
+        host_tls({**given, "SLUICE_HOST_TLS_KEY": str(tmp_path / "none")})
