@@ -1,7 +1,7 @@
 """One gRPC realtime replica process: the project's own service, as Cortex v0.32-v0.35 served an API
 whose `predictor.protobuf_path` names a `.proto` file.
 
-    python -m sluice.grpc_replica HOST:PORT [--unix PATH]
+    python -m sluice.grpc_replica HOST:PORT [--unix PATH] [--tls-cert FILE --tls-key FILE]
 
 It is told what to serve as an HTTP replica is (the `SLUICE_REPLICA_*` variables, `ReplicaSettings`).
 At start it compiles the project's `.proto` with grpcio-tools into its state folder, imports the
@@ -174,8 +174,9 @@ def build(settings: ReplicaSettings, api: ApiConfig, messages: ModuleType, predi
 
 
 def serve(bind: str, unix_socket: str | None = None, settings: ReplicaSettings | None = None,
-          stop: threading.Event | None = None) -> int:
-    """Serve until SIGTERM (or `stop`); the exit status."""
+          stop: threading.Event | None = None, tls: tuple[Path, Path] | None = None) -> int:
+    """Serve until SIGTERM (or `stop`); the exit status. `tls`: (certificate, key) of this host: it
+    serves TLS only (sluice/tls/hosts.py)."""
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():  # from the start: a stop asked early is kept
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -211,8 +212,12 @@ def serve(bind: str, unix_socket: str | None = None, settings: ReplicaSettings |
     else:
         service.add_to_server(servicer_for(service, predictor, api.name, meter), server)
     # Listening before anything is marked, ready or failed: whoever reads a marker can call at once.
+    credentials = (grpc.ssl_server_credentials([(tls[1].read_bytes(), tls[0].read_bytes())])
+                   if tls is not None else None)
     for address in (bind, *([f"unix:{unix_socket}"] if unix_socket else [])):
-        if server.add_insecure_port(address) == 0:  # gRPC says 0 for an address it cannot listen on
+        port = (server.add_secure_port(address, credentials) if credentials is not None
+                else server.add_insecure_port(address))
+        if port == 0:  # gRPC says 0 for an address it cannot listen on
             raise ConfigError(f"the gRPC replica cannot listen on {address}")
     server.start()
     if service is None:
@@ -236,8 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sluice.grpc_replica", description=__doc__.split("\n")[0])
     parser.add_argument("bind", help="HOST:PORT to serve on")
     parser.add_argument("--unix", help="a Unix socket to serve on as well (for a proxy on this host)")
+    parser.add_argument("--tls-cert", type=Path, help="this host's certificate: serve TLS only (with --tls-key)")
+    parser.add_argument("--tls-key", type=Path, help="the key of --tls-cert")
     args = parser.parse_args(argv)
-    return serve(args.bind, args.unix)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
+    tls = (args.tls_cert, args.tls_key) if args.tls_cert is not None else None
+    return serve(args.bind, args.unix, tls=tls)
 
 
 if __name__ == "__main__":

@@ -478,9 +478,12 @@ def _realtime_backend(route: Route, keys_file: str | None = None) -> list[str]:
         + _json_body("bad_gateway", _literal(f"a replica of {name} closed the connection or sent an invalid answer"))
         + " hdr X-Sluice-Error bad_gateway",
     ]
-    proto = " proto h2" if route.grpc_prefix is not None else ""
+    grpc = route.grpc_prefix is not None
+    proto = " proto h2" if grpc else ""
     for server in route.servers:
-        tls = _verified_tls(server.tls_ca, server.host) if server.tls_ca is not None else ""
+        tls = ""
+        if server.tls_ca is not None:  # a gRPC replica over TLS is offered HTTP/2 by ALPN, as gRPC wants
+            tls = _verified_tls(server.tls_ca, server.host) + (" alpn h2" if grpc else "")
         lines.append(f"    server {server.name} {server.address} maxconn {route.concurrency}{proto}{tls}")
     return lines
 

@@ -265,7 +265,7 @@ class ReplicaLauncher:
         self._environments = environments or HostEnvironments(self._state_root / "environments")
         self._memory_limits = memory_limits or MemoryLimits(LimitMode.OFF, "not asked for")
         self._cpu_limits = cpu_limits or CpuLimits("not asked for")
-        # This host's certificate for its replicas (SLUICE_HOST_TLS_CERT/KEY); gRPC replicas stay plain.
+        # This host's certificate for its replicas (SLUICE_HOST_TLS_CERT/KEY).
         self._host_tls = host_tls(self._base_env)
         self._slots: RolloutSlots = rollout_slots or RedisRolloutSlots(redis_client)
         self._scale: ScaleBook = scale or RedisScaleBook(redis_client)
@@ -460,7 +460,7 @@ class ReplicaLauncher:
         )
         config = ApiConfig.from_dict(api.spec)
         # Over TLS the replica listens on its TCP port only: a proxy on this host reaches it there too.
-        tls = self._host_tls if config.predictor.protobuf_path is None else None
+        tls = self._host_tls
         unix_socket = socket_path_for(replica_id) if tls is None else None
         argv = replica_argv(config.predictor, f"{self.host}:{port}", unix_socket=unix_socket, tls=tls)
         gen = Generation(replica_id, api, port, project_dir, state_dir, env, argv, unix_socket=unix_socket or "",

@@ -99,7 +99,8 @@ def replica_argv(predictor: PredictorConfig, bind: str, python: str = sys.execut
     (`protobuf_path`) the gRPC replica (sluice/grpc_replica.py) on the same addresses."""
     if predictor.protobuf_path is None:
         return gunicorn_argv(predictor, bind, python, unix_socket, tls)
-    return [python, "-m", "sluice.grpc_replica", bind, *(["--unix", unix_socket] if unix_socket else [])]
+    return [python, "-m", "sluice.grpc_replica", bind, *(["--unix", unix_socket] if unix_socket else []),
+            *(["--tls-cert", tls.cert, "--tls-key", tls.key] if tls is not None else [])]
 
 
 def replica_env(

@@ -1,10 +1,11 @@
 """TLS between Sluice's hosts: what a host serves its replicas with, and what the proxy checks.
 
 A replica host given a certificate and key (`SLUICE_HOST_TLS_CERT`, `SLUICE_HOST_TLS_KEY`) serves
-its HTTP replicas over TLS only (gunicorn's `--certfile`/`--keyfile`; no plain Unix socket beside
-it), and says so in each replica's record; a proxy routes such a replica over TLS, checking its
-certificate against `SLUICE_HOST_TLS_CA` (else the system's CAs) and its name against the address
-the replica is reached at. The certificate must name that address (the host's `--advertise`).
+its replicas over TLS only (gunicorn's `--certfile`/`--keyfile`, the gRPC replica's secure port; no
+plain Unix socket beside them), and says so in each replica's record; a proxy routes such a
+replica over TLS, checking its certificate against `SLUICE_HOST_TLS_CA` (else the system's CAs) and
+its name against the address the replica is reached at. The certificate must name that address
+(the host's `--advertise`).
 """
 
 from __future__ import annotations

@@ -14,9 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 import redis
 import requests
+import yaml
 from cryptography import x509
 
 from foundation.replica_directory import RedisReplicaDirectory
@@ -25,6 +27,7 @@ from sluice.embedded import Stack, free_port
 from sluice.tls.self_signed import make_self_signed
 from tests.integration.conftest import ROOM, closing_client, write_project
 from tests.integration.processes import children_of
+from tests.integration.test_grpc_replica import IRIS_HANDLER, IRIS_PROTO, stubs_of
 from tests.integration.test_realtime import write_realtime_project
 
 pytestmark = pytest.mark.integration
@@ -173,3 +176,24 @@ def test_a_host_with_a_certificate_serves_its_replicas_over_tls_only_and_the_pro
             requests.post(f"http://{replica}", json={"plain": True}, timeout=10)
         answered = requests.post(f"https://{replica}", json={"direct": True}, timeout=10, verify=str(pair.ca))
         assert answered.status_code == 200 and answered.json()["echo"] == {"direct": True}
+
+        # A gRPC API of the same host: its replica serves TLS only too, and the proxy calls it over TLS.
+        project = tmp_path / "grpc"
+        project.mkdir()
+        (project / "iris_classifier.proto").write_text(IRIS_PROTO)
+        (project / "handler.py").write_text(IRIS_HANDLER)
+        (project / "cortex.yaml").write_text(yaml.safe_dump([{"name": "iris-classifier", "kind": "RealtimeAPI",
+                                                              "handler": {"type": "python", "path": "handler.py",
+                                                                          "protobuf_path": "iris_classifier.proto",
+                                                                          "config": {"labels": ["a", "b", "c"]}}}]))
+        messages, stubs = stubs_of(project / "iris_classifier.proto", tmp_path / "stubs")
+        client.deploy(project / "cortex.yaml")
+        client.wait_ready("iris-classifier", timeout=120)
+        sample = messages.Sample(sepal_length=5.2, sepal_width=3.6, petal_length=1.4, petal_width=0.3)
+        with grpc.insecure_channel(stack.url.split("://", 1)[1]) as channel:  # the public port here is plain
+            assert stubs.HandlerStub(channel).Predict(sample, timeout=30).classification == "a"
+        [served] = [r for r in RedisReplicaDirectory(redis.Redis.from_url(stack.redis_url or "")).all()
+                    if r.api == "iris-classifier"]
+        assert served.tls and served.socket == ""
+        with grpc.insecure_channel(f"{served.host}:{served.port}") as plain, pytest.raises(grpc.RpcError):
+            stubs.HandlerStub(plain).Predict(sample, timeout=10)

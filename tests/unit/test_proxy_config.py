@@ -472,3 +472,13 @@ def test_replicas_serving_tls_and_an_https_management_api_are_reached_over_check
     ]
     assert section(config, "backend management")[-1] == (
         'server management 10.0.0.5:8000 ssl verify required ca-file "@system-ca" verifyhost 10.0.0.5')
+
+
+def test_a_grpc_replica_serving_tls_is_offered_http2_by_alpn(haproxy_accepts):
+    tls_replica = ReplicaRecord(replica_id="g-1", api="iris-grpc", bundle="b1", host="10.0.0.7", port=9001,
+                                processes=1, ready=True, draining=False, seen=1000.0, tls=True)
+    routes = plan_routes([deployed("iris-grpc", protobuf_path="iris.proto")], [tls_replica])
+    config = render_config(routes, bind="127.0.0.1", port=8888, management=MANAGEMENT)
+    haproxy_accepts(config)
+    [server] = [line for line in section(config, "backend rt_iris-grpc") if line.startswith("server ")]
+    assert server.endswith('proto h2 ssl verify required ca-file "@system-ca" verifyhost 10.0.0.7 alpn h2')

@@ -36,6 +36,9 @@ def test_a_grpc_api_is_served_by_the_grpc_replica_on_the_same_addresses_and_any_
     assert replica_argv(grpc, "127.0.0.1:9000", python="py", unix_socket="/run/r.sock") == [
         "py", "-m", "sluice.grpc_replica", "127.0.0.1:9000", "--unix", "/run/r.sock"]
     assert replica_argv(_config().predictor, "h:1", python="py") == gunicorn_argv(_config().predictor, "h:1", "py")
+    # A host with a certificate: the gRPC replica serves TLS only, with it.
+    assert replica_argv(grpc, "0.0.0.0:9000", python="py", tls=HostTls("/c.pem", "/k.pem")) == [
+        "py", "-m", "sluice.grpc_replica", "0.0.0.0:9000", "--tls-cert", "/c.pem", "--tls-key", "/k.pem"]
 
 
 # -- pure pieces ---------------------------------------------------------------------------------
