@@ -69,3 +69,31 @@ def test_the_hosts_file_overrides_services_of_compose_yaml_and_every_one_from_sl
 
 
 # `docker compose config` on the same files: tests/integration/test_compose_docker.py.
+
+
+def test_the_acl_overlay_gives_every_sluice_service_its_roles_user_and_redis_every_users_password() -> None:
+    """docker/compose.acl.yaml: each Sluice service of compose.yaml connects as a user that
+    docker/redis-users.acl defines, and Redis puts a password of the env file into every user's line."""
+    overlay = yaml.safe_load((DOCKER / "compose.acl.yaml").read_text())
+    assert problems(overlay) == []
+    base = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]
+    acl_users = {line.split()[1]: line for line in (DOCKER / "redis-users.acl").read_text().splitlines()
+                 if line.startswith("user ")}
+    assert "off" in acl_users.pop("default").split()
+    from_sluice_image = {name for name, service in base.items() if "build" in service or "<<" in service}
+    services = overlay["services"]
+    assert from_sluice_image - {"prometheus", "grafana"} <= set(services)
+    used = set()
+    for name, service in services.items():
+        if name == "redis":
+            continue
+        url = service["environment"]["SLUICE_REDIS_URL"]
+        user = url.removeprefix("redis://").split(":", 1)[0]
+        assert user in acl_users, (name, user)
+        used.add(user)
+    assert used == set(acl_users)
+    command = " ".join(services["redis"]["command"])
+    for user, line in acl_users.items():
+        placeholder = next(part for part in line.split() if part.startswith(">"))
+        assert f"s/{placeholder}/" in command, user
+    assert "--aclfile /data/users.acl" in command and "requirepass" not in command
