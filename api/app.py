@@ -70,10 +70,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     register_error_handlers(app)
     # Last registered, so first to run after a view: a write's answer waits for Redis's replicas.
     promises.confirm_writes(app)
-    # AsyncAPI submissions are answered before Flask's own work (`api/async_front.py`).
-    app.wsgi_app = AsyncSubmitFront(app, app.wsgi_app, settings)  # type: ignore[method-assign]
     # The proxy says whether its client came over TLS (it replaces any X-Forwarded-Proto the client
     # sent), so the addresses answered (an API's endpoint) are https:// when they should be. Only
-    # the scheme is taken: the client's address and host stay what the connection says.
-    app.wsgi_app = ProxyFix(app.wsgi_app, x_for=0, x_proto=1, x_host=0, x_port=0, x_prefix=0)  # type: ignore[method-assign]
+    # the scheme is taken: the client's address and host stay what the connection says. AsyncAPI
+    # submissions, which answer no address, are answered before it and Flask (`api/async_front.py`).
+    flask_wsgi = ProxyFix(app.wsgi_app, x_for=0, x_proto=1, x_host=0, x_port=0, x_prefix=0)
+    app.wsgi_app = AsyncSubmitFront(app, flask_wsgi, settings)  # type: ignore[method-assign]
     return app

@@ -42,8 +42,8 @@ def baseline_app():
     model = RowModel(os.environ["BENCH_MODEL"], int(os.environ["BENCH_FEATURES"]))
     app = Flask("baseline")
 
-    @app.post("/predict")
-    def predict():
+    @app.post("/<name>")  # /predict, or an API's own path behind a proxy (bench/proxy_hop.py)
+    def predict(name: str):
         return jsonify(model.rows([request.get_json()])[0])
 
     return app
