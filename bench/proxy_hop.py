@@ -11,7 +11,11 @@ system is a haproxy of its own (one thread, as Sluice's) in front of it:
 - `-counters`: without the refusals' stick-table tracking and the after-response counting;
 - `-request-id`: without the request id (uuid, variable, header) and the error rewriting;
 - `bare`: `mode http`, one frontend, one backend, the server with its maxconn: what any HTTP proxy costs;
-- `bare tcp`: the same to the TCP port instead of the Unix socket.
+- `bare tcp`: the same to the TCP port instead of the Unix socket;
+- `... nice`: the same haproxy run at OS priority -10 (`nice -n -10`; needs root): how much of the
+  cost is the one haproxy thread waiting for a core that the workers and wrk hold;
+- `direct gthread`, `... gthread`: a second server with gthread workers (1 thread) that keep
+  connections alive, and haproxy reusing them (`http-reuse always`).
 Runs are interleaved (each system once per round, `--rounds` rounds, the median kept) so that the
 machine's drift hits all alike. Figures: requests/s and p50 from wrk, and the machine's busy CPU per
 request (/proc/stat), each against `direct`.
@@ -99,9 +103,13 @@ def main() -> None:
         management = free_port()  # nothing listens there: no request of the runs goes to it
         configs = {
             "sluice": lambda port: sluice_config(port, socket, management),
+            "-counters": lambda port: without(sluice_config(port, socket, management),
+                                              "track-sc0", "sc_inc_gpc", "stick-table"),
             "-request-id": lambda port: without(sluice_config(port, socket, management), "X-Request-ID",
                                                 "txn.request_id", "http-error", "set-var(txn.deadline_ms)"),
+            "sluice nice": lambda port: sluice_config(port, socket, management),
             "bare": lambda port: bare_config(port, f"unix@{socket}"),
+            "bare nice": lambda port: bare_config(port, f"unix@{socket}"),
             "bare tcp": lambda port: bare_config(port, f"127.0.0.1:{server_port}"),
             "bare gthread": lambda port: bare_config(port, f"unix@{kept_socket}").replace(
                 "backend rt\n", "backend rt\n    http-reuse always\n"),

@@ -40,6 +40,7 @@ from jobs.scaling.realtime import RealtimeScaling
 from predictors_runtime.config import ApiConfig
 from predictors_runtime.splitter_config import TrafficSplitterConfig
 from sluice.embedded import free_port
+from sluice.haproxy import DEFAULT_PRIORITY
 from sluice.proxy import ProxyController
 from testbed.waiting import wait_for
 
@@ -240,6 +241,18 @@ def test_realtime_paths_go_to_their_replicas_and_everything_else_to_the_manageme
         answer = requests.post(proxy.url + path, json={}, timeout=10)
         assert answer.json()["server"] == "management", path
         assert answer.json()["path"] == path
+
+
+def test_haproxy_and_its_workers_run_ahead_of_the_replicas_when_allowed(proxy):
+    """Its one thread forwards every request: it asks for nice -10 (root or CAP_SYS_NICE), else keeps
+    the controller's priority (sluice/haproxy.py)."""
+    master = proxy.controller.haproxy.process
+    state = proxy.controller.haproxy.state()
+    assert master is not None and state is not None and state.workers
+    allowed = os.geteuid() == 0
+    expected = DEFAULT_PRIORITY if allowed else os.getpriority(os.PRIO_PROCESS, 0)
+    for pid in (master.pid, *state.workers):
+        assert os.getpriority(os.PRIO_PROCESS, pid) == expected, pid
 
 
 def test_a_busy_replica_gets_no_new_request_while_another_is_idle(proxy, deploy, launchers, backends, gate):

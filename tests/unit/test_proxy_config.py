@@ -295,17 +295,35 @@ def test_haproxy_is_tied_to_its_controller_with_the_race_checked(tmp_path, monke
     started: dict = {}
 
     class Recorded:
+        pid = os.getpid()
+
         def __init__(self, argv, **kwargs):
             started.update(kwargs)
 
     monkeypatch.setattr(haproxy.shutil, "which", lambda name: "/usr/sbin/haproxy")
     monkeypatch.setattr(subprocess, "Popen", Recorded)
-    haproxy.HAProxy(tmp_path, executable="/usr/sbin/haproxy").start()
+    haproxy.HAProxy(tmp_path, executable="/usr/sbin/haproxy", priority=-7).start()
 
-    preexec = started["preexec_fn"]
+    # It asks for its priority, then ties itself to this very process.
+    outer = started["preexec_fn"]
+    assert outer.__qualname__ == "_prioritised.<locals>.preexec"
+    cells = {type(cell.cell_contents).__name__: cell.cell_contents for cell in outer.__closure__ or ()}
+    assert cells["int"] == -7
+    preexec = cells["function"]
     assert preexec.__qualname__ == "die_with_parent.<locals>.preexec"
     assert preexec.__closure__ is not None
     assert os.getpid() in [cell.cell_contents for cell in preexec.__closure__]
+
+
+def test_the_proxys_priority_is_a_nice_value_minus_ten_unless_set():
+    from foundation.errors import ConfigError
+    from sluice.haproxy import proxy_priority
+
+    assert proxy_priority({}) == -10
+    assert proxy_priority({"SLUICE_PROXY_PRIORITY": "0"}) == 0
+    for bad in ("-21", "20", "high"):
+        with pytest.raises(ConfigError, match="a nice value from -20 to 19"):
+            proxy_priority({"SLUICE_PROXY_PRIORITY": bad})
 
 
 # -- traffic splitters ------------------------------------------------------------------------------
