@@ -97,10 +97,14 @@ class RedisAcknowledgements(Acknowledgements):
             return self.policy.replicas
         now = self.clock()
         with self._lock:
-            if self._read_at is None or now - self._read_at >= REPLICAS_READ_EVERY_S:
-                info = self.client.info("replication")
-                self._connected, self._read_at = int(info.get("connected_slaves", 0)), now
-            return self._connected
+            if self._read_at is not None and now - self._read_at < REPLICAS_READ_EVERY_S:
+                return self._connected
+        # Read outside the lock: a slow Redis must not hold every other request thread of this
+        # process behind this one (two threads may read at once; either answer is current).
+        connected = int(self.client.info("replication").get("connected_slaves", 0))
+        with self._lock:
+            self._connected, self._read_at = connected, now
+        return connected
 
     def confirm(self, retry_by: str | None = None) -> None:
         wanted = self.wanted()

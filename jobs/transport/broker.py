@@ -132,12 +132,8 @@ def broker_ssl(address: RedisAddress) -> dict[str, Any] | None:
     checking the server's certificate; None for plain TCP."""
     if address.tls is None:
         return None
-    options: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
-    for name, value in (("ssl_ca_certs", address.tls.ca), ("ssl_certfile", address.tls.cert),
-                        ("ssl_keyfile", address.tls.key)):
-        if value:
-            options[name] = value
-    return options
+    # The same files as redis-py's clients; kombu wants the `ssl` module's constant, not its name.
+    return {**address.tls.redis_py(), "ssl_cert_reqs": ssl.CERT_REQUIRED}
 
 
 # While set (in one thread), what Sluice's channels would push on a queue's list: (its key, the message).
