@@ -15,6 +15,12 @@ answers the common case itself and hands every other request to Flask untouched:
 - left to Flask, which answers them as before: every other method, path and API kind, a refused
   key (401) or open bind (403), a body over the limit (413) or sent chunked.
 
+A submission costs one round trip to Redis: the route this process keeps is used without asking
+the registry whether it moved on (a second round trip, a tenth of this layer's CPU), and the
+submission's script stores nothing unless the registry is still at the generation the route was
+read at; when it is not (a deploy or delete since), Flask answers the request on the route as it is
+now.
+
 What submitting raises is answered as Flask's handlers answer it (`api.errors.error_of`); the
 answer's body is `schemas.AsyncSubmitted`'s, and it is counted in `sluice_http_responses_total`
 like any other.
@@ -22,6 +28,7 @@ like any other.
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -36,6 +43,7 @@ from foundation.api_registry import DeployedApi
 from foundation.errors import ApiNotFound, NotAcknowledged, Unauthorized
 from foundation.idempotency import HEADER
 from foundation.settings import Settings
+from jobs.asyncapi.store import RouteChanged
 from jobs.asyncapi.submit import Submission, submit_request
 from jobs.services import Services
 from predictors_runtime.config_base import RESERVED_NAMES
@@ -62,9 +70,10 @@ class AsyncSubmitFront:
         self._settings = settings
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        api = self._submission_to(environ)
-        if api is None:
+        route = self._submission_to(environ)
+        if route is None:
             return self._flask(environ, start_response)
+        generation, api = route
         length = int(environ["CONTENT_LENGTH"])
         body = environ["wsgi.input"].read(length) if length else b""
         if len(body) != length:  # the client went away mid-body: nothing half-sent is stored
@@ -75,11 +84,16 @@ class AsyncSubmitFront:
         try:
             submission = Submission(api_name=api.name, body=body, content_type=environ.get("CONTENT_TYPE") or None,
                                     client_request_id=request_id_asked(environ.get("HTTP_X_REQUEST_ID"), key),
-                                    batched=is_batched(api))
+                                    batched=is_batched(api), route_generation=generation)
             request_id = submit_request(services.async_requests, services.request_objects, services.celery,
                                         submission, time.time(), services.task_messages)
             # Answered only once Redis's replicas have it (api/promises.py).
             services.acknowledgements.confirm(retry_by=key)
+        except RouteChanged:
+            # A deploy or delete since this process read the route, and nothing stored: Flask answers
+            # the request on the route as the registry has it now (and this process keeps that one).
+            environ["wsgi.input"] = io.BytesIO(body)
+            return self._flask(environ, start_response)
         except Exception as e:  # noqa: BLE001 - answered as Flask's handlers answer it, then the next request
             status, error = error_of(e)
             retry = [(HEADER, key), ("Retry-After", "1")] if key and isinstance(e, NotAcknowledged) else []
@@ -87,8 +101,12 @@ class AsyncSubmitFront:
         answer = AsyncSubmitted(id=request_id).model_dump_json(exclude_unset=True).encode()
         return _answer(start_response, 200, answer, [("X-Request-ID", request_id)])
 
-    def _submission_to(self, environ: dict[str, Any]) -> DeployedApi | None:
-        """The AsyncAPI this request submits to, when it is one this layer answers; else None."""
+    def _submission_to(self, environ: dict[str, Any]) -> tuple[int, DeployedApi] | None:
+        """The AsyncAPI this request submits to and the registry generation its route was read at, when
+        it is one this layer answers; else None.
+
+        The route this process keeps is used as it is, without a round trip to Redis to ask whether
+        the registry moved on: the submission's own script refuses it if so (`RouteChanged`)."""
         if environ.get("REQUEST_METHOD") != "POST":
             return None
         path = environ.get("PATH_INFO") or ""
@@ -97,11 +115,13 @@ class AsyncSubmitFront:
             return None
         if not self._admitted(environ) or not self._within_limit(environ):
             return None
-        try:
-            api = context.route_in(self._extensions, name)
-        except ApiNotFound:
-            return None  # Flask's fallback says so
-        return api if api.kind == ApiKind.ASYNC else None
+        route = context.kept_route(self._extensions, name)
+        if route is None:
+            try:
+                route = context.read_route(self._extensions, name)
+            except ApiNotFound:
+                return None  # Flask's fallback says so
+        return route if route[1].kind == ApiKind.ASYNC else None
 
     def _admitted(self, environ: dict[str, Any]) -> bool:
         """Whether the API-key check lets this request submit (`api/auth.py` answers those it does not)."""

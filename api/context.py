@@ -11,6 +11,7 @@ from typing import Any, cast
 from flask import current_app
 
 from foundation.api_registry import ApiRegistry, DeployedApi
+from foundation.errors import ApiNotFound
 from foundation.figure_store import FigureStore
 from foundation.log_streams import LogStreams
 from foundation.predictor_builds import PredictorBuilds
@@ -69,12 +70,29 @@ def route_in(extensions: dict[str, Any], name: str) -> DeployedApi:
     API process is dropped the moment another process changes the API, and a deleted API answers 404
     from every process at once. The generation is read before the deployment, so a deploy between the
     two leaves the route kept at the older generation: read again on the next request."""
+    return read_route(extensions, name)[1]
+
+
+def read_route(extensions: dict[str, Any], name: str) -> tuple[int, DeployedApi]:
+    """`route_in`, with the registry generation the route holds at."""
     api_registry = cast(ApiRegistry, extensions[REGISTRY])
     routes: dict[str, tuple[int, DeployedApi]] = extensions.setdefault(ROUTES, {})
     generation = api_registry.generation()
     kept = routes.get(name)
     if kept is not None and kept[0] == generation:
-        return kept[1]
-    api = api_registry.get(name)
+        return kept
+    try:
+        api = api_registry.get(name)
+    except ApiNotFound:
+        routes.pop(name, None)  # a deleted API's route is not kept for `kept_route` either
+        raise
     routes[name] = (generation, api)
-    return api
+    return generation, api
+
+
+def kept_route(extensions: dict[str, Any], name: str) -> tuple[int, DeployedApi] | None:
+    """The route this process keeps for `name` and the generation it was read at, without asking the
+    registry whether it still holds: for a caller whose write is refused unless the registry is
+    still at that generation (an AsyncAPI submission, `jobs/asyncapi/lua/submit.lua`)."""
+    routes: dict[str, tuple[int, DeployedApi]] = extensions.get(ROUTES, {})
+    return routes.get(name)

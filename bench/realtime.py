@@ -9,7 +9,8 @@ for that row as JSON. Systems, all with the same processes (and one thread each,
   a second proxy on the same replicas that serves TLS (`sluice proxy --tls-cert/--tls-key`, a
   certificate made for the run; wrk keeps its connections, so this is TLS's cost per request once
   the handshake is done), printed as (b tls) / (b);
-- (c) Sluice's replica directly (its gunicorn, no proxy);
+- (c) Sluice's replica directly (its gunicorn, no proxy); `the hop` prints (b) / (c), what the public
+  address costs against the replica it forwards to;
 - (d) BentoML serving the same model (`bench/realtime_bento.py`, in its own virtual environment
   made by `make bench`; skipped with a note when absent);
 - for the mlps at the highest concurrency: (e) Sluice with server-side batching
@@ -469,6 +470,9 @@ def main() -> None:  # noqa: C901 - one flat script: the options, then each meas
                 for label, f in figures.items():
                     print_row(name, concurrency, label, f, base)
                 b = figures["(b) sluice via proxy"]
+                alone = figures["(c) sluice replica"]
+                print(f"{'':>8} {'':>4} the hop, (b) / (c) req/s: {b.rps / alone.rps:.2f}, "
+                      f"p50 {b.p50_ms - alone.p50_ms:+.2f} ms, CPU per request {b.cpu_us - alone.cpu_us:+,.0f} us")
                 secure = figures["(b tls) via proxy, TLS"]
                 print(f"{'':>8} {'':>4} (b tls) / (b) req/s: {secure.rps / b.rps:.2f}, "
                       f"p50 {secure.p50_ms - b.p50_ms:+.2f} ms, CPU per request {secure.cpu_us - b.cpu_us:+,.0f} us")

@@ -20,6 +20,7 @@ writes them into haproxy's configuration); answering a request without one is th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -152,6 +153,7 @@ def header_values(keys: Iterable[str]) -> list[str]:
     return [f"{scheme} {key}" for key in keys for scheme in ("Bearer", "bearer")]
 
 
+@functools.lru_cache(maxsize=256)  # asked for the address of every AsyncAPI submission (api/async_front.py)
 def is_loopback(host: str) -> bool:
     """True for `localhost` and loopback IP literals; anything else (0.0.0.0, ::, a name) is public."""
     host = host.strip().strip("[]")

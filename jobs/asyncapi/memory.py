@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from foundation.api_registry import not_deployed
 from jobs.asyncapi.counts import AsyncCounts, slot_of, window_slots
 from jobs.asyncapi.request import AsyncRequest, RequestStatus
-from jobs.asyncapi.store import UNSTARTED_LIMIT, Outcome, Submitted, Taken
+from jobs.asyncapi.store import UNSTARTED_LIMIT, Outcome, RouteChanged, Submitted, Taken
 from jobs.placement.asyncapi import Placed
 from jobs.transport.delivery import Delivery, request_entry
 from jobs.transport.task_messages import QueuedMessage
@@ -20,14 +20,17 @@ class MemoryAsyncRequests:
     """Records in a dict; the same contract as `RedisAsyncRequests` (expiry by the `now` given)."""
 
     def __init__(self, retention_s: float = 3600.0, registered: Callable[[str], bool] = lambda api_name: True,
-                 inflight: dict[str, dict[str, str]] | None = None) -> None:
+                 inflight: dict[str, dict[str, str]] | None = None,
+                 generation: Callable[[], int] = lambda: 0) -> None:
         """`registered(api_name)`: whether the API is deployed (`submit` refuses one that is not);
+        `generation()`: the registry's generation (`submit` refuses a route read at another);
         `inflight`: the nodes' in-flight hashes `begin` and `finish` enter and leave deliveries in,
         shared with a `MemoryNodes` as Redis's keys are (`MemoryNodes(ttl, inflight=store.inflight)`)."""
         self.retention_s = retention_s
         self.inflight: dict[str, dict[str, str]] = inflight if inflight is not None else {}
         self.pushed: dict[str, list[bytes]] = {}  # the broker's lists `submit` pushed task messages on, newest first
         self._registered = registered
+        self._generation = generation
         self._lock = threading.Lock()
         self._records: dict[tuple[str, str], AsyncRequest] = {}
         self._expires: dict[tuple[str, str], float] = {}
@@ -59,7 +62,9 @@ class MemoryAsyncRequests:
         self._unstarted.get(api_name, {}).pop(request_id, None)
 
     def submit(self, request: AsyncRequest, now: float, *, queued: bool = False,
-               message: QueuedMessage | None = None) -> Submitted:
+               message: QueuedMessage | None = None, generation: int | None = None) -> Submitted:
+        if generation is not None and generation != self._generation():
+            raise RouteChanged(request.api_name)
         if not self._registered(request.api_name):
             raise not_deployed(request.api_name)
         if not self.create(request, now):

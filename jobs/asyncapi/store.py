@@ -106,6 +106,11 @@ class Outcome:
     message: str = ""
 
 
+class RouteChanged(Exception):
+    """A submission routed by a registry generation that is no longer the registry's: nothing was
+    stored, and the caller reads the route again (a deploy or delete may have changed it)."""
+
+
 @dataclass(frozen=True)
 class Submitted:
     """What `submit` did: stored the request (False: one of that id was there already), and whether the
@@ -124,11 +129,12 @@ class AsyncRequestStore(Protocol):
         """Store a new request; False (and nothing changed) when one of that id exists already."""
 
     def submit(self, request: AsyncRequest, now: float, *, queued: bool = False,
-               message: QueuedMessage | None = None) -> Submitted:
+               message: QueuedMessage | None = None, generation: int | None = None) -> Submitted:
         """`create` for a request its API's route sent, refused with `ApiNotFound` unless the API is
         still registered; `queued`: also offer it to batches at once (as `queue`), in the same step;
         `message`: the task that runs it, queued in the same step too, only if the request is stored
-        (the broker being this Redis)."""
+        (the broker being this Redis); `generation`: the registry generation the route was read at,
+        refused with `RouteChanged` (nothing stored) unless the registry is still at it."""
 
     def queue(self, api_name: str, request_id: str) -> bool:
         """Offer a stored request (its payload stored too) to `claim` (`server_side_batching`); True
@@ -236,19 +242,22 @@ class RedisAsyncRequests:
         return bool(created)
 
     def submit(self, request: AsyncRequest, now: float, *, queued: bool = False,
-               message: QueuedMessage | None = None) -> Submitted:
+               message: QueuedMessage | None = None, generation: int | None = None) -> Submitted:
         api_name, request_id = request.api_name, request.request_id
         fields: list[str | bytes] = []
         for name, value in request.to_dict().items():
             fields.extend((name, value))
         args = [*self._expiry_args(api_name, request_id, now), api_name, request_id, "1" if queued else "0",
-                WAKE_TTL_S, message.payload if message is not None else "", *fields]
+                WAKE_TTL_S, message.payload if message is not None else "",
+                "" if generation is None else str(generation), *fields]
         done = int(self._submit(keys=[keys.async_request(api_name, request_id), keys.ASYNC_EXPIRY,
                                       keys.async_counts(api_name), keys.APIS, keys.async_queued(api_name),
                                       # With no message, KEYS[7] is a key the script reads anyway (pushed nothing).
                                       keys.async_wake(api_name), message.key if message is not None else keys.APIS,
-                                      keys.async_unstarted(api_name)],
+                                      keys.async_unstarted(api_name), keys.APIS_GENERATION],
                                 args=args))
+        if done == -2:
+            raise RouteChanged(api_name)
         if done < 0:
             raise not_deployed(api_name)
         return Submitted(created=done > 0, wake=done == 2)

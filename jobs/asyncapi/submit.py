@@ -43,6 +43,9 @@ class Submission:
     content_type: str | None
     client_request_id: str | None = None
     batched: bool = False  # the API has `server_side_batching`: its id is queued for nodes to claim
+    # The registry generation the API's route was read at: the request is stored only while the registry
+    # is still at it (else `RouteChanged`, nothing stored). None: not checked.
+    route_generation: int | None = None
 
 
 def send_request(celery: Celery, api_name: str, request_id: str) -> None:
@@ -87,7 +90,8 @@ def submit_request(store: AsyncRequestStore, objects: RequestObjects, celery: Ce
     if not submission.batched and messages is not None:
         task_message = messages.message(RUN_ASYNC, (api_name, request_id), async_queue(api_name))
     try:
-        submitted = store.submit(request, now, queued=submission.batched, message=task_message)
+        submitted = store.submit(request, now, queued=submission.batched, message=task_message,
+                                 generation=submission.route_generation)
     except Exception:
         if payload_uri:
             objects.discard(payload_uri)

@@ -15,7 +15,7 @@ from foundation.api_registry import RedisApiRegistry
 from foundation.errors import ApiNotFound
 from foundation.memory import MemoryApiRegistry
 from jobs.asyncapi.memory import MemoryAsyncAssignments, MemoryAsyncRequests
-from jobs.asyncapi.store import WAKE_TTL_S, AsyncRequestStore, RedisAsyncRequests, Submitted
+from jobs.asyncapi.store import WAKE_TTL_S, AsyncRequestStore, RedisAsyncRequests, RouteChanged, Submitted
 from jobs.nodes.memory import MemoryNodes
 from jobs.nodes.registry import NodeRegistry, Nodes
 from jobs.placement.asyncapi import AsyncAssignments, RedisAsyncAssignments
@@ -133,3 +133,28 @@ class TestTheRedisAsyncAssignments(AsyncAssignmentsContract):
     @pytest.fixture
     def assignments(self, redis_client: redis.Redis) -> RedisAsyncAssignments:
         return RedisAsyncAssignments(redis_client)
+
+
+@pytest.mark.parametrize("backend", ["redis", "memory"])
+def test_a_submission_routed_at_an_older_generation_of_the_registry_is_refused_and_nothing_stored(
+        backend: str, request: pytest.FixtureRequest) -> None:
+    registry = MemoryApiRegistry()
+    store: AsyncRequestStore
+    if backend == "redis":
+        client = request.getfixturevalue("redis_client")
+        registry = RedisApiRegistry(client)  # type: ignore[assignment]
+        store = RedisAsyncRequests(client, retention_s=RETENTION_S)
+    else:
+        store = MemoryAsyncRequests(retention_s=RETENTION_S, generation=registry.generation,
+                                    registered=lambda name: any(a.name == name for a in registry.all()))
+    echo = ApiConfig.model_validate({"name": "echo", "kind": "AsyncAPI", "predictor": {"path": "p.py"}})
+    registry.put(echo, "bundle-1", now=T0)
+    routed_at = registry.generation()
+    message = QueuedMessage("async.echo", b"task")
+    assert store.submit(contract_request("r1"), T0, message=message, generation=routed_at).created
+    registry.put(echo, "bundle-2", now=T0)  # redeployed by another process: the route may have changed
+    with pytest.raises(RouteChanged):
+        store.submit(contract_request("r2"), T0, queued=True, message=message, generation=routed_at)
+    assert store.get("echo", "r2") is None and store.counts("echo", T0).in_queue == 1
+    assert store.submit(contract_request("r2"), T0, generation=registry.generation()).created  # read again
+    assert store.submit(contract_request("r3"), T0).created  # a caller that does not ask is not checked

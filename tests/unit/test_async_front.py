@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -74,7 +75,8 @@ def management(tmp_path: Path, **settings: Any) -> Iterator[Management]:
     celery = Celery("sluice-test", broker="memory://", set_as_current=False)
     celery.conf.update(task_serializer="json", accept_content=["json"])
     registry = MemoryApiRegistry()
-    requests = MemoryAsyncRequests(registered=lambda name: any(a.name == name for a in registry.all()))
+    requests = MemoryAsyncRequests(registered=lambda name: any(a.name == name for a in registry.all()),
+                                   generation=registry.generation)
     store, queues = MemoryJobStore(), MemoryJobQueues()
     nodes = MemoryNodes(config.node_ttl_s, inflight=store.inflight)
     services = Services(
@@ -153,6 +155,38 @@ def test_an_api_deleted_since_it_was_routed_is_a_404(api: Management) -> None:
     api.registry.delete("echo")  # by another process: this one's kept route still says AsyncAPI
     answer = api.client.post("/echo", json={"n": 2})
     assert answer.status_code == 404 and answer.get_json()["kind"] == "api_not_found"
+
+
+def test_a_kept_route_costs_no_read_of_the_registry(api: Management, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert api.client.post("/echo", json={"n": 0}).status_code == 200  # the route read and kept
+    reads: list[str] = []
+    for method in ("generation", "get"):
+        real = getattr(api.registry, method)
+        monkeypatch.setattr(api.registry, method, lambda *a, _real=real, _name=method: reads.append(_name) or _real(*a))
+    for n in range(3):
+        assert api.client.post("/echo", json={"n": n}).status_code == 200
+    assert reads == [] and api.flask_saw == []
+
+
+def test_a_submission_after_a_redeploy_follows_the_new_route_and_the_next_is_answered_here(api: Management) -> None:
+    assert api.client.post("/echo", json={"n": 1}).status_code == 200  # routed as a plain AsyncAPI, kept
+    # Another process redeploys it with server_side_batching: this one's kept route is a generation behind.
+    api.registry.put(ApiConfig.from_dict({"name": "echo", "kind": "AsyncAPI", "predictor": {
+        "path": "p.py", "server_side_batching": {"max_batch_size": 4, "batch_interval": 0.1}}}), "sha256-def")
+    answer = api.client.post("/echo", json={"n": 2}, headers={"X-Request-ID": "after-1"})
+    assert answer.status_code == 200 and answer.get_json() == {"id": "after-1"}
+    assert api.flask_saw == ["POST /echo"]  # the script refused the old route; Flask read the new one
+    assert [i for i, _ in api.requests.claim("echo", "node-1", 4, time.time())] == ["after-1"]  # queued for batches
+    answer = api.client.post("/echo", json={"n": 3}, headers={"X-Request-ID": "after-2"})
+    assert answer.get_json() == {"id": "after-2"} and api.flask_saw == ["POST /echo"]  # the new route, kept here
+
+
+def test_an_api_redeployed_as_another_kind_is_that_kinds(api: Management) -> None:
+    assert api.client.post("/echo", json={"n": 1}).status_code == 200
+    api.registry.put(ApiConfig.from_dict({"name": "echo", "kind": "BatchAPI", "predictor": {"path": "p.py"}}), "s")
+    answer = api.client.post("/echo", json={"n": 2}, headers={"X-Request-ID": "kind-1"})
+    assert answer.status_code == 400  # a BatchAPI's job submission, refused by Flask's route
+    assert api.requests.get("echo", "kind-1") is None and api.flask_saw == ["POST /echo"]
 
 
 def test_a_failure_of_the_store_is_a_500_and_the_next_submission_is_served(
