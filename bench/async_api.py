@@ -13,7 +13,9 @@ the MLP's AsyncAPI with `server_side_batching` (up to 32 queued requests in one 
 the same one-row Celery task. Figures:
 completed requests/s (requests / (last outcome - first submission)), p50 and p99 seconds from
 submission to outcome, and Sluice/Celery ratios (throughput: above 1 Sluice is faster; latency:
-below 1 Sluice is faster). Median of `--repeat` runs.
+below 1 Sluice is faster), and the machine's busy CPU per request over each run (/proc/stat: the
+client, proxy, API, Redis and workers alike share its cores), which varies much less from run to
+run than requests/s does: the figure to compare two commits by. Median of `--repeat` runs.
 Ray Serve's asynchronous inference (a `@task_consumer` on Celery and Redis, `bench/ray_async_serve.py`)
 is measured where its virtual environment is (`bench/.venv-ray`, from `bench/requirements-ray.lock`;
 `make bench` makes it), after the table above, on the same rows with the same number of processes:
@@ -45,6 +47,7 @@ import redis  # noqa: E402
 import urllib3  # noqa: E402
 
 from bench.onnx_batch import iris_model, mlp_model  # noqa: E402
+from bench.realtime import busy_cpu_seconds  # noqa: E402
 from jobs.asyncapi.request import RequestStatus  # noqa: E402
 from jobs.asyncapi.store import RedisAsyncRequests  # noqa: E402
 from sluice.client import Client  # noqa: E402
@@ -107,19 +110,22 @@ def prepare(tmp: Path, name: str, rng: np.random.Generator, count: int) -> dict:
     return {"api": api, "project": project, "model": str(model_path), "features": features, "rows": rows}
 
 
-def figures(spans: list[tuple[float, float]]) -> tuple[float, float, float]:
-    """(requests/s, p50 s, p99 s) of (submitted, done) pairs."""
+def figures(run: tuple[list[tuple[float, float]], float]) -> tuple[float, float, float, float]:
+    """(requests/s, p50 s, p99 s, busy CPU us per request) of a run's (submitted, done) pairs and the
+    machine's busy CPU seconds over it."""
+    spans, busy = run
     durations = sorted(done - submitted for submitted, done in spans)
     elapsed = max(done for _, done in spans) - min(submitted for submitted, _ in spans)
     p99 = durations[min(len(durations) - 1, round(0.99 * (len(durations) - 1)))]
-    return len(spans) / elapsed, statistics.median(durations), p99
+    return len(spans) / elapsed, statistics.median(durations), p99, busy / len(spans) * 1e6
 
 
 def run_sluice(url: str, store: RedisAsyncRequests, api: str, rows: list[dict],
-               clients: int) -> list[tuple[float, float]]:
+               clients: int) -> tuple[list[tuple[float, float]], float]:
     """Submit every row from `clients` threads (keep-alive connections of urllib3, the HTTP engine
     under `requests`, without its per-call work), wait for every outcome, and return each request's
-    (created, timestamp) as the server recorded them."""
+    (created, timestamp) as the server recorded them, and the machine's busy CPU seconds from the
+    first submission to the last outcome."""
     http = urllib3.PoolManager(maxsize=clients, timeout=60.0, retries=False)
 
     def submit(row: dict) -> str:
@@ -129,6 +135,7 @@ def run_sluice(url: str, store: RedisAsyncRequests, api: str, rows: list[dict],
             raise RuntimeError(f"POST /{api}: {answer.status} {answer.data[:200]!r}")
         return json.loads(answer.data)["id"]
 
+    busy = busy_cpu_seconds()
     with ThreadPoolExecutor(clients) as pool:
         ids = list(pool.map(submit, rows))
     deadline = time.monotonic() + 600
@@ -136,17 +143,19 @@ def run_sluice(url: str, store: RedisAsyncRequests, api: str, rows: list[dict],
         if time.monotonic() > deadline:
             raise TimeoutError(f"{api}: {counts} still open after 600 s")
         time.sleep(0.05)
+    busy = busy_cpu_seconds() - busy
     spans = []
     for request_id in ids:
         record = store.get(api, request_id)
         assert record is not None and record.status is RequestStatus.COMPLETED, record
         assert record.timestamp is not None
         spans.append((record.created, record.timestamp))
-    return spans
+    return spans, busy
 
 
-def run_celery(model: dict, rows: list[dict], clients: int) -> list[tuple[float, float]]:
-    """`task.delay(row)` from `clients` threads, then `AsyncResult.get()` for each: (sent, done)."""
+def run_celery(model: dict, rows: list[dict], clients: int) -> tuple[list[tuple[float, float]], float]:
+    """`task.delay(row)` from `clients` threads, then `AsyncResult.get()` for each: (sent, done), and the
+    machine's busy CPU seconds from the first `delay` to the last result."""
     from bench.plain_celery_app import onnx_row
 
     names = [f"f{i}" for i in range(model["features"])]
@@ -155,14 +164,17 @@ def run_celery(model: dict, rows: list[dict], clients: int) -> list[tuple[float,
         sent = time.time()
         return sent, onnx_row.delay(model["model"], names, row)
 
+    busy = busy_cpu_seconds()
     with ThreadPoolExecutor(clients) as pool:
         pending = list(pool.map(send, rows))
     spans = []
     for sent, result in pending:
         answer = result.get(timeout=600)
         spans.append((sent, answer["done"]))
+    busy = busy_cpu_seconds() - busy
+    for _, result in pending:
         result.forget()
-    return spans
+    return spans, busy
 
 
 RAY_PYTHON = ROOT / "bench" / ".venv-ray" / "bin" / "python"
@@ -202,7 +214,8 @@ def ray_table(redis_url: str, models: dict[str, dict], sluice: dict[str, tuple[f
         base = name.removesuffix("+batching")
         if base not in measured:
             try:
-                results = [figures(spans) for spans in run_ray(redis_url, m, tmp, runs, clients)]
+                # The CPU of Ray's run is not measured (its processes start with the run).
+                results = [figures((spans, float("nan")))[:3] for spans in run_ray(redis_url, m, tmp, runs, clients)]
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 print(f"{name:>12} failed: {e}")
                 return
@@ -252,9 +265,12 @@ def main() -> None:
         print(f"{args.requests} requests of one row each, submitted by {args.clients} client threads; "
               f"{PROCESSES} worker processes per system; median of {args.repeat}")
         print("req/s: completed requests per second, first submission to last outcome; p50/p99: seconds "
-              "from submission to outcome (server timestamps)\n")
-        print(f"{'model':>12} {'sluice req/s':>13} {'p50':>7} {'p99':>7} {'celery req/s':>13} {'p50':>7} "
-              f"{'p99':>7} {'req/s ratio':>12} {'p50 ratio':>10} {'p99 ratio':>10}")
+              "from submission to outcome (server timestamps); "
+              "cpu/req: the machine's busy CPU per request over the run (all of it: client, proxy, API, Redis, "
+              "workers), steadier than req/s from run to run; cpu ratio below 1: Sluice spends less\n")
+        print(f"{'model':>12} {'sluice req/s':>13} {'p50':>7} {'p99':>7} {'cpu/req us':>10} {'celery req/s':>13} "
+              f"{'p50':>7} {'p99':>7} {'cpu/req us':>10} {'req/s ratio':>12} {'p50 ratio':>10} {'p99 ratio':>10} "
+              f"{'cpu ratio':>10}")
         sluice_figures: dict[str, tuple[float, float, float]] = {}
         for name, m in models.items():
             sluice_runs, celery_runs = [], []
@@ -263,11 +279,12 @@ def main() -> None:
                 sluice_runs.append(figures(run_sluice(stack.url, store, m["api"], m["rows"], args.clients)))
                 time.sleep(SETTLE_S)
                 celery_runs.append(figures(run_celery(m, m["rows"], args.clients)))
-            s_rate, s_p50, s_p99 = (statistics.median(r) for r in zip(*sluice_runs, strict=True))
-            c_rate, c_p50, c_p99 = (statistics.median(r) for r in zip(*celery_runs, strict=True))
+            s_rate, s_p50, s_p99, s_cpu = (statistics.median(r) for r in zip(*sluice_runs, strict=True))
+            c_rate, c_p50, c_p99, c_cpu = (statistics.median(r) for r in zip(*celery_runs, strict=True))
             sluice_figures[name] = (s_rate, s_p50, s_p99)
-            print(f"{name:>12} {s_rate:>13,.0f} {s_p50:>7.3f} {s_p99:>7.3f} {c_rate:>13,.0f} {c_p50:>7.3f} "
-                  f"{c_p99:>7.3f} {s_rate / c_rate:>12.2f} {s_p50 / c_p50:>10.2f} {s_p99 / c_p99:>10.2f}")
+            print(f"{name:>12} {s_rate:>13,.0f} {s_p50:>7.3f} {s_p99:>7.3f} {s_cpu:>10,.0f} {c_rate:>13,.0f} "
+                  f"{c_p50:>7.3f} {c_p99:>7.3f} {c_cpu:>10,.0f} {s_rate / c_rate:>12.2f} {s_p50 / c_p50:>10.2f} "
+                  f"{s_p99 / c_p99:>10.2f} {s_cpu / c_cpu:>10.2f}")
         for worker in plain_workers:  # Ray's run has the machine without them
             worker.terminate()
         ray_table(redis_url, models, sluice_figures, tmp, args.repeat, args.clients)
