@@ -14,8 +14,10 @@ system is a haproxy of its own (one thread, as Sluice's) in front of it:
 - `bare tcp`: the same to the TCP port instead of the Unix socket;
 - `... nice`: the same haproxy run at OS priority -10 (`nice -n -10`; needs root): how much of the
   cost is the one haproxy thread waiting for a core that the workers and wrk hold;
-- `direct gthread`, `... gthread`: a second server with gthread workers (1 thread) that keep
-  connections alive, and haproxy reusing them (`http-reuse always`).
+- `direct kept`, `... kept`: a second server whose workers keep connections alive
+  (`sluice/keepalive_worker.py`, what a replica runs), and haproxy reusing them (`http-reuse always`,
+  as Sluice renders it); `direct` and `sluice` are the first server's, whose sync workers close every
+  connection after one answer (the replica before that worker).
 Runs are interleaved (each system once per round, `--rounds` rounds, the median kept) so that the
 machine's drift hits all alike. Figures: requests/s and p50 from wrk, and the machine's busy CPU per
 request (/proc/stat), each against `direct`.
@@ -48,6 +50,7 @@ from foundation.replica_directory import ReplicaRecord  # noqa: E402
 from predictors_runtime.config import ApiConfig  # noqa: E402
 from sluice.embedded import free_port  # noqa: E402
 from sluice.proxy_config import plan_routes, render_config  # noqa: E402
+from sluice.replica_process import KEEP_ALIVE_S, KEEP_ALIVE_WORKER  # noqa: E402
 
 
 def sluice_config(port: int, socket: Path, management: int) -> str:
@@ -94,12 +97,12 @@ def main() -> None:
                                 "-b", f"unix:{socket}", "--no-control-socket", "realtime_apps:baseline_app()"],
                                env, BENCH, tmp / "server.log"))
         kept_port, kept_socket = free_port(), tmp / "kept.sock"
-        processes.append(spawn([sys.executable, "-m", "gunicorn", "-w", "2", "--worker-class", "gthread",
-                                "--threads", "1", "--keep-alive", "60", "-b", f"127.0.0.1:{kept_port}",
-                                "-b", f"unix:{kept_socket}", "--no-control-socket", "realtime_apps:baseline_app()"],
-                               env, BENCH, tmp / "kept.log"))
+        processes.append(spawn([sys.executable, "-m", "gunicorn", "-w", "2", "--worker-class", KEEP_ALIVE_WORKER,
+                                "--keep-alive", str(KEEP_ALIVE_S), "--pythonpath", f"{ROOT},{BENCH}",
+                                "-b", f"127.0.0.1:{kept_port}", "-b", f"unix:{kept_socket}", "--no-control-socket",
+                                "realtime_apps:baseline_app()"], env, BENCH, tmp / "kept.log"))
         systems = {"direct": f"http://127.0.0.1:{server_port}/iris",
-                   "direct gthread": f"http://127.0.0.1:{kept_port}/iris"}
+                   "direct kept": f"http://127.0.0.1:{kept_port}/iris"}
         management = free_port()  # nothing listens there: no request of the runs goes to it
         configs = {
             "sluice": lambda port: sluice_config(port, socket, management),
@@ -111,10 +114,9 @@ def main() -> None:
             "bare": lambda port: bare_config(port, f"unix@{socket}"),
             "bare nice": lambda port: bare_config(port, f"unix@{socket}"),
             "bare tcp": lambda port: bare_config(port, f"127.0.0.1:{server_port}"),
-            "bare gthread": lambda port: bare_config(port, f"unix@{kept_socket}").replace(
+            "bare kept": lambda port: bare_config(port, f"unix@{kept_socket}").replace(
                 "backend rt\n", "backend rt\n    http-reuse always\n"),
-            "sluice gthread": lambda port: sluice_config(port, kept_socket, management).replace(
-                "    balance leastconn", "    balance leastconn\n    http-reuse always"),
+            "sluice kept": lambda port: sluice_config(port, kept_socket, management),
         }
         for label, render in configs.items():
             port = free_port()

@@ -42,6 +42,7 @@ from predictors_runtime.splitter_config import WEIGHT_TOTAL, TrafficSplitterConf
 
 from .proxy_rejections import REASON_INDEX, TABLE
 from .proxy_splits import SPLIT_TABLE, split_key
+from .replica_process import keeps_connections
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,13 @@ CONNECT_TIMEOUT_S = 5.0
 HARD_STOP_MARGIN_S = 30.0
 # A 503 of haproxy's own this close to the deadline counts as a timed-out wait (timers tick in ms).
 DEADLINE_SLACK_MS = 50
+# Replicas whose processes keep connections (`keeps_connections`): any idle connection carries the next
+# request, whoever sent it, instead of a new connection per request (1.2-1.4x the requests/s through
+# the proxy, bench/proxy_hop.py). A replica keeps an idle connection longer than haproxy does, so
+# haproxy never sends a request on one the replica is closing; a process that finds requests queued
+# on its connections closes one with its answer, so that the connections spread over the processes
+# free to run them (sluice/keepalive_worker.py).
+_REUSE = ["    http-reuse always"]
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 _BACKEND_PREFIX = "rt_"  # a realtime API's backend is named rt_<api>
@@ -92,6 +100,8 @@ class Route:
     request_timeout_s: float | None
     # A gRPC API: its calls are routed by this path prefix (`/<package>.`) over HTTP/2.
     grpc_prefix: str | None = None
+    # Its replicas' processes serve any kept connection (`keeps_connections`): requests reuse them.
+    reuse: bool = False
 
     @property
     def backend(self) -> str:
@@ -247,6 +257,7 @@ def plan_routes(apis: Iterable[DeployedApi], replicas: Iterable[ReplicaRecord],
             queue_length=config.replica_queue_length,
             request_timeout_s=config.predictor.request_timeout,
             grpc_prefix=grpc_path_prefix(api.name) if config.predictor.protobuf_path else None,
+            reuse=keeps_connections(config.predictor),
         ))
     return routes
 
@@ -441,6 +452,7 @@ def _realtime_backend(route: Route, keys_file: str | None = None) -> list[str]:
     lines = [
         f"backend {route.backend}",
         "    balance leastconn",
+        *(_REUSE if route.reuse else []),
         # A queued request whose client has gone is dropped, never started (2.6 reads this
         # option where the request came in, so the defaults section carries it too).
         "    option abortonclose",

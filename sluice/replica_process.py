@@ -26,17 +26,21 @@ from .tls.hosts import HostTls
 ROOT = Path(__file__).resolve().parent.parent
 REPLICA_APP = "api.realtime:create_replica_app()"
 MIN_GRACEFUL_S = 30.0
-# A batching replica keeps the proxy's connections open this long between requests: longer than
-# the proxy keeps an idle one (haproxy closes its idle server connections first, so it never
-# sends a request on a connection the replica is closing).
-BATCHING_KEEP_ALIVE_S = 120
+# A replica keeps the proxy's connections open this long between requests: longer than the proxy
+# keeps an idle one (haproxy closes its idle server connections first, so it never sends a request
+# on a connection the replica is closing).
+KEEP_ALIVE_S = 120
+# One request at a time per process, connections kept alive (gunicorn's sync worker closes each).
+KEEP_ALIVE_WORKER = "sluice.keepalive_worker.KeepAliveSyncWorker"
 # gunicorn's --timeout kills a *sync* worker that has not reported for this long, and a sync
 # worker cannot report while it runs predict: make it long enough never to hit a real request.
 MIN_WORKER_TIMEOUT_S = 3600
 
 
 def worker_class_argv(predictor: PredictorConfig) -> list[str]:
-    """sync for one request at a time, gthread for several, gevent for server-side batching.
+    """One request at a time: gunicorn's sync worker, keeping connections alive for `KEEP_ALIVE_S`
+    (`sluice/keepalive_worker.py`; see `keeps_connections`); gthread for several; gevent for
+    server-side batching.
 
     With batching, every request of a batch waits for it, so a process holds up to
     `threads_per_process` waiting requests. As gthread threads, each wait, wake-up and GIL
@@ -49,10 +53,22 @@ def worker_class_argv(predictor: PredictorConfig) -> list[str]:
     """
     if predictor.server_side_batching is not None:
         return ["--worker-class", "gevent", "--worker-connections", str(2 * predictor.threads_per_process),
-                "--keep-alive", str(BATCHING_KEEP_ALIVE_S)]
+                "--keep-alive", str(KEEP_ALIVE_S)]
     if predictor.threads_per_process > 1:
         return ["--worker-class", "gthread", "--threads", str(predictor.threads_per_process)]
-    return ["--worker-class", "sync"]
+    return ["--worker-class", KEEP_ALIVE_WORKER, "--keep-alive", str(KEEP_ALIVE_S)]
+
+
+def keeps_connections(predictor: PredictorConfig) -> bool:
+    """Whether the replica's processes serve any connection the proxy keeps, one request at a time
+    (`KEEP_ALIVE_WORKER`), so that the proxy may send any request on any idle connection.
+
+    Not gthread's or gevent's: a process of theirs takes every connection it is offered while it
+    runs requests, so the proxy's idle connections could all be one process's, and the others
+    would get no request while it queued them (a process gunicorn starts again after one died would
+    never get one). gRPC replicas carry their calls on HTTP/2 streams of their own."""
+    return (predictor.server_side_batching is None and predictor.threads_per_process == 1
+            and predictor.protobuf_path is None)
 
 
 def graceful_timeout_s(predictor: PredictorConfig) -> float:

@@ -496,8 +496,11 @@ def _still_building(answer: Answer) -> bool:
             and answer.body.get("message") == "the predictor is still being built")
 
 
-def test_killed_replica_processes_are_replaced_and_the_api_serves_again(load_stack, load_client, deploy):
-    name = deploy(WHO_PREDICTOR.replace("{version}", "v1"), processes_per_replica=2, threads_per_process=2)
+# One thread: processes that keep the proxy's connections (sluice/keepalive_worker.py); the new process
+# must get requests although the proxy holds idle connections to the one that survived.
+@pytest.mark.parametrize("threads", [1, 2])
+def test_killed_replica_processes_are_replaced_and_the_api_serves_again(load_stack, load_client, deploy, threads):
+    name = deploy(WHO_PREDICTOR.replace("{version}", "v1"), processes_per_replica=2, threads_per_process=threads)
     clients = 4
     figures = []
     with SteadyLoad(f"{load_stack.url}/{name}", clients=clients, keep_alive=False) as load:

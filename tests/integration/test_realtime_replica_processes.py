@@ -91,7 +91,7 @@ class PythonPredictor:
 '''
 
 
-@pytest.mark.parametrize("worker_class", ["sync", "gthread"])
+@pytest.mark.parametrize("worker_class", ["sluice.keepalive_worker.KeepAliveSyncWorker", "gthread"])
 def test_a_gunicorn_replica_started_from_the_launchers_environment_serves_its_api(tmp_path, worker_class):
     project = tmp_path / "project"
     project.mkdir()

@@ -131,6 +131,7 @@ def test_one_replica_gets_the_api_path_exactly_and_with_a_trailing_slash(haproxy
     backend = section(config, "backend rt_iris")
     assert "balance leastconn" in backend
     assert backend[-1] == "server iris-9001-aa 127.0.0.1:9001 maxconn 4"
+    assert "http-reuse always" not in backend  # gthread processes take every connection offered: see below
 
 
 def test_two_replicas_share_one_backend_whose_queue_limit_is_per_replica(haproxy_accepts):
@@ -148,6 +149,18 @@ def test_two_replicas_share_one_backend_whose_queue_limit_is_per_replica(haproxy
     assert overload.endswith("if { queue() ge 10 } { be_conn_free eq 0 }")
     not_ready = next(line for line in backend if "no replica of iris is ready" in line)
     assert not_ready.endswith("if !{ srv_is_up(rt_iris/iris-a) } !{ srv_is_up(rt_iris/iris-b) }")
+
+
+def test_requests_reuse_kept_connections_only_to_processes_that_serve_one_at_a_time(haproxy_accepts):
+    for predictor, reused in [
+        ({}, True),  # one request at a time per process: the keep-alive sync worker
+        ({"threads_per_process": 2}, False),
+        ({"threads_per_process": 8, "server_side_batching": {"max_batch_size": 4, "batch_interval": 0.01}}, False),
+    ]:
+        config = render([deployed("iris", **predictor)], [replica("iris-a", "iris", 9001)])
+        haproxy_accepts(config)
+        backend = section(config, "backend rt_iris")
+        assert ("http-reuse always" in backend) is reused, predictor
 
 
 def test_limits_come_from_the_predictor_config(haproxy_accepts):

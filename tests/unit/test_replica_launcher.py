@@ -19,7 +19,7 @@ from predictors_runtime.config import ApiConfig
 from sluice.cli.render import realtime_status
 from sluice.replica import Generation, ReplicaLauncher, alternate_port, deployment_identity, restart_delay_s
 from sluice.replica_manager import free_port_pair
-from sluice.replica_process import REPLICA_APP, ROOT, gunicorn_argv, replica_argv, replica_env
+from sluice.replica_process import KEEP_ALIVE_WORKER, REPLICA_APP, ROOT, gunicorn_argv, replica_argv, replica_env
 from sluice.tls.hosts import HostTls, host_tls
 
 
@@ -47,10 +47,11 @@ def test_generations_alternate_between_two_ports():
     assert alternate_port(9000, 9001) == 9000
 
 
-def test_a_single_threaded_replica_runs_sync_workers_with_a_timeout_no_predict_reaches():
+def test_a_single_threaded_replica_runs_sync_workers_that_keep_connections_with_a_timeout_no_predict_reaches():
     argv = gunicorn_argv(_config(processes_per_replica=3).predictor, "127.0.0.1:9000", python="py")
     assert argv[:7] == ["py", "-m", "gunicorn", "-b", "127.0.0.1:9000", "-w", "3"]
-    assert _option(argv, "--worker-class") == "sync"
+    assert _option(argv, "--worker-class") == "sluice.keepalive_worker.KeepAliveSyncWorker"
+    assert int(_option(argv, "--keep-alive")) > 60  # longer than haproxy keeps an idle server connection
     assert "--threads" not in argv and "--preload" not in argv
     assert int(_option(argv, "--timeout")) >= 3600
     assert int(_option(argv, "--graceful-timeout")) >= 30
@@ -58,7 +59,7 @@ def test_a_single_threaded_replica_runs_sync_workers_with_a_timeout_no_predict_r
 
 
 def test_threads_choose_gthread_and_server_side_batching_gevent():
-    assert _option(gunicorn_argv(_config().predictor, "h:1"), "--worker-class") == "sync"
+    assert _option(gunicorn_argv(_config().predictor, "h:1"), "--worker-class") == KEEP_ALIVE_WORKER
     threaded = gunicorn_argv(_config(threads_per_process=8).predictor, "h:1")
     assert _option(threaded, "--worker-class") == "gthread" and _option(threaded, "--threads") == "8"
     batching = _config(threads_per_process=16, server_side_batching={"max_batch_size": 8, "batch_interval": "10ms"})
