@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from foundation import keys
-from foundation.api_registry import RedisApiRegistry
+from foundation.api_registry import ApiRegistry, RedisApiRegistry
 from foundation.errors import ApiNotFound
 from foundation.memory import MemoryApiRegistry
 from jobs.asyncapi.memory import MemoryAsyncAssignments, MemoryAsyncRequests
@@ -71,18 +71,20 @@ def test_the_wake_key_of_a_task_lost_before_it_started_expires_on_its_own(redis_
     assert 0 < redis_client.ttl(keys.async_wake("echo")) <= WAKE_TTL_S
 
 
+def registry_and_store(backend: str, request: pytest.FixtureRequest) -> tuple[ApiRegistry, AsyncRequestStore]:
+    """An API registry and a request store that checks submissions against it, in Redis or in memory."""
+    if backend == "redis":
+        client = request.getfixturevalue("redis_client")
+        return RedisApiRegistry(client), RedisAsyncRequests(client, retention_s=RETENTION_S)
+    registry = MemoryApiRegistry()
+    return registry, MemoryAsyncRequests(retention_s=RETENTION_S, generation=registry.generation,
+                                         registered=lambda name: any(a.name == name for a in registry.all()))
+
+
 @pytest.mark.parametrize("backend", ["redis", "memory"])
 def test_a_submitted_request_is_stored_and_offered_in_one_step_only_while_its_api_is_deployed(
         backend: str, request: pytest.FixtureRequest) -> None:
-    registry = MemoryApiRegistry()
-    store: AsyncRequestStore
-    if backend == "redis":
-        client = request.getfixturevalue("redis_client")
-        registry = RedisApiRegistry(client)  # type: ignore[assignment]
-        store = RedisAsyncRequests(client, retention_s=RETENTION_S)
-    else:
-        store = MemoryAsyncRequests(retention_s=RETENTION_S,
-                                    registered=lambda name: any(a.name == name for a in registry.all()))
+    registry, store = registry_and_store(backend, request)
     with pytest.raises(ApiNotFound):  # never deployed
         store.submit(contract_request("r0"), T0)
     registry.put(ApiConfig.model_validate({"name": "echo", "kind": "AsyncAPI", "predictor": {"path": "p.py"}}),
@@ -138,15 +140,7 @@ class TestTheRedisAsyncAssignments(AsyncAssignmentsContract):
 @pytest.mark.parametrize("backend", ["redis", "memory"])
 def test_a_submission_routed_at_an_older_generation_of_the_registry_is_refused_and_nothing_stored(
         backend: str, request: pytest.FixtureRequest) -> None:
-    registry = MemoryApiRegistry()
-    store: AsyncRequestStore
-    if backend == "redis":
-        client = request.getfixturevalue("redis_client")
-        registry = RedisApiRegistry(client)  # type: ignore[assignment]
-        store = RedisAsyncRequests(client, retention_s=RETENTION_S)
-    else:
-        store = MemoryAsyncRequests(retention_s=RETENTION_S, generation=registry.generation,
-                                    registered=lambda name: any(a.name == name for a in registry.all()))
+    registry, store = registry_and_store(backend, request)
     echo = ApiConfig.model_validate({"name": "echo", "kind": "AsyncAPI", "predictor": {"path": "p.py"}})
     registry.put(echo, "bundle-1", now=T0)
     routed_at = registry.generation()
