@@ -83,24 +83,18 @@ class KeepAliveSyncWorker(SyncWorker):  # type: ignore[misc]
                     if e.errno == errno.EINTR:
                         continue
                     raise
-                for fd, _events in ready:
+                # What each ready descriptor was when it was found ready: one dropped meanwhile (and its
+                # number reused by a connection accepted since) is not read.
+                found = [(fd, listeners.get(fd) or kept.get(fd)) for fd, _events in ready]
+                for fd, target in found:
                     if not self.alive:
                         break
                     if fd == self.PIPE[0]:
                         os.read(fd, 1)
                         continue
-                    listener = listeners.get(fd)
-                    if listener is not None:
-                        connection = self._accept(listener)
-                    else:
-                        connection = kept.pop(fd, None)
-                        if connection is not None:
-                            poller.unregister(fd)
-                    while connection is not None and self._serve(connection):
-                        if not connection.has_read_ahead():
-                            connection.idle_since = time.monotonic()
-                            self._keep(connection, kept, poller)
-                            break
+                    connection = self._take(fd, target, kept, poller)
+                    if connection is not None:
+                        self._serve_and_keep(connection, kept, poller)
                     self.notify()
                 self._close_idle(kept, poller)
                 if not self.is_parent_alive():
@@ -108,6 +102,25 @@ class KeepAliveSyncWorker(SyncWorker):  # type: ignore[misc]
         finally:
             for connection in kept.values():
                 util.close(connection.sock)
+
+    def _take(self, fd: int, target: socket.socket | _Connection | None, kept: dict[int, _Connection],
+              poller: select.poll) -> _Connection | None:
+        """The connection to serve for a ready descriptor: a kept one, still kept, or a new one accepted."""
+        if isinstance(target, _Connection):
+            if kept.get(fd) is not target:
+                return None
+            del kept[fd]
+            poller.unregister(fd)
+            return target
+        return self._accept(target) if target is not None else None
+
+    def _serve_and_keep(self, connection: _Connection, kept: dict[int, _Connection], poller: select.poll) -> None:
+        """Serve the connection's request (and any read ahead), then keep it unless it was closed."""
+        while self._serve(connection):
+            if not connection.has_read_ahead():
+                connection.idle_since = time.monotonic()
+                self._keep(connection, kept, poller)
+                return
 
     def _accept(self, listener: socket.socket) -> _Connection | None:
         try:
