@@ -7,8 +7,8 @@ that accepted a connection before haproxy had written the request into it slept 
 (docs/realtime.md, "The public address and its cost"). This worker is the sync worker with that
 one difference: after an answer the connection is kept, and the worker waits for the next request
 on any connection it keeps or a new one on its listeners, in one `poll`, and serves whichever
-comes first, one at a time. Measured with `bench/proxy_hop.py`'s server on 2 cores: 1.2-1.4x the
-requests/s through the proxy, 1.5-1.7x for a client reaching the replica directly.
+comes first, one at a time. Measured with `bench/proxy_hop.py`'s server on 2 cores: 1.2-1.5x the
+requests/s through the proxy, 1.2-1.5x for a client reaching the replica directly (iris, 1 to 64 clients).
 
 What stays as the sync worker has it: one request at a time per process (so gunicorn's
 `--timeout` still ends a worker stuck in `predict`, as it reports only between requests), the

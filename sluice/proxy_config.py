@@ -63,7 +63,7 @@ HARD_STOP_MARGIN_S = 30.0
 # A 503 of haproxy's own this close to the deadline counts as a timed-out wait (timers tick in ms).
 DEADLINE_SLACK_MS = 50
 # Replicas whose processes keep connections (`keeps_connections`): any idle connection carries the next
-# request, whoever sent it, instead of a new connection per request (1.2-1.4x the requests/s through
+# request, whoever sent it, instead of a new connection per request (1.2-1.5x the requests/s through
 # the proxy, bench/proxy_hop.py). A replica keeps an idle connection longer than haproxy does, so
 # haproxy never sends a request on one the replica is closing; a process that finds requests queued
 # on its connections closes one with its answer, so that the connections spread over the processes
