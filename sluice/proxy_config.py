@@ -68,7 +68,7 @@ DEADLINE_SLACK_MS = 50
 # haproxy never sends a request on one the replica is closing; a process that finds requests queued
 # on its connections closes one with its answer, so that the connections spread over the processes
 # free to run them (sluice/keepalive_worker.py).
-_REUSE = ["    http-reuse always"]
+REUSE_LINE = "    http-reuse always"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 _BACKEND_PREFIX = "rt_"  # a realtime API's backend is named rt_<api>
@@ -452,7 +452,7 @@ def _realtime_backend(route: Route, keys_file: str | None = None) -> list[str]:
     lines = [
         f"backend {route.backend}",
         "    balance leastconn",
-        *(_REUSE if route.reuse else []),
+        *([REUSE_LINE] if route.reuse else []),
         # A queued request whose client has gone is dropped, never started (2.6 reads this
         # option where the request came in, so the defaults section carries it too).
         "    option abortonclose",

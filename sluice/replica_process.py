@@ -67,8 +67,7 @@ def keeps_connections(predictor: PredictorConfig) -> bool:
     runs requests, so the proxy's idle connections could all be one process's, and the others
     would get no request while it queued them (a process gunicorn starts again after one died would
     never get one). gRPC replicas carry their calls on HTTP/2 streams of their own."""
-    return (predictor.server_side_batching is None and predictor.threads_per_process == 1
-            and predictor.protobuf_path is None)
+    return predictor.protobuf_path is None and KEEP_ALIVE_WORKER in worker_class_argv(predictor)
 
 
 def graceful_timeout_s(predictor: PredictorConfig) -> float:
