@@ -12,10 +12,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
 import pytest
+import redis
 import requests
 import yaml
 
@@ -23,9 +25,13 @@ from foundation.api_registry import DeployedApi
 from foundation.cgroup_files import mount_of
 from foundation.cpu_limits import CpuLimits
 from foundation.memory_limits import ARBITER_BYTES, OWN_MARGIN_BYTES, LimitMode, MemoryLimits
+from foundation.proxy_registry import RedisProxyRegistry, routed_everywhere
+from foundation.replica_directory import RedisReplicaDirectory
 from predictors_runtime.config import ApiConfig
 from sluice.embedded import free_port
 from testbed.waiting import wait_for
+
+from .conftest import closing_client
 
 pytestmark = pytest.mark.integration
 
@@ -173,14 +179,14 @@ class PythonPredictor:
         for _ in range(payload.get("grow_mib", 0) // step):
             self.held.append(bytearray(step * 1024 * 1024))
             time.sleep(0.002)  # a model growing as it works, not in one allocation
+        time.sleep(payload.get("hold_s", 0))  # long enough for a watchdog's look, where it is one
         return {"pid": os.getpid(), "held_mib": sum(len(b) for b in self.held) >> 20}
 """
 
 
 def test_a_replica_past_its_compute_mem_is_stopped_alone_and_comes_back(realtime_stack, tmp_path):
-    from sluice.client import Client
-
-    client = Client(realtime_stack.url, timeout=60)
+    # No idle connection of the test's own holds an old haproxy worker past a reload.
+    client = closing_client(realtime_stack.url, timeout=60)
     names = {"hungry": "100m", "calm": "400m"}  # with their compute.cpu
     for name, cpu in names.items():
         folder = tmp_path / name
@@ -202,7 +208,7 @@ def test_a_replica_past_its_compute_mem_is_stopped_alone_and_comes_back(realtime
 
         # Growing as it works: its own guard ends the request out_of_memory before the kernel must (in a
         # memory group: the watchdog, which has no group to read, stops the process as the kernel would).
-        guarded = MemoryLimits.from_env({}).mode in (LimitMode.CGROUP_V1, LimitMode.CGROUP_V2)
+        guarded = MemoryLimits.from_env(dict(os.environ)).mode in (LimitMode.CGROUP_V1, LimitMode.CGROUP_V2)
         held = requests.post(f"{realtime_stack.url}/hungry", json={"grow_mib": 400, "step_mib": 2}, timeout=60)
         limit_mib = (100 * MIB + ARBITER_BYTES + OWN_MARGIN_BYTES) // MIB
         if guarded:
@@ -213,16 +219,17 @@ def test_a_replica_past_its_compute_mem_is_stopped_alone_and_comes_back(realtime
             assert held.status_code == 502, held.text
         replica = wait_for(lambda: stopped(client, 0.0), 30, "the replica's record to say it was stopped for memory")
         assert replica["last_oom"].startswith("a process was stopped for memory: ")
-        second_pid = wait_for(lambda: _pid_answering(realtime_stack.url, "hungry"), 120, "the replica to answer again")
+        second_pid = answering_and_routed_again(realtime_stack, "hungry")
         assert second_pid != hungry_pid  # a new process, nothing held
 
         # In one allocation, past the guard's look: the kernel stops the process; the request gets the
         # proxy's 502 and the record says so too.
-        cut = requests.post(f"{realtime_stack.url}/hungry", json={"grow_mib": 400, "step_mib": 400}, timeout=60)
-        assert cut.status_code == 502 and cut.json()["kind"] == "bad_gateway"
+        cut = requests.post(f"{realtime_stack.url}/hungry", json={"grow_mib": 400, "step_mib": 400, "hold_s": 5},
+                            timeout=60)
+        assert cut.status_code == 502 and cut.json()["kind"] == "bad_gateway", cut.text
         replica = wait_for(lambda: stopped(client, replica["last_oom_at"]), 30, "the kernel's stop to be recorded")
         assert replica["last_oom"].startswith(f"a process was stopped for memory: over its limit of {limit_mib} MiB")
-        third_pid = wait_for(lambda: _pid_answering(realtime_stack.url, "hungry"), 120, "the replica to answer again")
+        third_pid = answering_and_routed_again(realtime_stack, "hungry")
         assert third_pid not in (hungry_pid, second_pid)
         assert client.predict("calm", {"grow_mib": 0})["pid"] == calm_pid      # the other API untouched
         assert requests.get(f"{realtime_stack.url}/healthz", timeout=10).status_code == 200
@@ -246,6 +253,29 @@ def cpu_shares_of(pid: int) -> int:
             assert mount is not None
             return int((mount / path.lstrip("/") / "cpu.shares").read_text())
     raise AssertionError(f"process {pid} is in no cpu group")
+
+
+def answering_and_routed_again(stack, name: str) -> int:
+    """The pid of the new process of the API's one replica, once the proxy routes to it for good.
+
+    A process answering is not enough: the launcher may have recorded the replica unready while its
+    process was replaced, and the proxy may apply that record only after the new process answered
+    (the next request then gets 503 not_ready). So: an answer, then the replica's record saying
+    ready after it, then every proxy settled on a configuration rendered after that record, routing it.
+    """
+    pid = wait_for(lambda: _pid_answering(stack.url, name), 120, f"a process of {name} to answer again")
+    answered_at = time.time()
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        replicas, proxies = RedisReplicaDirectory(client), RedisProxyRegistry(client)
+        [record] = wait_for(lambda: [r for r in replicas.live(time.time(), name) if r.ready and r.seen > answered_at],
+                            30, f"{name}'s replica to be recorded ready after it answered")
+        wait_for(lambda: routed_everywhere([p for p in proxies.live(time.time()) if p.seen > record.seen],
+                                           {record.replica_id}),
+                 30, f"every proxy to route {record.replica_id} by a configuration rendered since")
+    finally:
+        client.close()
+    return pid
 
 
 def _pid_answering(url: str, name: str) -> int | None:
