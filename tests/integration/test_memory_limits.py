@@ -209,7 +209,7 @@ def test_a_replica_past_its_compute_mem_is_stopped_alone_and_comes_back(realtime
         # Growing as it works: its own guard ends the request out_of_memory before the kernel must (in a
         # memory group: the watchdog, which has no group to read, stops the process as the kernel would).
         guarded = MemoryLimits.from_env(dict(os.environ)).mode in (LimitMode.CGROUP_V1, LimitMode.CGROUP_V2)
-        held = requests.post(f"{realtime_stack.url}/hungry", json={"grow_mib": 400, "step_mib": 2}, timeout=60)
+        held = post(f"{realtime_stack.url}/hungry", {"grow_mib": 400, "step_mib": 2})
         limit_mib = (100 * MIB + ARBITER_BYTES + OWN_MARGIN_BYTES) // MIB
         if guarded:
             assert held.status_code == 507 and held.json()["kind"] == "out_of_memory", held.text
@@ -224,8 +224,7 @@ def test_a_replica_past_its_compute_mem_is_stopped_alone_and_comes_back(realtime
 
         # In one allocation, past the guard's look: the kernel stops the process; the request gets the
         # proxy's 502 and the record says so too.
-        cut = requests.post(f"{realtime_stack.url}/hungry", json={"grow_mib": 400, "step_mib": 400, "hold_s": 5},
-                            timeout=60)
+        cut = post(f"{realtime_stack.url}/hungry", {"grow_mib": 400, "step_mib": 400, "hold_s": 5})
         assert cut.status_code == 502 and cut.json()["kind"] == "bad_gateway", cut.text
         replica = wait_for(lambda: stopped(client, replica["last_oom_at"]), 30, "the kernel's stop to be recorded")
         assert replica["last_oom"].startswith(f"a process was stopped for memory: over its limit of {limit_mib} MiB")
@@ -278,8 +277,15 @@ def answering_and_routed_again(stack, name: str) -> int:
     return pid
 
 
+def post(url: str, payload: dict) -> requests.Response:
+    """A request on a connection of its own, closed after it: the answer kept by the test holds no idle
+    connection to the proxy, which would keep an old haproxy worker (and the proxy unsettled) up to
+    the proxy's keep-alive timeout after each reload."""
+    return requests.post(url, json=payload, headers={"Connection": "close"}, timeout=60)
+
+
 def _pid_answering(url: str, name: str) -> int | None:
     """The pid of the replica process that answered, None while it restarts (a 503 or 502 meanwhile)."""
-    answer = requests.post(f"{url}/{name}", json={"grow_mib": 0}, timeout=30)
+    answer = post(f"{url}/{name}", {"grow_mib": 0})
     return int(answer.json()["pid"]) if answer.status_code == 200 else None
 
