@@ -263,13 +263,17 @@ class _Replica:
 
 
 def _leave_for_memory(guard: MemoryGuard, replica: _Replica, request_id: str) -> Response:
-    """The answer of a request whose predictor grew past its API's compute.mem; once it is sent the
-    process leaves (its server starts another, holding nothing), and its launcher is told why."""
+    """The answer of a request whose predictor grew past its API's compute.mem; the process leaves
+    once it has answered what it holds (its server starts another, holding nothing), and its
+    launcher is told why.
+
+    The stop is asked before this answer goes out (gunicorn's workers finish the requests in hand):
+    a worker that keeps connections then closes this one in the answer, so the proxy sends no other
+    request on a connection about to close."""
     with contextlib.suppress(OSError):
         replica.markers.note_out_of_memory(guard.tripped)
-    response = _failure(guard.error(), request_id)
-    response.call_on_close(lambda: os.kill(os.getpid(), signal.SIGTERM))
-    return response
+    os.kill(os.getpid(), signal.SIGTERM)
+    return _failure(guard.error(), request_id)
 
 
 def _failure(e: Exception, request_id: str) -> Response:

@@ -19,7 +19,8 @@ this process keeps (`_others_waiting`: the proxy's connections spread over the p
 free), after `--keep-alive` seconds idle (longer than haproxy keeps an idle server connection, so
 that haproxy, not the replica, closes it: a request is never sent on a connection the replica is
 closing), beyond `MAX_KEPT` connections (the longest idle first), and when the worker stops (after
-its request in progress).
+its request in progress, whose answer says `Connection: close` when the stop came while the app
+ran it: the replica app leaving for memory asks its own stop before it answers).
 """
 
 from __future__ import annotations
@@ -212,7 +213,10 @@ class KeepAliveSyncWorker(SyncWorker):  # type: ignore[misc]
             if not self.alive or not self.cfg.keepalive:
                 response.force_close()
             body = self.wsgi(environ, response.start_response)
-            if self._others_waiting():  # asked once the app has run, before the answer's headers go out
+            # Asked once the app has run, before the answer's headers go out: a process told to stop
+            # meanwhile (the replica app leaving for memory) closes this connection in the answer, so the
+            # proxy sends nothing more on a connection about to close (a request it sent would be lost).
+            if not self.alive or self._others_waiting():
                 response.force_close()
             try:
                 if isinstance(body, environ["wsgi.file_wrapper"]):

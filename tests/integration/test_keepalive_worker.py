@@ -25,6 +25,7 @@ from testbed.waiting import wait_for
 WAIT_S = 30.0
 APP = '''
 import os
+import signal
 import time
 
 
@@ -32,6 +33,9 @@ def app(environ, start_response):
     path = environ["PATH_INFO"]
     if path == "/unread":  # answers without reading the body it was sent
         body = b"unread"
+    elif path == "/leave":  # asks its own process to stop, then answers (as a replica leaving for memory)
+        os.kill(os.getpid(), signal.SIGTERM)
+        body = b"pid=%d leaving" % os.getpid()
     elif path == "/gated":  # says it started, then answers once the test opens the gate
         open("started", "w").close()
         give_up = time.monotonic() + 30
@@ -198,6 +202,28 @@ def test_a_stopping_worker_closes_its_kept_connections_and_exits_without_waiting
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(WAIT_S) == 0, server.log.read_text()
     assert all(closed_by_server(conn) for conn in kept)
+
+
+def test_a_process_asked_to_stop_while_it_answers_closes_that_connection_in_the_answer(
+        one_process: Server) -> None:
+    # The proxy keeps the connection only while the answer says so: one closed just after a keep-alive
+    # answer could take the proxy's next request down with it.
+    conn = connect(one_process)
+    send(conn, "/leave")
+    head, body = receive(conn)
+    assert body.endswith(b" leaving") and b"connection: close" in head.lower()
+    assert closed_by_server(conn)
+    pid = int(body.split()[0].removeprefix(b"pid="))
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid), WAIT_S, "the process to leave")
+    answer = request(connect(one_process), body=b"next")  # the arbiter started another
+    assert answer.endswith(b" next") and int(answer.split()[0].removeprefix(b"pid=")) != pid
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def test_a_killed_worker_is_replaced_and_the_next_connection_is_served(one_process: Server) -> None:
