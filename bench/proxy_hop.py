@@ -17,16 +17,19 @@ system is a haproxy of its own (one thread, as Sluice's) in front of it:
 - `direct kept`, `... kept`: a second server whose workers keep connections alive
   (`sluice/keepalive_worker.py`, what a replica runs), and haproxy reusing them (`http-reuse always`,
   as Sluice renders it); `direct` and `sluice` are the first server's, whose sync workers close every
-  connection after one answer (the replica before that worker).
+  connection after one answer (the replica before that worker); `x anchor`, `p50 +ms` and `+us` set
+  each system against the direct run of its own server (`direct kept` for the `kept` ones).
+`--only` runs some of the systems (and both anchors).
 Runs are interleaved (each system once per round, `--rounds` rounds, the median kept) so that the
 machine's drift hits all alike. Figures: requests/s and p50 from wrk, and the machine's busy CPU per
-request (/proc/stat), each against `direct`.
+request (/proc/stat), and haproxy's own CPU per request (its process's, from /proc).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -68,11 +71,17 @@ def without(config: str, *markers: str) -> str:
     return "\n".join(line for line in config.splitlines() if not any(m in line for m in markers)) + "\n"
 
 
-def bare_config(port: int, server: str, maxconn: int | None = 2) -> str:
+def bare_config(port: int, server: str, maxconn: int | None = 2, reuse: bool = False) -> str:
     limit = f" maxconn {maxconn}" if maxconn else ""
     return (f"global\n    nbthread 1\ndefaults\n    mode http\n    timeout connect 5s\n    timeout client 120s\n"
             f"    timeout server 120s\nfrontend public\n    bind 127.0.0.1:{port}\n    default_backend rt\n"
-            f"backend rt\n    server s {server}{limit}\n")
+            f"backend rt\n{'    http-reuse always' + chr(10) if reuse else ''}    server s {server}{limit}\n")
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process `pid` has used (user and system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -80,12 +89,14 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--concurrency", default="1,8,64")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", default="", help="comma-separated systems to run (the two anchors always run)")
     args = parser.parse_args()
     if shutil.which("wrk") is None or shutil.which("haproxy") is None:
         sys.exit("needs wrk and haproxy (apt-get install -y wrk haproxy)")
     tmp = Path(tempfile.mkdtemp(prefix="sluice-proxy-hop-"))
     processes: list[subprocess.Popen] = []
     haproxies: list[subprocess.Popen] = []
+    proxy_pids: dict[str, int] = {}
     try:
         model, data = iris_model()
         (tmp / "iris.onnx").write_bytes(model)
@@ -114,10 +125,18 @@ def main() -> None:
             "bare": lambda port: bare_config(port, f"unix@{socket}"),
             "bare nice": lambda port: bare_config(port, f"unix@{socket}"),
             "bare tcp": lambda port: bare_config(port, f"127.0.0.1:{server_port}"),
-            "bare kept": lambda port: bare_config(port, f"unix@{kept_socket}").replace(
-                "backend rt\n", "backend rt\n    http-reuse always\n"),
+            "bare kept": lambda port: bare_config(port, f"unix@{kept_socket}", reuse=True),
             "sluice kept": lambda port: sluice_config(port, kept_socket, management),
+            "bare kept nice": lambda port: bare_config(port, f"unix@{kept_socket}", reuse=True),
+            "sluice kept nice": lambda port: sluice_config(port, kept_socket, management),
         }
+        if args.only:
+            wanted = {label.strip() for label in args.only.split(",")}
+            unknown = wanted - set(configs) - set(systems)
+            if unknown:
+                sys.exit(f"unknown systems {sorted(unknown)}; known: {sorted([*systems, *configs])}")
+            configs = {label: render for label, render in configs.items() if label in wanted}
+            systems = {label: url for label, url in systems.items() if label in wanted | {"direct", "direct kept"}}
         for label, render in configs.items():
             port = free_port()
             text = render(port)
@@ -125,26 +144,35 @@ def main() -> None:
             niced = ["nice", "-n", "-10"] if label.endswith(" nice") else []
             haproxies.append(subprocess.Popen([*niced, "haproxy", "-db", "-f", str(tmp / f"{label}.cfg")],
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            proxy_pids[label] = haproxies[-1].pid
             systems[label] = f"http://127.0.0.1:{port}/iris"
         for url in systems.values():
             wait_http(url, body, tmp / "server.log")
         print(f"iris behind one haproxy thread, gunicorn 2 sync workers; wrk 1 thread, {args.duration:g} s, "
               f"median of {args.rounds} interleaved rounds\n")
-        print(f"{'conc':>4} {'system':<12} {'req/s':>8} {'x direct':>9} {'p50 ms':>7} {'p50 +ms':>8} "
-              f"{'cpu/req us':>10} {'+us':>5}")
+        print(f"{'conc':>4} {'system':<16} {'req/s':>8} {'x direct':>9} {'x anchor':>9} {'p50 ms':>7} {'p50 +ms':>8} "
+              f"{'cpu/req us':>10} {'+us':>5} {'haproxy us':>10}")
         for concurrency in [int(c) for c in args.concurrency.split(",")]:
             runs: dict[str, list[Figures]] = {label: [] for label in systems}
+            proxy_cpu: dict[str, list[float]] = {label: [] for label in proxy_pids}
             for _ in range(args.rounds):
                 for label, url in systems.items():
                     wrk(url, body, concurrency, min(1.0, args.duration), tmp)  # warm up
+                    before = cpu_seconds(proxy_pids[label]) if label in proxy_pids else 0.0
                     runs[label].append(wrk(url, body, concurrency, args.duration, tmp))
+                    if label in proxy_pids:
+                        answered = runs[label][-1].rps * max(1, round(args.duration))
+                        proxy_cpu[label].append((cpu_seconds(proxy_pids[label]) - before) / answered * 1e6)
             median = {label: Figures(statistics.median(f.rps for f in fs), statistics.median(f.p50_ms for f in fs),
                                      statistics.median(f.p99_ms for f in fs), sum(f.errors for f in fs),
                                      statistics.median(f.cpu_us for f in fs)) for label, fs in runs.items()}
             base = median["direct"]
             for label, f in median.items():
-                print(f"{concurrency:>4} {label:<12} {f.rps:>8,.0f} {f.rps / base.rps:>9.2f} {f.p50_ms:>7.2f} "
-                      f"{f.p50_ms - base.p50_ms:>+8.2f} {f.cpu_us:>10,.0f} {f.cpu_us - base.cpu_us:>+5.0f}")
+                anchor = median["direct kept" if "kept" in label else "direct"]  # the same server's workers alone
+                print(f"{concurrency:>4} {label:<16} {f.rps:>8,.0f} {f.rps / base.rps:>9.2f} "
+                      f"{f.rps / anchor.rps:>9.2f} {f.p50_ms:>7.2f} {f.p50_ms - anchor.p50_ms:>+8.2f} "
+                      f"{f.cpu_us:>10,.0f} {f.cpu_us - anchor.cpu_us:>+5.0f} "
+                      f"{statistics.median(proxy_cpu[label]) if label in proxy_cpu else 0:>10.0f}")
             sys.stdout.flush()
     finally:
         for haproxy in haproxies:
