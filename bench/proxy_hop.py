@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -39,6 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -79,9 +79,9 @@ def bare_config(port: int, server: str, maxconn: int | None = 2, reuse: bool = F
 
 
 def cpu_seconds(pid: int) -> float:
-    """The CPU time process `pid` has used (user and system), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """The CPU time process `pid` has used (user and system)."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def main() -> None:
